@@ -1,0 +1,316 @@
+"""The `dialect-proxy` command line (also `python -m proxy`): serve | mock | demo.
+
+Every flag `--some-flag` can also be given as the environment variable `DIALECT_PROXY_SOME_FLAG`
+(precedence: flag > environment > config file > default). Booleans accept 1/0/true/false/yes/no.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from . import __version__
+from .settings import (
+    CLIENT_REASONING,
+    DIALECT_NAMES,
+    LOG_LEVELS,
+    REASONING_SOURCES,
+    USAGE_FIELDS,
+    ConfigError,
+    Settings,
+    build_settings,
+    load_config_file,
+)
+
+ENV_PREFIX = "DIALECT_PROXY_"
+_ARGS_ENV = "DIALECT_PROXY_INTERNAL_WORKER_ARGS"
+
+# (flag, help, kind, choices) — the settings key is the flag name with "_" for "-".
+SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
+    ("host", "address to listen on (default 127.0.0.1; the container image sets 0.0.0.0)", "str", None),
+    ("port", "port to listen on (default 8000)", "int", None),
+    ("workers", "worker processes (default 1); >1 turns on Prometheus multiprocess mode", "int", None),
+    ("log-level", "log level (default info)", "str", LOG_LEVELS),
+    ("log-bodies", "log request/response bodies at debug level, secrets redacted (default false)", "bool", None),
+    ("max-body-bytes", "largest accepted request body in bytes (default 4194304); larger gets 413", "int", None),
+    ("connect-timeout", "seconds to connect to an upstream (default 10)", "float", None),
+    ("first-byte-timeout", "seconds to wait for an upstream's response headers (default 600)", "float", None),
+    ("idle-timeout", "seconds of upstream silence allowed between stream chunks (default 300)", "float", None),
+    ("total-timeout", "seconds one request may take in all (default 1800)", "float", None),
+    ("keepalive-interval", "seconds of silence before an SSE ': keep-alive' comment goes to the client "
+     "(default 15)", "float", None),
+    ("shutdown-grace", "seconds in-flight requests get to finish after SIGTERM (default 30)", "float", None),
+    ("readiness-timeout", "seconds /readyz waits for each upstream's health URL (default 2)", "float", None),
+]
+CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
+    ("client-reasoning", "how clients receive reasoning: reasoning_content (default), reasoning, think_tags, none",
+     "str", CLIENT_REASONING),
+    ("client-usage-fields", "openai (default), or deepseek to add prompt_cache_hit/miss_tokens to usage", "str",
+     USAGE_FIELDS),
+]
+UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
+    ("upstream-url", "the upstream server's base URL, with or without /v1 (single-upstream form; every model "
+     "name routes there unchanged)", "str", None),
+    ("upstream-dialect", "the upstream's dialect", "str", DIALECT_NAMES),
+    ("upstream-name", "a name for the upstream in logs and metrics (default: the dialect)", "str", None),
+    ("full-text", "the MindIE upstream runs with fullTextEnabled (cumulative stream text)", "bool", None),
+    ("upstream-api-key-env", "name of the environment variable holding the upstream's API key", "str", None),
+    ("upstream-health-url", "URL /readyz probes (MindIE serves health on its management port, e.g. "
+     "http://127.0.0.1:1026/health)", "str", None),
+    ("upstream-reasoning-source", "where the upstream puts reasoning: auto, field, tags, off", "str",
+     REASONING_SOURCES),
+    ("upstream-thinking-models", "comma-separated upstream model names that start inside a <think> block", "str",
+     None),
+]
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.upper().replace("-", "_")
+
+
+def _add_flags(p: argparse.ArgumentParser, flags: list[tuple[str, str, str, tuple[str, ...] | None]]) -> None:
+    for flag, help_text, kind, choices in flags:
+        extra = f" [env {_env_name(flag)}]"
+        if kind == "bool":
+            p.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="BOOL",
+                           help=help_text + extra)
+        else:
+            p.add_argument(f"--{flag}", default=None, choices=choices, help=help_text + extra)
+
+
+def _value(args: argparse.Namespace, flag: str, environ: dict[str, str] | os._Environ[str]) -> Any:
+    value = getattr(args, flag.replace("-", "_"), None)
+    if value is None:
+        value = environ.get(_env_name(flag)) or None
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dialect-proxy",
+        description="An OpenAI Chat Completions proxy for MindIE, Siliconstorm, DeepSeek and engine upstreams.",
+        epilog="Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG.",
+    )
+    p.add_argument("--version", action="version", version=f"dialect-proxy {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,mock,demo}")
+
+    serve = sub.add_parser("serve", help="run the proxy", description=(
+        "Run the proxy. Either one upstream from flags (--upstream-url and --upstream-dialect), or many from a "
+        "YAML config file (--config). Flags override the file's server/client settings."))
+    serve.add_argument("--config", default=None, help=f"YAML config file [env {_env_name('config')}]")
+    _add_flags(serve, SERVER_FLAGS)
+    _add_flags(serve, CLIENT_FLAGS)
+    _add_flags(serve, UPSTREAM_FLAGS)
+
+    mock = sub.add_parser("mock", help="run the built-in fake upstream for one dialect", description=(
+        "Run the built-in fake upstream server. Pick behaviours per request with [mock:...] directives in the last "
+        "user message (see proxy/mock/README.md)."))
+    mock.add_argument("--host", default=None, help=f"(default 127.0.0.1) [env {_env_name('host')}]")
+    mock.add_argument("--port", default=None, help=f"(default 1025) [env {_env_name('port')}]")
+    mock.add_argument("--dialect", default=None, choices=DIALECT_NAMES,
+                      help=f"dialect to speak (default mindie) [env {_env_name('dialect')}]")
+    mock.add_argument("--full-text", nargs="?", const="true", default=None, metavar="BOOL",
+                      help=f"MindIE fullTextEnabled mode (cumulative text) [env {_env_name('full-text')}]")
+    mock.add_argument("--api-key", default=None,
+                      help=f"require this bearer key [env {_env_name('api-key')}]")
+    mock.add_argument("--served-model", default=None,
+                      help=f"only accept this model name [env {_env_name('served-model')}]")
+
+    demo = sub.add_parser("demo", help="run a mock MindIE upstream (full-text mode) and the proxy in front of it")
+    demo.add_argument("--port", default=None, help="proxy port (default: a free port)")
+    demo.add_argument("--mock-port", default=None, help="mock upstream port (default: a free port)")
+    demo.add_argument("--dialect", default="mindie", choices=DIALECT_NAMES, help="mock dialect (default mindie)")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Settings:
+    server = {flag.replace("-", "_"): _value(args, flag, environ) for flag, *_ in SERVER_FLAGS}
+    client = {flag[len("client-"):].replace("-", "_"): _value(args, flag, environ) for flag, *_ in CLIENT_FLAGS}
+    config_path = _value(args, "config", environ)
+    url = _value(args, "upstream-url", environ)
+    if config_path and url:
+        raise ConfigError("--config and --upstream-url cannot be used together: give one upstream by flags, or "
+                          "many in the file")
+    single = None
+    if url:
+        dialect = _value(args, "upstream-dialect", environ)
+        if not dialect:
+            raise ConfigError("--upstream-dialect: required with --upstream-url "
+                              f"(one of {', '.join(DIALECT_NAMES)})")
+        single = {"url": url, "dialect": dialect}
+        for flag, key in (("upstream-name", "name"), ("full-text", "full_text"),
+                          ("upstream-api-key-env", "api_key_env"), ("upstream-health-url", "health_url"),
+                          ("upstream-reasoning-source", "reasoning_source")):
+            v = _value(args, flag, environ)
+            if v is not None:
+                single[key] = v
+        thinking = _value(args, "upstream-thinking-models", environ)
+        if thinking:
+            single["thinking_models"] = [m.strip() for m in thinking.split(",") if m.strip()]
+    elif not config_path:
+        raise ConfigError("no upstream: give --upstream-url URL --upstream-dialect D, or --config FILE.yaml "
+                          "(or try `dialect-proxy demo`)")
+    config = load_config_file(config_path) if config_path else None
+    return build_settings(config=config, server_overrides=server, client_overrides=client, single_upstream=single,
+                          environ=environ)
+
+
+def configure_logging(level: str) -> None:
+    root = logging.getLogger("dialect_proxy")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+    root.setLevel(level.upper())
+
+
+def _uvicorn_config(app: Any, host: str, port: int, level: str, **kw: Any) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False,
+                          log_level=level, lifespan="on", **kw)
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from .app import create_app
+
+    s = settings.server
+    configure_logging(s.log_level)
+    if s.workers > 1:
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _multiproc_dir())
+        uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
+                    loop="uvloop", http="httptools", access_log=False, log_level=s.log_level,
+                    timeout_graceful_shutdown=int(s.shutdown_grace) or None)
+        return
+    config = _uvicorn_config(create_app(settings), s.host, s.port, s.log_level,
+                             timeout_graceful_shutdown=int(s.shutdown_grace) or None)
+    uvicorn.Server(config).run()
+
+
+def _multiproc_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="dialect-proxy-metrics-")
+
+
+def worker_app() -> Any:
+    """uvicorn --workers factory: each worker rebuilds the settings from the same argv and environment."""
+    from .app import create_app
+
+    argv = json.loads(os.environ[_ARGS_ENV])
+    args = parser().parse_args(argv)
+    settings = settings_from_args(args, os.environ)
+    configure_logging(settings.server.log_level)
+    return create_app(settings)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def demo(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from .app import create_app
+    from .mock import create_app as create_mock
+
+    proxy_port = int(args.port) if args.port else _free_port()
+    mock_port = int(args.mock_port) if args.mock_port else _free_port()
+    full_text = args.dialect in ("mindie", "siliconstorm")
+    settings = build_settings(single_upstream={
+        "url": f"http://127.0.0.1:{mock_port}", "dialect": args.dialect, "full_text": full_text,
+        "name": f"mock-{args.dialect}",
+    }, server_overrides={"port": proxy_port})
+    configure_logging("info")
+    mock_server = uvicorn.Server(_uvicorn_config(create_mock(args.dialect, full_text=full_text), "127.0.0.1",
+                                                 mock_port, "warning"))
+    proxy_server = uvicorn.Server(_uvicorn_config(create_app(settings), "127.0.0.1", proxy_port, "warning"))
+    base = f"http://127.0.0.1:{proxy_port}/v1"
+    mode = " in fullTextEnabled mode (cumulative stream text)" if full_text else ""
+    print(f"""
+dialect-proxy {__version__} demo
+  mock {args.dialect} upstream{mode}:  http://127.0.0.1:{mock_port}
+  proxy (OpenAI API):                  {base}
+  metrics:                             http://127.0.0.1:{proxy_port}/metrics
+
+Try it (the mock speaks {args.dialect}; you speak OpenAI):
+
+curl -sN {base}/chat/completions -H 'Content-Type: application/json' \\
+  -d '{{"model": "demo", "stream": true, "stream_options": {{"include_usage": true}}, "messages": [{{"role": "user", "content": "Hello! [mock:think]"}}]}}'
+
+python3 - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{base}", api_key="unused")
+stream = client.chat.completions.create(
+    model="demo", stream=True, stream_options={{"include_usage": True}},
+    messages=[{{"role": "user", "content": "Hello! [mock:think]"}}])
+for chunk in stream:
+    if chunk.choices:
+        d = chunk.choices[0].delta
+        print(getattr(d, "reasoning_content", None) or d.content or "", end="", flush=True)
+    elif chunk.usage:
+        print("\\nusage:", chunk.usage)
+EOF
+
+Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_timeout] pick upstream behaviours
+(see proxy/mock/README.md). Press Ctrl+C to stop.
+""", flush=True)
+
+    async def main() -> None:
+        await asyncio.gather(mock_server.serve(), proxy_server.serve())
+
+    asyncio.run(main())
+
+
+def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
+    from .mock import run
+    from .settings import _coerce
+
+    host = args.host or environ.get(_env_name("host")) or "127.0.0.1"
+    port = _coerce("--port", args.port or environ.get(_env_name("port")) or 1025, int)
+    dialect = args.dialect or environ.get(_env_name("dialect")) or "mindie"
+    if dialect not in DIALECT_NAMES:
+        raise ConfigError(f"--dialect: {dialect!r} is not one of {', '.join(DIALECT_NAMES)}")
+    full_text = _coerce("--full-text", args.full_text or environ.get(_env_name("full-text")) or "false", bool)
+    api_key = args.api_key or environ.get(_env_name("api-key")) or None
+    served = args.served_model or environ.get(_env_name("served-model")) or None
+    print(f"mock {dialect} upstream{' (full text)' if full_text else ''} on http://{host}:{port}", flush=True)
+    run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = parser()
+    args = p.parse_args(argv or ["demo"])
+    command = args.command or "demo"
+    try:
+        if command == "serve":
+            settings = settings_from_args(args, os.environ)
+            os.environ[_ARGS_ENV] = json.dumps(argv)
+            serve(settings)
+        elif command == "mock":
+            mock(args, os.environ)
+        else:
+            demo(args)
+    except ConfigError as e:
+        print(f"dialect-proxy: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""create_app(settings) -> Starlette. The lifespan owns the aiohttp sessions (one per upstream)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from . import __version__
+from .canonical import CHAT, COMPLETIONS
+from .dialects import Dialect, get_dialect
+from .errors import ProxyError
+from .handlers import CompletionsEndpoint
+from .metrics import Metrics
+from .routing import Router
+from .settings import Settings, UpstreamSettings
+from .upstream import UpstreamClient, read_body
+
+log = logging.getLogger("dialect_proxy")
+
+
+class AppState:
+    """Everything a request needs, built once per process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.router = Router(settings.upstreams)
+        self.dialects: dict[str, Dialect] = {u.name: get_dialect(u.dialect) for u in settings.upstreams}
+        self.clients: dict[str, UpstreamClient] = {
+            u.name: UpstreamClient(u, settings.server) for u in settings.upstreams
+        }
+        configured = self.router.configured_models()
+        multiprocess = settings.server.workers > 1 or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.metrics = Metrics(configured or None, multiprocess=multiprocess)
+        self.shutting_down = False
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+
+def _error_response(err: ProxyError) -> Response:
+    return Response(err.body(), err.status, headers=err.response_headers(), media_type="application/json")
+
+
+def create_app(settings: Settings) -> Starlette:
+    state = AppState(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            state.shutting_down = True
+            await state.close()
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "version": __version__})
+
+    async def readyz(request: Request) -> Response:
+        results = await asyncio.gather(*(_probe(state, u) for u in settings.upstreams))
+        upstreams = {u.name: ok for u, ok in zip(settings.upstreams, results, strict=True)}
+        for name, ok in upstreams.items():
+            state.metrics.upstream_up(name, ok == "up")
+        ready = all(v == "up" for v in upstreams.values()) and not state.shutting_down
+        return JSONResponse(
+            {"status": "ready" if ready else "not ready", "upstreams": upstreams}, 200 if ready else 503
+        )
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": await _model_list(state)})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        try:
+            route = state.router.resolve(name)
+        except ProxyError as err:
+            return _error_response(err)
+        return JSONResponse(_model_obj(name, route.upstream.name))
+
+    async def metrics(request: Request) -> Response:
+        body, content_type = state.metrics.render()
+        return Response(body, headers={"Content-Type": content_type})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error_response(ProxyError(f"No route for {request.method} {request.url.path}.", 404,
+                                          code="not_found"))
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return _error_response(ProxyError(f"Method {request.method} is not allowed on {request.url.path}.", 405))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        return _error_response(ProxyError("Internal error in the proxy.", 500, type="server_error",
+                                          code="internal_error"))
+
+    routes = [
+        Route("/v1/chat/completions", CompletionsEndpoint(state, CHAT), methods=["POST"]),
+        Route("/v1/completions", CompletionsEndpoint(state, COMPLETIONS), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
+    )
+    app.state.proxy = state
+    return app
+
+
+def _model_obj(name: str, owner: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": owner}
+
+
+async def _model_list(state: AppState) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for u in state.settings.upstreams:
+        for client_name in u.aliases:
+            seen.setdefault(client_name, _model_obj(client_name, u.name))
+        for m in u.models:
+            if m != "*":
+                seen.setdefault(m, _model_obj(m, u.name))
+    # Upstreams that take any name (default route, no configured names): list what the upstream itself serves.
+    for u in state.settings.upstreams:
+        if "*" in u.models and not (set(u.models) - {"*"}) and not u.aliases:
+            for m in await _upstream_models(state, u):
+                seen.setdefault(m["id"], _model_obj(m["id"], u.name))
+    return list(seen.values())
+
+
+async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[str, Any]]:
+    dialect = state.dialects[u.name]
+    path = dialect.path("models")
+    if not path:
+        return []
+    headers = {}
+    if u.api_key:
+        headers["Authorization"] = f"Bearer {u.api_key}"
+    try:
+        resp = await state.clients[u.name].open("GET", u.url + path, headers=headers,
+                                                timeout=state.settings.server.readiness_timeout * 2)
+        try:
+            raw = await read_body(resp, state.settings.server.readiness_timeout * 2, limit=2**20)
+        finally:
+            resp.close()
+        if resp.status != 200:
+            return []
+        return dialect.decode_models(orjson.loads(raw))
+    except (ProxyError, orjson.JSONDecodeError):
+        return []
+
+
+async def _probe(state: AppState, u: UpstreamSettings) -> str:
+    """'up' when the upstream answers its health URL with a non-5xx status within readiness_timeout."""
+    url = u.health_url
+    if url is None:
+        path = state.dialects[u.name].path("health")
+        url = u.url + (path or "/")
+    headers = {"Authorization": f"Bearer {u.api_key}"} if u.api_key and u.health_url is None else {}
+    timeout = state.settings.server.readiness_timeout
+    try:
+        resp = await state.clients[u.name].open("GET", url, headers=headers, timeout=timeout)
+        resp.close()
+    except ProxyError as err:
+        return "down: " + err.message
+    return "up" if resp.status < 500 else f"down: HTTP {resp.status}"

@@ -1,0 +1,42 @@
+"""The hub form: OpenAI Chat Completions as plain dicts.
+
+Every dialect translates requests from, and responses to, these shapes; the stream transforms work on them. They
+are plain dicts at run time (no validation per chunk); the aliases below document intent for readers and mypy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .settings import UpstreamSettings
+
+ChatRequest = dict[str, Any]      # POST /v1/chat/completions body (or /v1/completions: `prompt` instead of messages)
+ChatCompletion = dict[str, Any]   # {"id","object","created","model","choices":[{"index","message","finish_reason"}],"usage"}
+ChatChunk = dict[str, Any]        # {"id","object","created","model","choices":[{"index","delta","finish_reason"}],"usage"?}
+Usage = dict[str, Any]            # {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details"?,...}
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What one request's translation needs to know; created by the handler, read by dialect and transforms."""
+
+    kind: str                       # CHAT or COMPLETIONS
+    request_id: str
+    client_model: str               # the name the client sent (maybe an alias)
+    upstream_model: str             # the name sent upstream
+    upstream: UpstreamSettings
+    stream: bool
+    include_usage: bool             # the client's stream_options.include_usage
+    response_id: str
+    created: int
+    attempt: int = 0
+    # Filled while decoding: upstream-only fields (MindIE timings...) for the metrics layer.
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def response_model(self) -> str:
+        return self.upstream_model if self.upstream.response_model == "upstream" else self.client_model

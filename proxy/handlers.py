@@ -1,0 +1,391 @@
+"""Endpoints: glue only — parse, route, translate, send, transform, respond.
+
+The inference endpoints are raw ASGI callables (not Starlette Request/Response) because they own two things the
+framework does not do for us:
+- cancellation: a watcher task reads `http.disconnect` and cancels the request's task, so the upstream request is
+  closed at once — while waiting for response headers, while reading a non-stream body, and mid-stream;
+- the stream relay: upstream bytes -> SSE events -> dialect -> translator -> SSE bytes, reading upstream only as
+  fast as the client takes it (uvicorn's `send` waits while the socket's write buffer is full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .canonical import CHAT, RequestContext
+from .errors import (
+    ClientRequestError,
+    ProxyError,
+    StreamTruncated,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from .sse import DONE, KEEPALIVE, SSEDecoder, encode_data
+from .translate import ResponseTranslator
+from .upstream import iter_stream, read_body
+
+if TYPE_CHECKING:
+    from .app import AppState
+    from .metrics import RequestObserver
+
+log = logging.getLogger("dialect_proxy")
+access_log = logging.getLogger("dialect_proxy.access")
+
+Scope = dict[str, Any]
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class _Disconnect:
+    """Watches `receive()` for http.disconnect and cancels the request's task when the client goes away."""
+
+    __slots__ = ("disconnected", "complete", "_task", "_watcher")
+
+    def __init__(self, receive: Any) -> None:
+        self.disconnected = False
+        self.complete = False  # set just before the final send: uvicorn then answers receive() with a disconnect
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.complete and self._task is not None:
+                    self.disconnected = True
+                    self._task.cancel()
+                return
+
+    def stop(self) -> None:
+        self._watcher.cancel()
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _read_request_body(scope: Scope, receive: Any, limit: int) -> bytes:
+    length = _header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ClientRequestError(
+            f"The request body is {int(length)} bytes; the limit is {limit} bytes.", 413, code="request_too_large"
+        )
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        body = message.get("body", b"")
+        if body:
+            size += len(body)
+            if size > limit:
+                raise ClientRequestError(
+                    f"The request body is larger than the limit of {limit} bytes.", 413, code="request_too_large"
+                )
+            chunks.append(body)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def send_json(send: Any, status: int, payload: bytes, extra: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS + extra})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def error_headers(err: ProxyError) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode(), v.encode("latin-1")) for k, v in err.response_headers().items()]
+
+
+def _carries_token(chunk: dict[str, Any]) -> bool:
+    for choice in chunk["choices"]:
+        delta = choice.get("delta")
+        if delta is None:
+            if choice.get("text"):
+                return True
+        elif delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or \
+                delta.get("tool_calls"):
+            return True
+    return False
+
+
+class CompletionsEndpoint:
+    """POST /v1/chat/completions (kind "chat") and POST /v1/completions (kind "completions")."""
+
+    def __init__(self, state: AppState, kind: str) -> None:
+        self.state = state
+        self.kind = kind
+        self.route = "/v1/chat/completions" if kind == CHAT else "/v1/completions"
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        state = self.state
+        started = time.perf_counter()
+        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        if len(request_id) > 200:
+            request_id = request_id[:200]
+        rid_header = (b"x-request-id", request_id.encode("latin-1", "replace"))
+        info: dict[str, Any] = {"request_id": request_id, "route": self.route}
+        obs: RequestObserver | None = None
+        status = 500
+        watch: _Disconnect | None = None
+        try:
+            try:
+                body = await _read_request_body(scope, receive, state.settings.server.max_body_bytes)
+                if state.shutting_down:
+                    raise ProxyError("The proxy is shutting down.", 503, code="upstream_unavailable")
+                req = _parse(body)
+                ctx = self._context(req, request_id)
+                info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
+                obs = state.metrics.request(self.route, ctx.upstream.name, ctx.client_model, ctx.stream)
+                watch = _Disconnect(receive)
+                status = await self._serve(req, ctx, send, watch, obs, rid_header, info)
+            except ProxyError as err:
+                status = err.status
+                info["error"] = err.code
+                if obs is not None and isinstance(err, UpstreamError | UpstreamUnreachable | UpstreamTimeout):
+                    obs.upstream_error(info.get("dialect", "any"), err.upstream_code or err.code)
+                if watch is not None:
+                    watch.complete = True
+                await send_json(send, err.status, err.body(), error_headers(err) + [rid_header])
+        except asyncio.CancelledError:
+            if watch is None or not watch.disconnected:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            info["client_disconnected"] = True
+            status = 499
+        finally:
+            if watch is not None:
+                watch.stop()
+            duration = time.perf_counter() - started
+            if obs is not None:
+                obs.finish(status, bool(info.get("client_disconnected")), info.get("finish_reason"))
+            if access_log.isEnabledFor(logging.INFO):
+                info["status"] = status
+                info["duration_ms"] = round(duration * 1000, 2)
+                access_log.info(orjson.dumps(info).decode())
+
+    def _context(self, req: dict[str, Any], request_id: str) -> RequestContext:
+        state = self.state
+        model = req.get("model")
+        if not isinstance(model, str) or not model:
+            raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
+        if self.kind == CHAT:
+            messages = req.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise ClientRequestError("`messages` must be a non-empty list.", param="messages")
+        elif "prompt" not in req:
+            raise ClientRequestError("`prompt` is required.", param="prompt")
+        route = state.router.resolve(model)
+        stream = req.get("stream") is True
+        opts = req.get("stream_options")
+        include_usage = stream and isinstance(opts, dict) and opts.get("include_usage") is True
+        prefix = "chatcmpl-" if self.kind == CHAT else "cmpl-"
+        return RequestContext(
+            kind=self.kind,
+            request_id=request_id,
+            client_model=model,
+            upstream_model=route.upstream_model,
+            upstream=route.upstream,
+            stream=stream,
+            include_usage=include_usage,
+            response_id=prefix + uuid.uuid4().hex[:24],
+            created=int(time.time()),
+        )
+
+    async def _serve(
+        self,
+        req: dict[str, Any],
+        ctx: RequestContext,
+        send: Any,
+        watch: _Disconnect,
+        obs: RequestObserver,
+        rid_header: tuple[bytes, bytes],
+        info: dict[str, Any],
+    ) -> int:
+        state = self.state
+        server = state.settings.server
+        upstream = ctx.upstream
+        dialect = state.dialects[upstream.name]
+        client = state.clients[upstream.name]
+        info["dialect"] = dialect.name
+        path = dialect.path(ctx.kind)
+        if path is None:
+            raise ClientRequestError(
+                f"The upstream `{upstream.name}` ({dialect.name}) has no {self.route} equivalent.", 404,
+                code="unsupported_endpoint",
+            )
+        upstream_body = dialect.build_request(req, ctx)
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if ctx.stream else
+                   "application/json"}
+        headers.update(dialect.request_headers(ctx))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + server.total_timeout
+        obs.upstream_started()
+        t_up = time.perf_counter()
+        resp = await client.open("POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers)
+        try:
+            obs.upstream_headers()
+            translator = ResponseTranslator(ctx, state.settings.client, dialect_reasoning_source(ctx, dialect))
+            content_type = resp.headers.get("Content-Type", "")
+            if not ctx.stream or resp.status >= 300 or "text/event-stream" not in content_type:
+                raw = await read_body(resp, min(server.idle_timeout, max(deadline - loop.time(), 0.001)))
+                obs.add_upstream_wait(time.perf_counter() - t_up)
+                if resp.status >= 300:
+                    raise dialect.error_from_body(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
+                try:
+                    data = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    raise UpstreamError(
+                        "The upstream answered with a body that is not JSON: " + _preview(raw), 502
+                    ) from None
+                if ctx.stream:
+                    err = dialect.error_in_json(data)
+                    raise err or UpstreamError("The upstream answered a stream request without an event stream.")
+                result = translator.translate_completion(dialect.decode_response(data, ctx))
+                self._observe_usage(obs, translator, ctx, info)
+                info["finish_reason"] = _first_finish(result)
+                watch.complete = True
+                await send_json(send, 200, orjson.dumps(result), [rid_header])
+                return 200
+            return await self._relay(resp, ctx, dialect, translator, send, watch, obs, rid_header, info, deadline)
+        finally:
+            resp.close()
+
+    async def _relay(self, resp: Any, ctx: RequestContext, dialect: Any, translator: ResponseTranslator, send: Any,
+                     watch: _Disconnect, obs: RequestObserver, rid_header: tuple[bytes, bytes],
+                     info: dict[str, Any], deadline: float) -> int:
+        server = self.state.settings.server
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + [rid_header]})
+        decoder = SSEDecoder()
+        saw_done = False
+        loads = orjson.loads
+        dumps = orjson.dumps
+        decode_chunk = dialect.decode_chunk
+        feed = translator.feed
+        try:
+            async for data in iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline):
+                if data is None:
+                    await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                    continue
+                out = []
+                for event in decoder.feed(data):
+                    if event.garbage is not None:
+                        raise StreamTruncated(
+                            "The upstream sent data that is not an event stream: " + _preview(event.garbage),
+                            reason="invalid_data",
+                        )
+                    if event.data == "[DONE]":
+                        saw_done = True
+                        break
+                    out.extend(self._event(event, loads, decode_chunk, feed, ctx, dialect))
+                if out:
+                    for chunk in out:
+                        obs.chunk(_carries_token(chunk))
+                    await send({"type": "http.response.body", "body": b"".join(encode_data(dumps(c)) for c in out),
+                                "more_body": True})
+                if saw_done:
+                    break
+            if not saw_done:
+                out = []
+                for event in decoder.flush():
+                    if event.garbage is not None:
+                        raise StreamTruncated(
+                            "The upstream sent data that is not an event stream: " + _preview(event.garbage),
+                            reason="invalid_data",
+                        )
+                    if event.data == "[DONE]":
+                        saw_done = True
+                        break
+                    out.extend(self._event(event, loads, decode_chunk, feed, ctx, dialect))
+                for chunk in out:
+                    obs.chunk(_carries_token(chunk))
+                if out:
+                    await send({"type": "http.response.body", "body": b"".join(encode_data(dumps(c)) for c in out),
+                                "more_body": True})
+            tail = translator.finish(saw_done)
+            self._observe_usage(obs, translator, ctx, info)
+            info["finish_reason"] = translator.last_finish_reason
+            watch.complete = True
+            await send({"type": "http.response.body",
+                        "body": b"".join(encode_data(dumps(c)) for c in tail) + DONE, "more_body": False})
+            return 200
+        except ProxyError as err:
+            reason = err.reason if isinstance(err, StreamTruncated) else "upstream_error"
+            obs.truncated(reason)
+            if err.upstream_code:
+                obs.upstream_error(dialect.name, err.upstream_code)
+            self._observe_usage(obs, translator, ctx, info)
+            info["error"] = err.code
+            info["truncated"] = reason
+            watch.complete = True
+            await send({"type": "http.response.body", "body": encode_data(err.body()), "more_body": False})
+            return 500 if err.status < 500 else err.status
+
+    @staticmethod
+    def _event(event: Any, loads: Any, decode_chunk: Any, feed: Any, ctx: RequestContext,
+               dialect: Any) -> list[dict[str, Any]]:
+        try:
+            parsed = loads(event.data)
+        except orjson.JSONDecodeError:
+            raise StreamTruncated(
+                "The upstream sent an event that is not valid JSON: " + _preview(event.data), reason="invalid_data"
+            ) from None
+        if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
+            parsed = {"error": parsed}
+        chunk = decode_chunk(parsed, ctx)
+        if chunk is None:
+            return []
+        result: list[dict[str, Any]] = feed(chunk)
+        return result
+
+    @staticmethod
+    def _observe_usage(obs: RequestObserver, translator: ResponseTranslator, ctx: RequestContext,
+                       info: dict[str, Any]) -> None:
+        if translator.usage is not None:
+            obs.usage(translator.usage)
+            info["prompt_tokens"] = translator.usage.get("prompt_tokens")
+            info["completion_tokens"] = translator.usage.get("completion_tokens")
+        extras = {**translator.usage_extras, **ctx.extras}
+        if extras:
+            obs.upstream_timings(extras)
+
+
+def dialect_reasoning_source(ctx: RequestContext, dialect: Any) -> str:
+    return ctx.upstream.reasoning_source or dialect.default_reasoning_source
+
+
+def _parse(body: bytes) -> dict[str, Any]:
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
+    if not isinstance(req, dict):
+        raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
+    return req
+
+
+def _first_finish(result: dict[str, Any]) -> str | None:
+    choices = result.get("choices") or ()
+    return choices[0].get("finish_reason") if choices else None
+
+
+def _preview(data: bytes | str, limit: int = 200) -> str:
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    text = text.strip()
+    return repr(text[:limit] + ("…" if len(text) > limit else ""))

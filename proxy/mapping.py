@@ -1,0 +1,131 @@
+"""Declarative per-dialect maps: mappings/<dialect>.yaml -> a frozen `DialectMapping`.
+
+The YAML says *what* differs (paths, renames, drops, ranges, clamps, finish reasons, error statuses, fields to strip);
+the dialect modules hold only what must be computed. Schema (every section optional):
+
+    paths: {chat: /v1/chat/completions, completions: /v1/completions, models: /v1/models, health: /v1/models}
+    request:
+      rename: {max_completion_tokens: max_tokens}      # applied only when the target is absent
+      drop: [stream_options, store]                    # removed before sending
+      ranges:                                          # checked after renames; error 400 names the param
+        temperature: {min: 0, max: 2}
+        top_p: {min: 0, max: 1, min_exclusive: true, clamp_min: 1.0e-6}   # clamp instead of refusing
+      max_items: {stop: 1024}
+      integer: [max_tokens]
+    response:
+      finish_reason: {eos_token: stop}
+      strip: [full_text, prefill_time]                 # top-level chunk/response fields never forwarded
+    errors:
+      status: {422: 400, 424: 502}                     # upstream HTTP status -> our status
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ClientRequestError
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    clamp_min: float | None = None
+    clamp_max: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DialectMapping:
+    paths: Mapping[str, str | None] = field(default_factory=dict)
+    rename: Mapping[str, str] = field(default_factory=dict)
+    drop: frozenset[str] = frozenset()
+    ranges: Mapping[str, Range] = field(default_factory=dict)
+    max_items: Mapping[str, int] = field(default_factory=dict)
+    integer: frozenset[str] = frozenset()
+    finish_reason: Mapping[str, str] = field(default_factory=dict)
+    strip: frozenset[str] = frozenset()
+    error_status: Mapping[int, int] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    def apply_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Renames, drops and range checks on a request body (a shallow copy is returned)."""
+        out = dict(body)
+        for src, dst in self.rename.items():
+            if src in out:
+                value = out.pop(src)
+                if dst not in out or out[dst] is None:
+                    out[dst] = value
+        for key in self.drop:
+            out.pop(key, None)
+        for key in self.integer:
+            value = out.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ClientRequestError(f"`{key}` must be an integer, got {value!r}.", param=key)
+        for key, r in self.ranges.items():
+            value = out.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ClientRequestError(f"`{key}` must be a number, got {value!r}.", param=key)
+            out[key] = _check_range(key, value, r)
+        for key, limit in self.max_items.items():
+            value = out.get(key)
+            if isinstance(value, list) and len(value) > limit:
+                raise ClientRequestError(
+                    f"`{key}` has {len(value)} items; this upstream accepts at most {limit}.", param=key
+                )
+        return out
+
+
+def _check_range(key: str, value: float, r: Range) -> float:
+    low_bad = r.min is not None and (value < r.min or (r.min_exclusive and value == r.min))
+    high_bad = r.max is not None and (value > r.max or (r.max_exclusive and value == r.max))
+    if low_bad and r.clamp_min is not None:
+        return r.clamp_min
+    if high_bad and r.clamp_max is not None:
+        return r.clamp_max
+    if low_bad or high_bad:
+        lo = "(" if r.min_exclusive else "["
+        hi = ")" if r.max_exclusive else "]"
+        span = f"{lo}{'-inf' if r.min is None else r.min}, {'inf' if r.max is None else r.max}{hi}"
+        raise ClientRequestError(f"`{key}` = {value} is outside {span} accepted by this upstream.", param=key)
+    return value
+
+
+def _mapping_dir() -> Path:
+    try:
+        return Path(str(resources.files("proxy.mappings")))
+    except ModuleNotFoundError:  # running from a source tree without an install
+        return Path(__file__).resolve().parent.parent / "mappings"
+
+
+@functools.cache
+def load_mapping(dialect: str) -> DialectMapping:
+    path = _mapping_dir() / f"{dialect}.yaml"
+    if not path.exists():
+        path = Path(__file__).resolve().parent.parent / "mappings" / f"{dialect}.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    request = data.get("request") or {}
+    response = data.get("response") or {}
+    errors = data.get("errors") or {}
+    return DialectMapping(
+        paths=dict(data.get("paths") or {}),
+        rename=dict(request.get("rename") or {}),
+        drop=frozenset(request.get("drop") or ()),
+        ranges={k: Range(**v) for k, v in (request.get("ranges") or {}).items()},
+        max_items=dict(request.get("max_items") or {}),
+        integer=frozenset(request.get("integer") or ()),
+        finish_reason=dict(response.get("finish_reason") or {}),
+        strip=frozenset(response.get("strip") or ()),
+        error_status={int(k): int(v) for k, v in (errors.get("status") or {}).items()},
+        raw=data,
+    )

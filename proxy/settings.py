@@ -1,0 +1,313 @@
+"""Settings: one frozen object built from CLI flags, DIALECT_PROXY_* environment variables and the YAML file.
+
+Precedence: flag > environment > config file > default (DECISIONS.md). Every problem is a `ConfigError` whose
+message names the key, e.g. ``upstreams[0].dialect: 'mindy' is not one of openai, deepseek, ...``; the CLI prints
+that one line and exits 2. No stack trace.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import yaml
+
+DIALECT_NAMES = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
+CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
+REASONING_SOURCES = ("auto", "field", "tags", "off")
+REASONING_REPLAY = ("auto", "strip", "keep")
+USAGE_FIELDS = ("openai", "deepseek")
+RESPONSE_MODEL = ("client", "upstream")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(Exception):
+    """A bad setting. The message names the key and is fit to show as the only output line."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    name: str
+    dialect: str
+    url: str
+    models: tuple[str, ...] = ("*",)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    full_text: bool = False
+    api_key_env: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    health_url: str | None = None
+    reasoning_source: str | None = None  # None = the dialect's default (field for deepseek, auto otherwise)
+    thinking_models: tuple[str, ...] = ()
+    reasoning_replay: str = "auto"
+    keep_upstream_id: bool = False
+    response_model: str = "client"
+    max_connections: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    reasoning: str = "reasoning_content"
+    usage_fields: str = "openai"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    log_level: str = "info"
+    log_bodies: bool = False
+    max_body_bytes: int = 4 * 1024 * 1024
+    connect_timeout: float = 10.0
+    first_byte_timeout: float = 600.0
+    idle_timeout: float = 300.0
+    total_timeout: float = 1800.0
+    keepalive_interval: float = 15.0
+    shutdown_grace: float = 30.0
+    readiness_timeout: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    upstreams: tuple[UpstreamSettings, ...]
+    client: ClientSettings = ClientSettings()
+    server: ServerSettings = ServerSettings()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Value coercion, shared by the YAML file, flags and environment variables.
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(key: str, value: Any, kind: type, choices: tuple[str, ...] | None = None) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{key}: expected a boolean (true/false, 1/0, yes/no), got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if kind is str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
+        if choices and value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+        return value
+    raise AssertionError(kind)
+
+
+def _str_list(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}: must be greater than 0, got {value!r}")
+
+
+_SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
+    "host": (str, None),
+    "port": (int, None),
+    "workers": (int, None),
+    "log_level": (str, LOG_LEVELS),
+    "log_bodies": (bool, None),
+    "max_body_bytes": (int, None),
+    "connect_timeout": (float, None),
+    "first_byte_timeout": (float, None),
+    "idle_timeout": (float, None),
+    "total_timeout": (float, None),
+    "keepalive_interval": (float, None),
+    "shutdown_grace": (float, None),
+    "readiness_timeout": (float, None),
+}
+_CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
+    "reasoning": (str, CLIENT_REASONING),
+    "usage_fields": (str, USAGE_FIELDS),
+}
+_UPSTREAM_KEYS = (
+    "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
+    "thinking_models", "reasoning_replay", "keep_upstream_id", "response_model", "max_connections",
+)
+
+
+def _unknown(prefix: str, data: Mapping[str, Any], known: tuple[str, ...] | Mapping[str, Any]) -> None:
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{prefix}{key}: unknown key (known keys: {', '.join(known)})")
+
+
+def normalize_url(key: str, url: str) -> str:
+    """Accept the server's base URL with or without a trailing `/v1` (users paste OpenAI-style base URLs)."""
+    url = url.strip()
+    if not (url.startswith("http://") or url.startswith("https://")):
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {url!r}")
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, str]) -> UpstreamSettings:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.')}: expected a mapping, got {data!r}")
+    _unknown(prefix, data, _UPSTREAM_KEYS)
+    for required in ("dialect", "url"):
+        if required not in data:
+            raise ConfigError(f"{prefix}{required}: missing (required for every upstream)")
+    dialect = _coerce(prefix + "dialect", data["dialect"], str, DIALECT_NAMES)
+    url = normalize_url(prefix + "url", _coerce(prefix + "url", data["url"], str))
+    name = _coerce(prefix + "name", data.get("name", dialect), str)
+    models = _str_list(prefix + "models", data.get("models", ["*"]))
+    aliases_raw = data.get("aliases") or {}
+    if not isinstance(aliases_raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and v for k, v in aliases_raw.items()
+    ):
+        raise ConfigError(f"{prefix}aliases: expected a mapping of client model name to upstream model name")
+    api_key_env = data.get("api_key_env")
+    api_key = None
+    if api_key_env is not None:
+        api_key_env = _coerce(prefix + "api_key_env", api_key_env, str)
+        api_key = environ.get(api_key_env)
+        if not api_key:
+            raise ConfigError(f"{prefix}api_key_env: environment variable {api_key_env} is not set")
+    health_url = data.get("health_url")
+    if health_url is not None:
+        health_url = _coerce(prefix + "health_url", health_url, str)
+        if not health_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{prefix}health_url: expected an http:// or https:// URL, got {health_url!r}")
+    reasoning_source = data.get("reasoning_source")
+    if reasoning_source is not None:
+        reasoning_source = _coerce(prefix + "reasoning_source", reasoning_source, str, REASONING_SOURCES)
+    max_connections = _coerce(prefix + "max_connections", data.get("max_connections", 1000), int)
+    _positive(prefix + "max_connections", max_connections)
+    return UpstreamSettings(
+        name=name,
+        dialect=dialect,
+        url=url,
+        models=models,
+        aliases=dict(aliases_raw),
+        full_text=_coerce(prefix + "full_text", data.get("full_text", False), bool),
+        api_key_env=api_key_env,
+        api_key=api_key,
+        health_url=health_url,
+        reasoning_source=reasoning_source,
+        thinking_models=_str_list(prefix + "thinking_models", data.get("thinking_models", [])),
+        reasoning_replay=_coerce(
+            prefix + "reasoning_replay", data.get("reasoning_replay", "auto"), str, REASONING_REPLAY
+        ),
+        keep_upstream_id=_coerce(prefix + "keep_upstream_id", data.get("keep_upstream_id", False), bool),
+        response_model=_coerce(
+            prefix + "response_model", data.get("response_model", "client"), str, RESPONSE_MODEL
+        ),
+        max_connections=max_connections,
+    )
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path}: not valid YAML{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def _section(data: Mapping[str, Any], key: str, kinds: Mapping[str, Any]) -> dict[str, Any]:
+    section = data.get(key) or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{key}: expected a mapping")
+    _unknown(key + ".", section, tuple(kinds))
+    return {k: _coerce(f"{key}.{k}", v, *kinds[k]) for k, v in section.items()}
+
+
+def build_settings(
+    *,
+    config: Mapping[str, Any] | None = None,
+    server_overrides: Mapping[str, Any] | None = None,
+    client_overrides: Mapping[str, Any] | None = None,
+    single_upstream: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build settings from a parsed config mapping and/or override mappings (already merged flag > env).
+
+    `single_upstream` is the `--upstream-url` form: one upstream that takes every model name.
+    """
+    environ = os.environ if environ is None else environ
+    config = dict(config or {})
+    _unknown("", config, ("upstreams", "client", "server"))
+    server_values = _section(config, "server", _SERVER_KINDS)
+    for k, v in (server_overrides or {}).items():
+        if v is not None:
+            server_values[k] = _coerce(k.replace("_", "-"), v, *_SERVER_KINDS[k])
+    client_values = _section(config, "client", _CLIENT_KINDS)
+    for k, v in (client_overrides or {}).items():
+        if v is not None:
+            client_values[k] = _coerce(k.replace("_", "-"), v, *_CLIENT_KINDS[k])
+    server = ServerSettings(**server_values)
+    for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
+                "readiness_timeout", "max_body_bytes", "workers"):
+        _positive(f"server.{key}", getattr(server, key))
+    if not 0 <= server.port <= 65535:
+        raise ConfigError(f"server.port: {server.port} is not a TCP port")
+    if server.shutdown_grace < 0:
+        raise ConfigError("server.shutdown_grace: must not be negative")
+
+    if single_upstream is not None:
+        if config.get("upstreams"):
+            raise ConfigError("--upstream-url and a config file's upstreams cannot be used together")
+        upstreams: tuple[UpstreamSettings, ...] = (build_upstream("upstream.", single_upstream, environ),)
+    else:
+        raw = config.get("upstreams")
+        if not raw:
+            raise ConfigError("upstreams: no upstream configured (give --upstream-url or a config file)")
+        if not isinstance(raw, list):
+            raise ConfigError("upstreams: expected a list of upstreams")
+        upstreams = tuple(build_upstream(f"upstreams[{i}].", u, environ) for i, u in enumerate(raw))
+    names = [u.name for u in upstreams]
+    for i, n in enumerate(names):
+        if names.index(n) != i:
+            raise ConfigError(f"upstreams[{i}].name: {n!r} is used twice (give each upstream its own name)")
+    return Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server)
+
+
+def with_server(settings: Settings, **changes: Any) -> Settings:
+    return replace(settings, server=replace(settings.server, **changes))
+
+
+SERVER_KEYS = tuple(f.name for f in fields(ServerSettings))
+CLIENT_KEYS = tuple(f.name for f in fields(ClientSettings))

@@ -1,0 +1,140 @@
+"""Server-sent events: the one place that knows SSE framing.
+
+`SSEDecoder` is incremental in the style of httpx's LineDecoder: `feed(bytes)` returns the events completed by
+those bytes, `flush()` returns what is left when the stream ends. One upstream read may end with half a line, half
+a UTF-8 character or half a CRLF; the decoder holds such tails until the next read.
+
+Lines that are not SSE (no known field name, e.g. MindIE's raw `Engine callback timeout: server tokenTimeout`) are
+not silently ignored as the SSE spec would: they are reported in `SSEEvent.garbage` events so that the relay can
+turn them into an error instead of a truncated "success".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SSEEvent", "SSEDecoder", "encode_data", "encode_comment", "DONE", "KEEPALIVE"]
+
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    """One dispatched event. `data` joins multi-line data with "\\n" as the SSE spec says.
+
+    `garbage` is set (and `data` empty) for a line that is not SSE at all.
+    """
+
+    data: str = ""
+    event: str | None = None
+    id: str | None = None
+    garbage: str | None = None
+
+
+class SSEDecoder:
+    __slots__ = ("_parts", "_head", "_data", "_event", "_id", "_pending_cr")
+
+    def __init__(self) -> None:
+        # The unterminated tail of the current line, in pieces: joined only once the line ends, so a long line
+        # arriving in many reads costs linear, not quadratic, time.
+        self._parts: list[bytes] = []
+        self._head: bytes | None = b""  # the first bytes of the stream while a UTF-8 BOM is possible; then None
+        self._data: list[bytes] = []
+        self._event: str | None = None
+        self._id: str | None = None
+        self._pending_cr = False
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if not chunk:
+            return []
+        if self._head is not None:
+            # The SSE spec strips one UTF-8 BOM at the start of the stream; it may arrive split across reads.
+            head = self._head + chunk
+            if len(head) < 3 and _BOM.startswith(head):
+                self._head = head
+                return []
+            self._head = None
+            chunk = head[3:] if head.startswith(_BOM) else head
+            if not chunk:
+                return []
+        if self._pending_cr:
+            # The previous read ended with "\r": a "\n" starting this read belongs to that CRLF.
+            self._pending_cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+                if not chunk:
+                    return []
+        parts = self._parts
+        has_cr = b"\r" in chunk
+        if not has_cr and b"\n" not in chunk:
+            parts.append(chunk)
+            return []
+        if parts:
+            parts.append(chunk)
+            buf = b"".join(parts)
+            parts.clear()
+        else:
+            buf = chunk
+        if has_cr:  # the held tail never holds a "\r": only this read can
+            if buf.endswith(b"\r"):
+                self._pending_cr = True
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        tail = lines.pop()
+        if tail:
+            parts.append(tail)
+        out: list[SSEEvent] = []
+        for line in lines:
+            self._line(line, out)
+        return out
+
+    def flush(self) -> list[SSEEvent]:
+        """End of stream. A trailing unterminated line is processed; an event never closed by a blank line is
+        still dispatched (servers that close right after the last `data:` line are common)."""
+        out: list[SSEEvent] = []
+        if self._head:  # the stream was only a partial BOM
+            self._parts.append(self._head)
+        self._head = None
+        if self._parts:
+            tail = b"".join(self._parts)
+            self._parts.clear()
+            self._line(tail, out)
+        self._line(b"", out)
+        self._pending_cr = False
+        return out
+
+    def _line(self, line: bytes, out: list[SSEEvent]) -> None:
+        if not line:
+            if self._data or self._event is not None:
+                out.append(SSEEvent(
+                    data=b"\n".join(self._data).decode("utf-8", "replace"), event=self._event, id=self._id,
+                ))
+            self._data = []
+            self._event = None
+            return
+        if line[0] == 0x3A:  # ":" comment, e.g. ": keep-alive"
+            return
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif name == b"id":
+            self._id = value.decode("utf-8", "replace")
+        elif name == b"retry":
+            pass
+        else:
+            out.append(SSEEvent(garbage=line.decode("utf-8", "replace")))
+
+
+def encode_data(payload: bytes) -> bytes:
+    """Frame one JSON payload (already serialised, no newlines) as an SSE data event."""
+    return b"data: " + payload + b"\n\n"
+
+
+def encode_comment(text: str) -> bytes:
+    return b": " + text.encode() + b"\n\n"

@@ -1,0 +1,249 @@
+"""End to end: the official openai SDK -> proxy (uvicorn, loopback) -> built-in mock OpenAI upstream (uvicorn)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import wait_for
+
+MSG = [{"role": "user", "content": "Say hello"}]
+
+
+def direct(mock):
+    return openai.OpenAI(base_url=mock.url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def test_non_stream_matches_direct_upstream(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    want = direct(mock).chat.completions.create(model="m1", messages=MSG)
+    got = proxy.client().chat.completions.create(model="m1", messages=MSG)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.choices[0].message.content
+    assert got.choices[0].finish_reason == "stop"
+    assert got.model == "m1"
+    assert got.id.startswith("chatcmpl-")
+    assert got.usage is not None and got.usage.total_tokens == want.usage.total_tokens
+
+
+def test_stream_relays_true_deltas_role_once_and_usage_per_stream_options(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    want = direct(mock).chat.completions.create(model="m1", messages=MSG).choices[0].message.content
+    chunks = list(proxy.client().chat.completions.create(
+        model="m1", messages=MSG, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want
+    roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role]
+    assert roles == ["assistant"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({c.id for c in chunks}) == 1
+
+    # Without include_usage: no usage chunk, and no `usage` key at all in the raw events.
+    raw = httpx.post(proxy.base_url + "/chat/completions", json={"model": "m1", "messages": MSG, "stream": True},
+                     timeout=30)
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
+    assert '"usage"' not in raw.text
+    assert raw.text.rstrip().endswith("data: [DONE]")
+
+
+def test_stream_helper_accumulates(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    with proxy.client().chat.completions.stream(model="m1", messages=MSG) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    assert final.choices[0].message.role == "assistant"
+    assert final.choices[0].message.content
+
+
+def test_unknown_fields_pass_through_both_ways(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    messages = [{"role": "user", "content": "hi [mock:extra_fields]"}]
+    got = proxy.client().chat.completions.create(
+        model="m1", messages=messages, extra_body={"x_custom_param": {"k": [1, 2]}, "top_k": 5})
+    sent = mock.last_request()["body"]
+    assert sent["x_custom_param"] == {"k": [1, 2]} and sent["top_k"] == 5
+    assert got.model_extra.get("x_vendor") is not None
+    raw = httpx.post(proxy.base_url + "/chat/completions", timeout=30,
+                     json={"model": "m1", "messages": messages, "stream": True}).text
+    assert "x_vendor" in raw
+
+
+def test_alias_routes_and_rewrites_model(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy([{"name": "u", "dialect": "openai", "url": mock.url + "/v1/", "models": ["real-model"],
+                          "aliases": {"gpt-4o": "real-model"}}])
+    got = proxy.client().chat.completions.create(model="gpt-4o", messages=MSG)
+    assert mock.last_request()["body"]["model"] == "real-model"
+    assert got.model == "gpt-4o"
+    ids = {m.id for m in proxy.client().models.list()}
+    assert ids == {"gpt-4o", "real-model"}
+    with pytest.raises(openai.NotFoundError) as e:
+        proxy.client().chat.completions.create(model="nope", messages=MSG)
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_models_lists_upstream_when_none_configured(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    direct_ids = {m.id for m in direct(mock).models.list()}
+    assert direct_ids and {m.id for m in proxy.client().models.list()} == direct_ids
+
+
+def test_models_never_errors_for_upstream_without_models_endpoint(start_mock, start_proxy):
+    mock = start_mock("engine")
+    proxy = start_proxy(mock=mock)
+    assert list(proxy.client().models.list()) == []
+
+
+def test_bad_requests(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock, server={"max_body_bytes": 2000})
+    r = httpx.post(proxy.base_url + "/chat/completions", content=b"{not json", timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    assert r.headers["x-should-retry"] == "false"
+    r = httpx.post(proxy.base_url + "/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError):
+        proxy.client().chat.completions.create(model="m", messages=[])
+    assert mock.stats()["requests"] == 0
+
+
+def test_upstream_refused_is_502_and_unreachable_stream_is_not_200(start_proxy):
+    from tests.conftest import free_port
+
+    proxy = start_proxy([{"name": "dead", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}"}])
+    with pytest.raises(openai.InternalServerError) as e:
+        proxy.client().chat.completions.create(model="m", messages=MSG)
+    assert e.value.status_code == 502
+    assert "Traceback" not in e.value.response.text
+    with pytest.raises(openai.InternalServerError) as e:
+        proxy.client().chat.completions.create(model="m", messages=MSG, stream=True)
+    assert e.value.status_code == 502
+
+
+def test_upstream_timeout_is_504(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock, server={"first_byte_timeout": 0.5})
+    with pytest.raises(openai.APIStatusError) as e:
+        proxy.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "[mock:hang]"}])
+    assert e.value.status_code == 504 and e.value.body["type"] == "timeout_error"
+
+
+def test_upstream_http_errors_keep_status_and_message(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    with pytest.raises(openai.RateLimitError) as e:
+        proxy.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "[mock:error=429]"}])
+    assert e.value.status_code == 429
+    with pytest.raises(openai.RateLimitError):
+        proxy.client().chat.completions.create(
+            model="m", stream=True, messages=[{"role": "user", "content": "[mock:error=429]"}])
+
+
+def test_dropped_connection_mid_stream_raises_in_sdk(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    got = []
+    with pytest.raises(openai.APIError):
+        for c in proxy.client().chat.completions.create(
+                model="m", stream=True, messages=[{"role": "user", "content": "[mock:chunks=10][mock:drop=3]"}]):
+            got.append(c)
+    assert got  # some content arrived before the error
+
+
+def test_upstream_key_is_sent_but_never_leaked(start_mock, start_proxy):
+    mock = start_mock("openai", api_key="sk-upstream-secret")
+    proxy = start_proxy(mock=mock, api_key_env="UP_KEY", environ={"UP_KEY": "sk-upstream-secret"})
+    got = proxy.client().chat.completions.create(model="m", messages=MSG)
+    assert got.choices[0].message.content
+    assert mock.last_request()["headers"]["authorization"] == "Bearer sk-upstream-secret"
+    r = httpx.post(proxy.base_url + "/chat/completions", timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": "[mock:error=500]"}]})
+    assert r.status_code == 502 and "sk-upstream-secret" not in r.text
+    assert "sk-upstream-secret" not in httpx.get(proxy.url + "/metrics").text
+
+
+def test_client_disconnect_mid_stream_closes_upstream_within_a_second(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    with httpx.stream("POST", proxy.base_url + "/chat/completions", timeout=30, json={
+            "model": "m", "stream": True,
+            "messages": [{"role": "user", "content": "[mock:chunks=200][mock:delay_ms=50]"}]}) as r:
+        it = r.iter_lines()
+        assert next(it).startswith("data:")
+        assert mock.stats()["in_flight"] == 1
+    closed = time.monotonic()
+    assert wait_for(lambda: mock.stats()["disconnects"] == 1, timeout=1.0)
+    assert time.monotonic() - closed < 1.0
+
+
+def test_client_disconnect_before_first_byte_cancels_upstream(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    for stream in (False, True):
+        mock.reset()
+        with pytest.raises(openai.APITimeoutError):
+            proxy.client(timeout=0.5).chat.completions.create(
+                model="m", stream=stream, messages=[{"role": "user", "content": "[mock:first_byte_ms=30000]"}])
+        assert wait_for(lambda: mock.stats()["disconnects"] == 1, timeout=1.5), mock.stats()
+
+
+def test_stream_is_relayed_as_it_arrives(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+
+    async def run() -> tuple[float, float]:
+        client = proxy.async_client()
+        t0 = time.monotonic()
+        first = None
+        stream = await client.chat.completions.create(
+            model="m", stream=True, messages=[{"role": "user", "content": "[mock:chunks=20][mock:delay_ms=50]"}])
+        async for c in stream:
+            if first is None and c.choices and c.choices[0].delta.content:
+                first = time.monotonic() - t0
+        await client.close()
+        return first or 99.0, time.monotonic() - t0
+
+    first, total = asyncio.run(run())
+    assert total > 0.9  # 20 pieces, 50 ms apart
+    assert first < total / 3
+
+
+def test_completions_endpoint_stream_and_not(start_mock, start_proxy):
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    want = direct(mock).completions.create(model="m", prompt="Once upon").choices[0].text
+    got = proxy.client().completions.create(model="m", prompt="Once upon")
+    assert got.choices[0].text == want and got.id.startswith("cmpl-")
+    text = "".join(c.choices[0].text for c in proxy.client().completions.create(
+        model="m", prompt="Once upon", stream=True) if c.choices)
+    assert text == want
+
+
+def test_health_and_readiness(start_mock, start_proxy):
+    from tests.conftest import free_port
+
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    assert httpx.get(proxy.url + "/healthz").json()["status"] == "ok"
+    r = httpx.get(proxy.url + "/readyz")
+    assert r.status_code == 200 and r.json()["upstreams"] == {"mock-openai": "up"}
+    dead = start_proxy([{"name": "dead", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}"}])
+    assert httpx.get(dead.url + "/healthz").status_code == 200
+    r = httpx.get(dead.url + "/readyz")
+    assert r.status_code == 503 and r.json()["upstreams"]["dead"].startswith("down")
+    custom = start_proxy([{"name": "h", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}",
+                           "health_url": mock.url + "/health"}])
+    assert httpx.get(custom.url + "/readyz").status_code == 200

@@ -1,0 +1,132 @@
+"""Settings and the command line: every problem is one clear line naming the key; precedence flag > env > file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from proxy.__main__ import parser, settings_from_args
+from proxy.routing import Router
+from proxy.settings import ConfigError, build_settings
+
+GOOD = {
+    "upstreams": [{
+        "name": "r1", "dialect": "mindie", "url": "http://127.0.0.1:1025", "models": ["DeepSeek-R1"],
+        "aliases": {"gpt-4o": "DeepSeek-R1"}, "full_text": True, "api_key_env": "MINDIE_KEY",
+    }],
+    "client": {"reasoning": "reasoning_content"},
+}
+
+
+def test_issue_example_config_loads():
+    s = build_settings(config=GOOD, environ={"MINDIE_KEY": "sk-secret-123"})
+    u = s.upstreams[0]
+    assert (u.name, u.dialect, u.full_text, u.api_key) == ("r1", "mindie", True, "sk-secret-123")
+    assert "sk-secret-123" not in repr(s)  # the key never shows in a repr (logs, tracebacks)
+    assert s.client.reasoning == "reasoning_content"
+    router = Router(s.upstreams)
+    assert router.resolve("gpt-4o").upstream_model == "DeepSeek-R1"
+    assert router.resolve("DeepSeek-R1").upstream.name == "r1"
+
+
+@pytest.mark.parametrize(("mutate", "needle"), [
+    (lambda c: c["upstreams"][0].update(dialct="mindie"), "upstreams[0].dialct: unknown key"),
+    (lambda c: c["upstreams"][0].update(dialect="mindy"), "upstreams[0].dialect: 'mindy' is not one of"),
+    (lambda c: c["upstreams"][0].update(full_text="sometimes"), "upstreams[0].full_text: expected a boolean"),
+    (lambda c: c["upstreams"][0].update(models="x") or c["upstreams"][0].update(models=5),
+     "upstreams[0].models: expected a list"),
+    (lambda c: c["upstreams"][0].update(url="localhost:1025"), "upstreams[0].url: expected an http"),
+    (lambda c: c["upstreams"][0].pop("url"), "upstreams[0].url: missing"),
+    (lambda c: c.update(clients={}), "clients: unknown key"),
+    (lambda c: c["client"].update(reasoning="think"), "client.reasoning: 'think' is not one of"),
+    (lambda c: c.update(server={"idle_timeout": "soon"}), "server.idle_timeout: expected a number"),
+    (lambda c: c.update(server={"idle_timeout": 0}), "server.idle_timeout: must be greater than 0"),
+])
+def test_bad_config_names_the_key(mutate, needle):
+    import copy
+
+    config = copy.deepcopy(GOOD)
+    mutate(config)
+    with pytest.raises(ConfigError) as e:
+        build_settings(config=config, environ={"MINDIE_KEY": "k"})
+    assert needle in str(e.value)
+
+
+def test_missing_env_var_names_it():
+    with pytest.raises(ConfigError, match=r"upstreams\[0\].api_key_env: environment variable MINDIE_KEY is not set"):
+        build_settings(config=GOOD, environ={})
+
+
+def test_url_accepts_trailing_v1():
+    s = build_settings(single_upstream={"url": "http://127.0.0.1:9/v1/", "dialect": "openai"}, environ={})
+    assert s.upstreams[0].url == "http://127.0.0.1:9"
+    assert Router(s.upstreams).resolve("anything").upstream_model == "anything"
+
+
+def test_precedence_flag_over_env_over_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(textwrap.dedent("""
+        upstreams: [{dialect: openai, url: "http://127.0.0.1:9"}]
+        server: {port: 7001, idle_timeout: 11}
+        client: {reasoning: none}
+    """))
+    args = parser().parse_args(["serve", "--config", str(cfg), "--port", "7003"])
+    s = settings_from_args(args, {"DIALECT_PROXY_PORT": "7002", "DIALECT_PROXY_IDLE_TIMEOUT": "12",
+                                  "DIALECT_PROXY_CLIENT_REASONING": "reasoning"})
+    assert s.server.port == 7003 and s.server.idle_timeout == 12 and s.client.reasoning == "reasoning"
+    s = settings_from_args(parser().parse_args(["serve", "--config", str(cfg)]), {})
+    assert s.server.port == 7001 and s.client.reasoning == "none"
+
+
+def test_single_upstream_from_environment_only():
+    args = parser().parse_args(["serve"])
+    s = settings_from_args(args, {"DIALECT_PROXY_UPSTREAM_URL": "http://127.0.0.1:1025",
+                                  "DIALECT_PROXY_UPSTREAM_DIALECT": "mindie", "DIALECT_PROXY_FULL_TEXT": "yes",
+                                  "DIALECT_PROXY_UPSTREAM_HEALTH_URL": "http://127.0.0.1:1026/health",
+                                  "DIALECT_PROXY_UPSTREAM_THINKING_MODELS": "qwq, my-r"})
+    u = s.upstreams[0]
+    assert u.full_text is True and u.dialect == "mindie" and u.health_url.endswith(":1026/health")
+    assert u.thinking_models == ("qwq", "my-r")
+
+
+def test_config_and_url_together_is_an_error(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("upstreams: []\n")
+    args = parser().parse_args(["serve", "--config", str(cfg), "--upstream-url", "http://127.0.0.1:1"])
+    with pytest.raises(ConfigError, match="cannot be used together"):
+        settings_from_args(args, {})
+
+
+def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "proxy", *argv], capture_output=True, text=True, timeout=60,
+                          env=full_env)
+
+
+def test_cli_refuses_bad_config_with_one_line_and_no_traceback(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("upstreams:\n  - dialect: mindie\n    url: http://127.0.0.1:1025\n    colour: blue\n")
+    r = _cli("serve", "--config", str(cfg))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "dialect-proxy: config error: upstreams[0].colour: unknown key (known keys: name, dialect, url, models, "
+        "aliases, full_text, api_key_env, health_url, reasoning_source, thinking_models, reasoning_replay, "
+        "keep_upstream_id, response_model, max_connections)"]
+    r = _cli("serve", "--config", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "missing.yaml" in r.stderr
+    r = _cli("serve", "--upstream-url", "http://127.0.0.1:1", env={"DIALECT_PROXY_UPSTREAM_API_KEY_ENV": "NOPE",
+                                                                  "DIALECT_PROXY_UPSTREAM_DIALECT": "openai"})
+    assert r.returncode == 2 and "environment variable NOPE is not set" in r.stderr
+
+
+def test_cli_help_lists_env_vars():
+    r = _cli("serve", "--help")
+    assert r.returncode == 0
+    for needle in ("--upstream-url", "DIALECT_PROXY_UPSTREAM_URL", "--full-text", "--client-reasoning",
+                   "DIALECT_PROXY_SHUTDOWN_GRACE"):
+        assert needle in r.stdout
