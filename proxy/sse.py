@@ -2,7 +2,8 @@
 
 `SSEDecoder` is incremental in the style of httpx's LineDecoder: `feed(bytes)` returns the events completed by
 those bytes, `flush()` returns what is left when the stream ends. One upstream read may end with half a line, half
-a UTF-8 character or half a CRLF; the decoder holds such tails until the next read.
+a UTF-8 character or half a CRLF; the decoder holds such tails until the next read. A UTF-8 BOM at the very start
+of the stream is dropped, as the SSE spec says.
 
 Lines that are not SSE (no known field name, e.g. MindIE's raw `Engine callback timeout: server tokenTimeout`) are
 not silently ignored as the SSE spec would: they are reported in `SSEEvent.garbage` events so that the relay can
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SSEEvent", "SSEDecoder", "encode_data", "encode_comment", "DONE", "KEEPALIVE"]
+__all__ = ["DONE", "KEEPALIVE", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data"]
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -34,7 +35,7 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    __slots__ = ("_parts", "_head", "_data", "_event", "_id", "_pending_cr")
+    __slots__ = ("_data", "_event", "_head", "_id", "_parts", "_pending_cr")
 
     def __init__(self) -> None:
         # The unterminated tail of the current line, in pieces: joined only once the line ends, so a long line

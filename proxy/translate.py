@@ -174,10 +174,12 @@ class ResponseTranslator:
             elif first and not payload:
                 out_delta["content"] = ""
             tool_calls = delta.get("tool_calls")
-            if tool_calls:
+            if tool_calls or (final and st.tools is not None):
                 if st.tools is None:
                     st.tools = ToolCallNormalizer()
-                normalized = st.tools.feed(tool_calls)
+                normalized = st.tools.feed(tool_calls) if tool_calls else []
+                if final:
+                    normalized += st.tools.flush()
                 if normalized:
                     out_delta["tool_calls"] = normalized
                     payload = True

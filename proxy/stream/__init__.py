@@ -1,0 +1,10 @@
+"""Pure, stateful stream transforms: one object per choice (or per response), `feed(piece)` returns what can be sent
+now, `flush()` what is left when the stream ends. The caller hands each transform only the new piece; chunk
+boundaries never change the result. Non-stream answers run through the same objects as one piece plus `flush()`.
+
+- `cumulative.CumulativeText`   MindIE `fullTextEnabled` snapshots -> true deltas (holds a trailing U+FFFD back).
+- `think.ThinkSplitter`         inline `<think>…</think>` -> ("reasoning", s) / ("content", s) (holds partial tags).
+- `tool_calls.ToolCallNormalizer`  tool-call deltas -> SDK-safe deltas (index, id, type, name once; then arguments);
+  `tool_calls.normalize_message_tool_calls` for non-stream messages.
+- `usage.normalize_usage` / `usage.deepseek_usage_fields`  usage -> OpenAI shape + extras for metrics, and back.
+"""

@@ -1,0 +1,46 @@
+# One command each, on a fresh machine (README.md):
+#   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
+#   make test   set up (incl. promtool/prometheus from Debian when root) and run the test suite
+#   make bench  the benchmark (separate from the tests; prints figures)
+#   make soak   a bounded soak run against the mock (loopback only)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench soak lint system-deps clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dialect-proxy demo
+
+# promtool and the Prometheus server come from Debian's `prometheus` package; tests that need them skip with a
+# reason when they cannot be installed (not root, no apt).
+system-deps:
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+	      || echo "warning: could not install Debian package prometheus; its tests will skip"; \
+	  else echo "note: promtool/prometheus missing and not root; their tests will skip"; fi; \
+	fi
+
+test: $(STAMP) system-deps
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check proxy tests
+	$(BIN)/mypy proxy
+
+bench: $(STAMP)
+	$(BIN)/python tests/bench/bench.py
+
+soak: $(STAMP)
+	$(BIN)/python tests/bench/soak.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

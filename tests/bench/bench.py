@@ -1,0 +1,190 @@
+"""Benchmark: the mock upstream direct vs the proxy in front of it, measured in the same run.
+
+    python tests/bench/bench.py [--dialect openai|mindie] [--full-text] [--seconds 4] [--quick]
+
+Starts the built-in mock and the proxy as separate processes on loopback (the proxy pinned to CPU 0, the mock to
+CPU 1 when the machine has two), drives them from this process with aiohttp, and prints for each scenario
+(non-stream; 64-chunk streams zero-delay and 5 ms-paced; concurrency 1/16/64): requests/s, latency p50/p90/p99,
+time to first chunk for streams, the proxy's CPU time per request and per relayed chunk (from /proc), and the
+proxy/direct throughput ratio. Every run is bounded in time and count. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / CLK_TCK  # utime + stime
+
+
+def start(argv: list[str], cpu: int | None) -> subprocess.Popen[bytes]:
+    def pin() -> None:
+        if cpu is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {cpu})
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "proxy", *argv], preexec_fn=pin, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def wait_up(url: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.get(url) as r:
+                    if r.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@dataclass
+class Result:
+    latencies: list[float] = field(default_factory=list)
+    ttfb: list[float] = field(default_factory=list)
+    chunks: int = 0
+    errors: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency: int, seconds: float,
+               max_requests: int) -> Result:
+    directive = f"[mock:chunks={chunks}][mock:delay_ms={delay_ms}]" if stream else "[mock:chunks=16]"
+    body = {"model": "bench", "stream": stream, "messages": [{"role": "user", "content": "bench " + directive}]}
+    res = Result()
+    stop_at = time.monotonic() + seconds
+    issued = 0
+    conn = aiohttp.TCPConnector(limit=concurrency + 4)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as s:
+        async def worker() -> None:
+            nonlocal issued
+            while time.monotonic() < stop_at and issued < max_requests:
+                issued += 1
+                t0 = time.perf_counter()
+                try:
+                    async with s.post(base + "/v1/chat/completions", json=body) as r:
+                        if r.status != 200:
+                            res.errors += 1
+                            await r.read()
+                            continue
+                        if stream:
+                            first = True
+                            n = 0
+                            async for line in r.content:
+                                if line.startswith(b"data: {"):
+                                    n += 1
+                                    if first:
+                                        res.ttfb.append(time.perf_counter() - t0)
+                                        first = False
+                            res.chunks += n
+                        else:
+                            await r.read()
+                            res.chunks += 1
+                except aiohttp.ClientError:
+                    res.errors += 1
+                    continue
+                res.latencies.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        res.elapsed = time.perf_counter() - t0
+    return res
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dialect", default="openai", choices=["openai", "mindie", "deepseek", "siliconstorm"])
+    ap.add_argument("--full-text", action="store_true")
+    ap.add_argument("--seconds", type=float, default=4.0, help="duration of each scenario (bounded)")
+    ap.add_argument("--quick", action="store_true", help="concurrency 16 only, 2 s each")
+    args = ap.parse_args()
+    seconds = 2.0 if args.quick else args.seconds
+    concurrencies = [16] if args.quick else [1, 16, 64]
+    two_cpus = (os.cpu_count() or 1) >= 2
+    mock_port, proxy_port = free_port(), free_port()
+    mock_argv = ["mock", "--port", str(mock_port), "--dialect", args.dialect]
+    proxy_argv = ["serve", "--port", str(proxy_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
+                  "--upstream-dialect", args.dialect, "--log-level", "warning"]
+    if args.full_text:
+        mock_argv.append("--full-text")
+        proxy_argv.append("--full-text")
+    mock = start(mock_argv, 1 if two_cpus else None)
+    proxy = start(proxy_argv, 0 if two_cpus else None)
+    try:
+        await wait_up(f"http://127.0.0.1:{mock_port}/health")
+        await wait_up(f"http://127.0.0.1:{proxy_port}/healthz")
+        direct_url, proxy_url = f"http://127.0.0.1:{mock_port}", f"http://127.0.0.1:{proxy_port}"
+        print(f"dialect={args.dialect} full_text={args.full_text} proxy pinned to CPU 0: {two_cpus}; "
+              f"{seconds:g} s per run\n")
+        header = (f"{'scenario':<24}{'conc':>5}{'direct rps':>11}{'proxy rps':>10}{'ratio':>7}"
+                  f"{'p50 ms':>8}{'p99 ms':>8}{'d.p50':>7}{'ttfc ms':>8}{'cpu/req µs':>11}{'cpu/chunk µs':>13}"
+                  f"{'err':>5}")
+        print(header)
+        print("-" * len(header))
+        scenarios = [("non-stream", False, 0, 0), ("stream 64 x 0 ms", True, 64, 0),
+                     ("stream 64 x 5 ms", True, 64, 5)]
+        for name, stream, chunks, delay in scenarios:
+            for conc in concurrencies:
+                max_req = 200_000
+                await load(direct_url, stream, chunks, delay, conc, 0.3, 500)  # warm-up
+                d = await load(direct_url, stream, chunks, delay, conc, seconds, max_req)
+                await load(proxy_url, stream, chunks, delay, conc, 0.3, 500)
+                c0 = cpu_seconds(proxy.pid)
+                p = await load(proxy_url, stream, chunks, delay, conc, seconds, max_req)
+                cpu = cpu_seconds(proxy.pid) - c0
+                n = max(len(p.latencies), 1)
+                per_req = cpu / n * 1e6
+                per_chunk = cpu / max(p.chunks, 1) * 1e6
+                ratio = p.rps / d.rps if d.rps else float("nan")
+                ttfc = f"{pct(p.ttfb, 50) * 1000:8.2f}" if stream else f"{'-':>8}"
+                print(f"{name:<24}{conc:>5}{d.rps:>11.1f}{p.rps:>10.1f}{ratio:>7.2f}"
+                      f"{pct(p.latencies, 50) * 1000:>8.2f}{pct(p.latencies, 99) * 1000:>8.2f}"
+                      f"{pct(d.latencies, 50) * 1000:>7.2f}{ttfc}{per_req:>11.0f}"
+                      f"{(per_chunk if stream else float('nan')):>13.1f}{p.errors + d.errors:>5}", flush=True)
+    finally:
+        for proc in (proxy, mock):
+            proc.send_signal(signal.SIGINT)
+        for proc in (proxy, mock):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,188 @@
+"""CumulativeText: MindIE fullTextEnabled snapshots -> true deltas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from proxy.sse import SSEDecoder
+from proxy.stream.cumulative import CumulativeText
+
+FFFD = "\ufffd"
+FULLTEXT = (Path(__file__).parent.parent / "fixtures" / "mindie" / "stream-fulltext.sse").read_bytes()
+
+
+def run(snapshots: list[str], final: str | None = None) -> tuple[list[str], str, CumulativeText]:
+    ct = CumulativeText()
+    deltas = [ct.feed(s) for s in snapshots]
+    return deltas, ct.flush(final), ct
+
+
+def test_mindie_fulltext_transcript() -> None:
+    dec = SSEDecoder()
+    events = [e for e in dec.feed(FULLTEXT) + dec.flush() if e.data != "[DONE]"]
+    chunks = [json.loads(e.data) for e in events]
+    ct = CumulativeText()
+    deltas = [ct.feed(c["choices"][0]["delta"]["content"]) for c in chunks]
+    tail = ct.flush(chunks[-1]["full_text"])
+    assert deltas == ["Hello", "!", " How", " can", " I", " assist", " you", " today", "?", ""]
+    assert tail == ""
+    assert (ct.rewrites, ct.mismatch) == (0, False)
+
+
+def test_repeated_and_empty_snapshots_give_nothing() -> None:
+    deltas, tail, ct = run(["ab", "ab", "", "abc", "abc", ""])
+    assert deltas == ["ab", "", "", "c", "", ""]
+    assert tail == ""
+    assert ct.rewrites == 0  # an empty finishing delta is not a retraction
+
+
+def test_trailing_fffd_is_held_until_resolved() -> None:
+    # "é" is two bytes: the detokeniser shows the first one as U+FFFD, then the real character.
+    deltas, tail, ct = run(["caf", "caf" + FFFD, "café", "café " + FFFD + FFFD, "café 🙂"])
+    assert deltas == ["caf", "", "é", " ", "🙂"]
+    assert tail == ""
+    assert FFFD not in "".join(deltas)
+    assert ct.rewrites == 0
+
+
+def test_trailing_fffd_at_the_very_end_is_emitted() -> None:
+    deltas, tail, ct = run(["ab", "ab" + FFFD])
+    assert deltas == ["ab", ""]
+    assert tail == FFFD  # the generation really ended mid-character
+    assert ct.mismatch is False
+
+
+def test_fffd_inside_the_text_is_final() -> None:
+    deltas, tail, _ = run(["a" + FFFD + "b"])
+    assert deltas == ["a" + FFFD + "b"]
+    assert tail == ""
+
+
+def test_final_full_text_supplies_the_missing_tail() -> None:
+    deltas, tail, ct = run(["Hel", "Hello" + FFFD], final="Hello!")
+    assert "".join(deltas) + tail == "Hello!"
+    assert tail == "!" and ct.mismatch is False
+
+
+def test_final_full_text_resolving_held_fffd() -> None:
+    deltas, tail, ct = run(["ab" + FFFD], final="abç")
+    assert deltas == ["ab"] and tail == "ç" and ct.mismatch is False
+
+
+def test_final_full_text_that_disagrees_is_a_mismatch() -> None:
+    # e.g. a stop string trimmed from full_text after it had been streamed: we cannot take it back.
+    deltas, tail, ct = run(["Hello", "Hello STOP"], final="Hello")
+    assert (deltas, tail, ct.mismatch) == (["Hello", " STOP"], "", True)
+    deltas, tail, ct = run(["abc"], final="xbcd")
+    assert tail == "d" and ct.mismatch is True  # the client's text stays as long as the upstream's
+
+
+def test_rewrite_policy_emitted_text_is_final_and_never_longer_than_upstream() -> None:
+    ct = CumulativeText()
+    assert ct.feed("Hello wrld") == "Hello wrld"
+    assert ct.feed("Hello world") == "d"  # rewrite: only what goes beyond the 10 characters the client has
+    assert ct.rewrites == 1
+    assert ct.feed("Hello world!") == "!"  # extends the upstream's own text: not another rewrite
+    assert ct.rewrites == 1
+    assert ct.feed("Hello") == ""  # a retraction is a rewrite too, and sends nothing
+    assert ct.feed("Hello world!?") == "?"
+    assert ct.rewrites == 2
+    assert ct.flush("Hello world!?") == ""
+    assert ct.mismatch is True  # the client has "Hello wrldd!?"
+
+
+def test_same_length_rewrite_leaves_only_the_corrected_span_different() -> None:
+    deltas, _, ct = run(["The cat", "The bat sat", "The bat sat down"])
+    assert "".join(deltas) == "The cat sat down"
+    assert ct.rewrites == 1
+
+
+def test_flush_without_anything() -> None:
+    ct = CumulativeText()
+    assert ct.flush() == "" and ct.flush(None) == ""
+    assert ct.mismatch is False
+    assert CumulativeText().flush("") == ""
+
+
+def test_flush_is_idempotent() -> None:
+    ct = CumulativeText()
+    ct.feed("a" + FFFD)
+    assert ct.flush() == FFFD
+    assert ct.flush() == ""
+
+
+# -- property: any growing sequence of snapshots reproduces the final text -------------------------------------------
+
+_ALPHABET = st.sampled_from(list("ab \n") + ["é", "你", "好", "🙂", "👍", "\U0001f3fd", "\u200d", "∑"])
+
+
+@st.composite
+def snapshot_streams(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A final text and the snapshots a detokeniser would send: growing prefixes, repeats, and before a prefix
+    possibly the same text with its last 1-2 characters still undecoded (shown as 1-3 U+FFFD)."""
+    final = draw(st.text(_ALPHABET, min_size=0, max_size=40))
+    cuts = sorted(draw(st.lists(st.integers(0, len(final)), max_size=15)))
+    snapshots: list[str] = []
+    previous = 0
+    for cut in cuts:
+        pending = draw(st.integers(0, min(2, cut - previous)))
+        if pending:
+            snapshots.append(final[:cut - pending] + FFFD * draw(st.integers(1, 3)))
+        snapshots.append(final[:cut])
+        if draw(st.booleans()):
+            snapshots.append(final[:cut])
+        previous = cut
+    if draw(st.booleans()) and final:  # the generation ends mid-character: the last snapshot keeps its U+FFFD
+        snapshots.append(final + FFFD)
+    return final, snapshots
+
+
+@settings(max_examples=300, deadline=None)
+@given(snapshot_streams(), st.booleans())
+def test_deltas_rebuild_the_final_text(stream: tuple[str, list[str]], with_final: bool) -> None:
+    final, snapshots = stream
+    assume(FFFD not in final)
+    ends_in_fffd = bool(snapshots) and snapshots[-1].endswith(FFFD)
+    if ends_in_fffd and with_final:
+        final = snapshots[-1]  # MindIE's full_text then ends in U+FFFD as well
+    ct = CumulativeText()
+    emitted: list[str] = []
+    for snap in snapshots:
+        emitted.append(ct.feed(snap))
+        so_far = "".join(emitted)
+        assert final.startswith(so_far)  # never a character the client must later unlearn, never a duplicate
+        assert FFFD not in so_far  # the alphabet has none: every U+FFFD was a half-decoded character
+    emitted.append(ct.flush(final if with_final else None))
+    text = "".join(emitted)
+    if with_final:
+        assert text == final
+        assert ct.mismatch is False
+    else:
+        assert text == (snapshots[-1] if snapshots else "")
+    assert text.endswith(FFFD) is ends_in_fffd
+    assert ct.rewrites == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(_ALPHABET, max_size=12), max_size=10), st.text(_ALPHABET, max_size=20))
+def test_arbitrary_snapshots_never_make_the_client_text_longer_than_upstream(
+    snapshots: list[str], final: str,
+) -> None:
+    # Rewrites included: whatever the upstream does, the client's text never outgrows the upstream's, and after the
+    # final full_text it has exactly its length (extensions reach the client; contradictions do not pile up).
+    ct = CumulativeText()
+    parts: list[str] = []
+    longest = 0
+    for snap in snapshots:
+        parts.append(ct.feed(snap))
+        longest = max(longest, len(snap.rstrip(FFFD)))
+        assert len("".join(parts)) == longest
+    parts.append(ct.flush(final))
+    text = "".join(parts)
+    assert len(text) == max(longest, len(final))
+    assert ct.mismatch is (text != final)
+    assert text[:len(final)] == final or ct.rewrites > 0 or ct.mismatch
