@@ -189,11 +189,13 @@ def serve(settings: Settings) -> None:
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _multiproc_dir())
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
                     loop="uvloop", http="httptools", access_log=False, log_level=s.log_level,
-                    timeout_graceful_shutdown=int(s.shutdown_grace) or None)
+                    timeout_graceful_shutdown=s.shutdown_grace)
         return
-    config = _uvicorn_config(create_app(settings), s.host, s.port, s.log_level,
-                             timeout_graceful_shutdown=int(s.shutdown_grace) or None)
-    uvicorn.Server(config).run()
+    from .server import ProxyServer
+
+    app = create_app(settings)
+    config = _uvicorn_config(app, s.host, s.port, s.log_level, timeout_graceful_shutdown=s.shutdown_grace)
+    ProxyServer(config, app.state.proxy).run()
 
 
 def _multiproc_dir() -> str:

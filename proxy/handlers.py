@@ -11,6 +11,7 @@ framework does not do for us:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -50,11 +51,12 @@ SSE_HEADERS = [
 class _Disconnect:
     """Watches `receive()` for http.disconnect and cancels the request's task when the client goes away."""
 
-    __slots__ = ("disconnected", "complete", "_task", "_watcher")
+    __slots__ = ("disconnected", "complete", "committed", "_task", "_watcher")
 
     def __init__(self, receive: Any) -> None:
         self.disconnected = False
         self.complete = False  # set just before the final send: uvicorn then answers receive() with a disconnect
+        self.committed = False  # the 200 event-stream head has been sent
         self._task = asyncio.current_task()
         self._watcher = asyncio.ensure_future(self._watch(receive))
 
@@ -161,14 +163,29 @@ class CompletionsEndpoint:
                 if watch is not None:
                     watch.complete = True
                 await send_json(send, err.status, err.body(), error_headers(err) + [rid_header])
-        except asyncio.CancelledError:
-            if watch is None or not watch.disconnected:
+        except asyncio.CancelledError as cancelled:
+            if watch is not None and watch.disconnected:
+                _uncancel()
+                info["client_disconnected"] = True
+                status = 499
+            elif watch is not None and _is_shutdown_cancel(cancelled):
+                # The shutdown grace period is over: end the request with an error the client can see.
+                _uncancel()
+                err = ProxyError("The proxy is shutting down; the request was cut at the end of the grace period.",
+                                 503, code="shutting_down")
+                info["error"] = err.code
+                status = 503
+                if obs is not None and watch.committed:
+                    obs.truncated("shutdown")
+                watch.complete = True
+                with contextlib.suppress(Exception):
+                    if watch.committed:
+                        await send({"type": "http.response.body", "body": encode_data(err.body()),
+                                    "more_body": False})
+                    else:
+                        await send_json(send, 503, err.body(), [rid_header])
+            else:
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            info["client_disconnected"] = True
-            status = 499
         finally:
             if watch is not None:
                 watch.stop()
@@ -272,6 +289,7 @@ class CompletionsEndpoint:
                      info: dict[str, Any], deadline: float) -> int:
         server = self.state.settings.server
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + [rid_header]})
+        watch.committed = True
         decoder = SSEDecoder()
         saw_done = False
         loads = orjson.loads
@@ -364,6 +382,21 @@ class CompletionsEndpoint:
         extras = {**translator.usage_extras, **ctx.extras}
         if extras:
             obs.upstream_timings(extras)
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+# uvicorn cancels the tasks still running when its graceful-shutdown timeout (our --shutdown-grace) is over, with
+# this message; proxy.server.ProxyServer uses the same one.
+SHUTDOWN_CANCEL_MSG = "graceful shutdown exceeded"
+
+
+def _is_shutdown_cancel(exc: asyncio.CancelledError) -> bool:
+    return any(isinstance(a, str) and SHUTDOWN_CANCEL_MSG in a for a in exc.args)
 
 
 def dialect_reasoning_source(ctx: RequestContext, dialect: Any) -> str:
