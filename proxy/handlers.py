@@ -248,6 +248,9 @@ class CompletionsEndpoint:
                 code="unsupported_endpoint",
             )
         upstream_body = dialect.build_request(req, ctx)
+        if server.log_bodies and log.isEnabledFor(logging.DEBUG):
+            log.debug(orjson.dumps({"request_id": ctx.request_id, "client_body": redact(req),
+                                    "upstream_body": redact(upstream_body)}).decode())
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if ctx.stream else
                    "application/json"}
         headers.update(dialect.request_headers(ctx))
@@ -382,6 +385,19 @@ class CompletionsEndpoint:
         extras = {**translator.usage_extras, **ctx.extras}
         if extras:
             obs.upstream_timings(extras)
+
+
+_SECRET_KEYS = ("authorization", "api_key", "apikey", "api-key", "password", "secret", "token")
+
+
+def redact(value: Any) -> Any:
+    """A copy of a JSON value with credential-looking fields replaced (for --log-bodies)."""
+    if isinstance(value, dict):
+        return {k: "[redacted]" if isinstance(k, str) and any(s in k.lower() for s in _SECRET_KEYS)
+                and not k.endswith("_tokens") else redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
 
 
 def _uncancel() -> None:

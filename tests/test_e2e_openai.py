@@ -247,3 +247,23 @@ def test_health_and_readiness(start_mock, start_proxy):
     custom = start_proxy([{"name": "h", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}",
                            "health_url": mock.url + "/health"}])
     assert httpx.get(custom.url + "/readyz").status_code == 200
+
+
+def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(start_mock, start_proxy, caplog):
+    import json
+    import logging
+
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    caplog.set_level(logging.INFO, logger="dialect_proxy.access")
+    raw = proxy.client().chat.completions.with_raw_response.create(
+        model="m", messages=MSG, extra_headers={"x-request-id": "req-abc-123"})
+    assert raw.headers["x-request-id"] == "req-abc-123"
+    assert mock.last_request()["headers"]["x-request-id"] == "req-abc-123"
+    generated = proxy.client().chat.completions.with_raw_response.create(model="m", messages=MSG)
+    assert len(generated.headers["x-request-id"]) >= 16
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "dialect_proxy.access"]
+    first = next(line for line in lines if line["request_id"] == "req-abc-123")
+    assert first["status"] == 200 and first["upstream"] == "mock-openai" and first["model"] == "m"
+    assert first["finish_reason"] == "stop" and first["completion_tokens"] > 0 and first["duration_ms"] > 0
+    assert "Say hello" not in caplog.text  # no bodies by default
