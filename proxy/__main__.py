@@ -186,7 +186,9 @@ def serve(settings: Settings) -> None:
     s = settings.server
     configure_logging(s.log_level)
     if s.workers > 1:
-        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", _multiproc_dir())
+        from .metrics import prepare_multiprocess_dir
+
+        prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
                     loop="uvloop", http="httptools", access_log=False, log_level=s.log_level,
                     timeout_graceful_shutdown=s.shutdown_grace)
@@ -196,12 +198,6 @@ def serve(settings: Settings) -> None:
     app = create_app(settings)
     config = _uvicorn_config(app, s.host, s.port, s.log_level, timeout_graceful_shutdown=s.shutdown_grace)
     ProxyServer(config, app.state.proxy).run()
-
-
-def _multiproc_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="dialect-proxy-metrics-")
 
 
 def worker_app() -> Any:

@@ -152,12 +152,16 @@ class CompletionsEndpoint:
                 req = _parse(body)
                 ctx = self._context(req, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
-                obs = state.metrics.request(self.route, ctx.upstream.name, ctx.client_model, ctx.stream)
+                obs = state.metrics.request(self.route, ctx.upstream.name, ctx.client_model, ctx.stream,
+                                            started_at=started)
                 watch = _Disconnect(receive)
                 status = await self._serve(req, ctx, send, watch, obs, rid_header, info)
             except ProxyError as err:
                 status = err.status
                 info["error"] = err.code
+                if obs is None:  # refused before routing (bad JSON, 413, unknown model): still counted
+                    obs = state.metrics.request(self.route, info.get("upstream", ""), info.get("model", ""),
+                                                bool(info.get("stream")), started_at=started)
                 if obs is not None and isinstance(err, UpstreamError | UpstreamUnreachable | UpstreamTimeout):
                     obs.upstream_error(info.get("dialect", "any"), err.upstream_code or err.code)
                 if watch is not None:
@@ -248,6 +252,7 @@ class CompletionsEndpoint:
                 code="unsupported_endpoint",
             )
         upstream_body = dialect.build_request(req, ctx)
+        path = dialect.request_path(path, upstream_body, ctx)
         if server.log_bodies and log.isEnabledFor(logging.DEBUG):
             log.debug(orjson.dumps({"request_id": ctx.request_id, "client_body": redact(req),
                                     "upstream_body": redact(upstream_body)}).decode())
@@ -257,10 +262,16 @@ class CompletionsEndpoint:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + server.total_timeout
         obs.upstream_started()
-        t_up = time.perf_counter()
-        resp = await client.open("POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers)
+        try:
+            resp = await client.open("POST", upstream.url + path, body=orjson.dumps(upstream_body),
+                                     headers=headers)
+        except (UpstreamUnreachable, UpstreamTimeout):
+            state.metrics.upstream_up(upstream.name, False)
+            raise
+        state.metrics.upstream_up(upstream.name, True)
         try:
             obs.upstream_headers()
+            t_up = time.perf_counter()
             translator = ResponseTranslator(ctx, state.settings.client, dialect_reasoning_source(ctx, dialect))
             content_type = resp.headers.get("Content-Type", "")
             if not ctx.stream or resp.status >= 300 or "text/event-stream" not in content_type:

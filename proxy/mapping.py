@@ -10,6 +10,7 @@ the dialect modules hold only what must be computed. Schema (every section optio
       ranges:                                          # checked after renames; error 400 names the param
         temperature: {min: 0, max: 2}
         top_p: {min: 0, max: 1, min_exclusive: true, clamp_min: 1.0e-6}   # clamp instead of refusing
+        top_k: {min: 0, clamp_min: 1, clamp_min_from: 0}   # clamp only values >= clamp_min_from; refuse lower
       max_items: {stop: 1024}
       integer: [max_tokens]
     response:
@@ -17,6 +18,7 @@ the dialect modules hold only what must be computed. Schema (every section optio
       strip: [full_text, prefill_time]                 # top-level chunk/response fields never forwarded
     errors:
       status: {422: 400, 424: 502}                     # upstream HTTP status -> our status
+      code: {701: 402, 9999: 502}                      # error code in the body (Siliconstorm) -> our status
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Range:
     max_exclusive: bool = False
     clamp_min: float | None = None
     clamp_max: float | None = None
+    clamp_min_from: float | None = None  # clamp_min applies only to values >= this (lower ones are refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class DialectMapping:
     finish_reason: Mapping[str, str] = field(default_factory=dict)
     strip: frozenset[str] = frozenset()
     error_status: Mapping[int, int] = field(default_factory=dict)
+    error_code: Mapping[int, int] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
 
     def apply_request(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +93,7 @@ class DialectMapping:
 def _check_range(key: str, value: float, r: Range) -> float:
     low_bad = r.min is not None and (value < r.min or (r.min_exclusive and value == r.min))
     high_bad = r.max is not None and (value > r.max or (r.max_exclusive and value == r.max))
-    if low_bad and r.clamp_min is not None:
+    if low_bad and r.clamp_min is not None and (r.clamp_min_from is None or value >= r.clamp_min_from):
         return r.clamp_min
     if high_bad and r.clamp_max is not None:
         return r.clamp_max
@@ -127,5 +131,6 @@ def load_mapping(dialect: str) -> DialectMapping:
         finish_reason=dict(response.get("finish_reason") or {}),
         strip=frozenset(response.get("strip") or ()),
         error_status={int(k): int(v) for k, v in (errors.get("status") or {}).items()},
+        error_code={int(k): int(v) for k, v in (errors.get("code") or {}).items()},
         raw=data,
     )

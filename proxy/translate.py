@@ -14,25 +14,50 @@ per-choice processing with `final=True` (DESIGN.md "Streaming and non-streaming 
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from .canonical import CHAT, ChatChunk, ChatCompletion, RequestContext, Usage
-from .errors import StreamTruncated
+from .errors import StreamTruncated, UpstreamError
 from .settings import ClientSettings
 from .stream.cumulative import CumulativeText
 from .stream.think import ThinkSplitter
 from .stream.tool_calls import ToolCallNormalizer, normalize_message_tool_calls
 from .stream.usage import deepseek_usage_fields, normalize_usage
 
+log = logging.getLogger("dialect_proxy")
+
 # DECISIONS.md: models whose template opens the thinking block in the prompt (DeepSeek-R1 family).
 THINKING_MODEL_RE = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
+
+# Finish reasons that say the upstream broke the generation off, not that the answer is complete
+# (docs/deepseek-engine.md): a retryable error instead of a finish_reason — the whole answer for non-stream
+# requests; for streams an error event after the partial content, without [DONE].
+ERROR_FINISH_REASONS: dict[str, tuple[int, str]] = {
+    "insufficient_system_resource": (
+        503, ("The upstream interrupted the generation for lack of system resources "
+              "(finish_reason `insufficient_system_resource`)"),
+    ),
+}
+
+
+def finish_error(finish: str, stream: bool) -> UpstreamError:
+    status, text = ERROR_FINISH_REASONS[finish]
+    if stream:
+        return StreamTruncated(text + "; the answer streamed so far is incomplete. Retry the request.",
+                               reason="upstream_error", status=status, code=finish, upstream_code=finish)
+    return UpstreamError(text + "; the partial answer was discarded. Retry the request.", status, code=finish,
+                         upstream_code=finish)
+
 
 _DELTA_OWN = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
 _CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
 
 
 def starts_in_reasoning(ctx: RequestContext) -> bool:
+    if ctx.extras.get("enable_thinking") is False:
+        return False  # the client switched thinking off (the MindIE dialect records it): no open <think> block
     return bool(THINKING_MODEL_RE.search(ctx.upstream_model)) or ctx.upstream_model in ctx.upstream.thinking_models
 
 
@@ -60,13 +85,17 @@ class ResponseTranslator:
         self.chat = ctx.kind == CHAT
         self.usage: Usage | None = None
         self.usage_extras: dict[str, Any] = {}
-        self.full_text: str | None = None
+        self.full_text: str | None = None  # MindIE's trailing `full_text` of the chunk being fed (via ctx.extras)
+        self.full_text_mismatch = False  # the client's cumulative-mode text differs from the upstream's full_text
         self.rewrites = 0
+        self._keep_id = ctx.upstream.keep_upstream_id  # until the first upstream id is taken
+        self._warned_full_text = False
         self.last_finish_reason: str | None = None
         self._choices: dict[int, _Choice] = {}
         self._start_in_reasoning = starts_in_reasoning(ctx) if self.source in ("auto", "tags") else False
         self._object = "chat.completion.chunk" if self.chat else "text_completion"
         self._envelope_extra: dict[str, Any] = {}
+        self._pending_error: UpstreamError | None = None  # an error finish reason, raised by finish()
 
     # -- per-choice state ------------------------------------------------------------------------------------
     def _choice(self, index: int, stream: bool) -> _Choice:
@@ -95,6 +124,10 @@ class ResponseTranslator:
         if final and st.cumulative is not None:
             content = (content or "") + st.cumulative.flush(self.full_text)
             self.rewrites += st.cumulative.rewrites
+            if st.cumulative.mismatch:
+                self.full_text_mismatch = True
+                log.warning("upstream %s: streamed text differs from its final full_text (%d rewrites); the "
+                            "client keeps what it was sent", self.ctx.upstream.name, st.cumulative.rewrites)
         r_parts = [reasoning] if reasoning else []
         c_parts: list[str] = []
         splitter = st.splitter
@@ -133,6 +166,10 @@ class ResponseTranslator:
     # -- streams ---------------------------------------------------------------------------------------------
     def feed(self, chunk: ChatChunk) -> list[ChatChunk]:
         """One canonical upstream chunk -> zero or one client chunk."""
+        if self._keep_id:
+            self._take_id(chunk.get("id"))
+        if self.ctx.extras or self.full_text is not None:
+            self._take_full_text()
         usage = chunk.get("usage")
         if usage:
             self._take_usage(usage)
@@ -156,6 +193,7 @@ class ResponseTranslator:
             return None
         finish = choice.get("finish_reason")
         final = finish is not None
+        broken = finish in ERROR_FINISH_REASONS  # final for the text, but no finish_reason for the client
         if self.chat:
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning_content")
@@ -188,27 +226,40 @@ class ResponseTranslator:
                     if key not in _DELTA_OWN:
                         out_delta[key] = value
                         payload = True
-            if not (payload or final or first or choice.get("logprobs") is not None):
+            if not (payload or (final and not broken) or first or choice.get("logprobs") is not None):
+                if broken:
+                    self._break(st, finish)
                 return None
             st.role_sent = True
             out: dict[str, Any] = {"index": index, "delta": out_delta}
         else:
             r, c = self._text(st, choice.get("text"), None, final)
-            if not c and not final and len(choice) <= 4:
+            if not c and (not final or broken) and len(choice) <= 4:
+                if broken:
+                    self._break(st, finish)
                 return None
             out = {"index": index, "text": c}
         for key, value in choice.items():
             if key not in ("index", "delta", "text", "finish_reason"):
                 out[key] = value
         out.setdefault("logprobs", None)
-        out["finish_reason"] = finish
-        if final:
+        out["finish_reason"] = None if broken else finish
+        if broken:
+            self._break(st, finish)
+        elif final:
             st.finished = True
             self.last_finish_reason = finish
         return out
 
+    def _break(self, st: _Choice, finish: str) -> None:
+        st.finished = True  # later deltas of this choice are dropped; finish() raises the error
+        if self._pending_error is None:
+            self._pending_error = finish_error(finish, stream=True)
+
     def finish(self, saw_done: bool) -> list[ChatChunk]:
         """End of the upstream stream. Raises StreamTruncated if the answer is not complete."""
+        if self._pending_error is not None:
+            raise self._pending_error
         if not self._choices or not all(st.finished for st in self._choices.values()):
             if not saw_done:
                 raise StreamTruncated(
@@ -242,6 +293,22 @@ class ResponseTranslator:
             out["usage"] = None
         return out
 
+    def _take_id(self, upstream_id: Any) -> None:
+        """`keep_upstream_id`: the first upstream id becomes the response id."""
+        if isinstance(upstream_id, str) and upstream_id:
+            self.ctx.response_id = upstream_id
+        self._keep_id = False
+
+    def _take_full_text(self) -> None:
+        """MindIE's `full_text` rides on the chunk that finishes a choice; the dialect strips it into ctx.extras. It
+        is this chunk's final check (CumulativeText.flush), never forwarded, and not kept for the next chunk."""
+        value = self.ctx.extras.pop("full_text", None)
+        self.full_text = value if isinstance(value, str) else None
+        if value is not None and not self.ctx.upstream.full_text and not self._warned_full_text:
+            self._warned_full_text = True
+            log.warning("upstream %s sends full_text (MindIE fullTextEnabled) but is not configured with "
+                        "full_text: true; streamed text will repeat itself", self.ctx.upstream.name)
+
     def _take_usage(self, raw: dict[str, Any]) -> None:
         usage, extras = normalize_usage(raw)
         if extras:
@@ -251,8 +318,12 @@ class ResponseTranslator:
     # -- non-stream ------------------------------------------------------------------------------------------
     def translate_completion(self, data: ChatCompletion) -> ChatCompletion:
         ctx = self.ctx
+        if self._keep_id:
+            self._take_id(data.get("id"))
         choices = []
         for choice in data.get("choices") or ():
+            if choice.get("finish_reason") in ERROR_FINISH_REASONS:
+                raise finish_error(choice["finish_reason"], stream=False)
             index = choice.get("index") or 0
             st = self._choice(index, False)
             out = {k: v for k, v in choice.items() if k not in ("message", "text", "finish_reason", "index")}

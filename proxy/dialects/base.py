@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import orjson
 
 from ..canonical import CHAT, ChatChunk, ChatCompletion, ChatRequest, RequestContext
-from ..errors import ProxyError, StreamTruncated, UpstreamError, error_type_for
+from ..errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamError, error_type_for
 from ..mapping import DialectMapping, load_mapping
 
 MAX_ERROR_TEXT = 500
@@ -26,6 +26,8 @@ class Dialect:
     default_reasoning_source: ClassVar[str] = "auto"
     # Ask the upstream for usage on streams even when the client did not (metrics need tokens).
     stream_usage_option: ClassVar[bool] = True
+    # DeepSeek's assistant-prefix continuation (`prefix: true` on the last message); refused with a 400 elsewhere.
+    supports_prefix: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)
@@ -35,6 +37,8 @@ class Dialect:
         return self.mapping.paths.get(kind)
 
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
+        if not self.supports_prefix and ctx.kind == CHAT:
+            _refuse_prefix(body, ctx)
         out = self.mapping.apply_request(body)
         out["model"] = ctx.upstream_model
         if ctx.stream and self.stream_usage_option:
@@ -42,6 +46,10 @@ class Dialect:
             opts["include_usage"] = True
             out["stream_options"] = opts
         return out
+
+    def request_path(self, path: str, body: dict[str, Any], ctx: RequestContext) -> str:
+        """The upstream path for this request's built body (DeepSeek sends prefix continuations to /beta)."""
+        return path
 
     def request_headers(self, ctx: RequestContext) -> dict[str, str]:
         headers = {"x-request-id": ctx.request_id}
@@ -130,6 +138,19 @@ class Dialect:
     @property
     def is_chat_capable(self) -> bool:
         return self.path(CHAT) is not None
+
+
+def _refuse_prefix(body: ChatRequest, ctx: RequestContext) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("prefix") is True:
+            raise ClientRequestError(
+                f"messages[{i}].prefix: the assistant-prefix continuation (DeepSeek's `prefix: true`) is not "
+                f"supported by the upstream `{ctx.upstream.name}` ({ctx.upstream.dialect} dialect).",
+                param=f"messages[{i}].prefix",
+            )
 
 
 def _default_status(status: int) -> int:

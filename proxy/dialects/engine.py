@@ -1,17 +1,73 @@
-"""The "engine" frontend service API: POST /chat and POST /completion, no model field."""
+"""The "engine" frontend service API (specs/engine-frontend-api.md, treated as the whole truth).
+
+- Routes `POST /chat` and `POST /completion`, no `/v1` prefix, no model listing (mappings/engine.yaml).
+- Requests: `model` is never sent ("[won't support]"); `response_format`, `user` and `seed` are dropped, and so are
+  the message `name` fields the document marks "[won't support]" and the reasoning a client round-trips on assistant
+  messages (the document's assistant message has no such field). `temperature` keeps its name (the document's `ww`
+  is a typo). `do_sample` is false when the client sets `temperature: 0` and true otherwise, including when no
+  temperature is given (OpenAI's default of 1 samples); a `do_sample` the client sets itself is kept.
+  `stream_options` is sent only with `stream: true` (the document: "Only set this when you set stream: true").
+- Responses are filled to the OpenAI shape by the translator (our id, `object`, `created`, the client's model name);
+  the document lists `role` and `logprobs` at the top level of the chat completion object, so those are moved into
+  the (single) choice when the choice lacks them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..canonical import ChatRequest, RequestContext
+from ..canonical import CHAT, ChatChunk, ChatCompletion, ChatRequest, RequestContext
 from .base import Dialect
+
+_MESSAGE_DROP = ("name", "reasoning_content", "reasoning")
 
 
 class EngineDialect(Dialect):
     name = "engine"
 
+    # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
         out = super().build_request(body, ctx)
         out.pop("model", None)
+        if not ctx.stream:
+            out.pop("stream_options", None)
+        if "do_sample" not in out:
+            out["do_sample"] = out.get("temperature") != 0
+        if ctx.kind == CHAT and isinstance(out.get("messages"), list):
+            out["messages"] = [_clean_message(m) for m in out["messages"]]
         return out
+
+    # -- responses --------------------------------------------------------------------------------------------
+    def decode_response(self, data: Any, ctx: RequestContext) -> ChatCompletion:
+        result = super().decode_response(data, ctx)
+        _hoist_into_choice(result, "message")
+        return result
+
+    def decode_chunk(self, data: Any, ctx: RequestContext) -> ChatChunk | None:
+        chunk = super().decode_chunk(data, ctx)
+        if chunk is not None:
+            _hoist_into_choice(chunk, "delta")
+        return chunk
+
+
+def _clean_message(message: Any) -> Any:
+    if isinstance(message, dict) and any(k in message for k in _MESSAGE_DROP):
+        return {k: v for k, v in message.items() if k not in _MESSAGE_DROP}
+    return message
+
+
+def _hoist_into_choice(obj: dict[str, Any], part: str) -> None:
+    """Top-level `role` / `logprobs` (as the document draws the chat completion object) -> the single choice."""
+    if "role" not in obj and "logprobs" not in obj:
+        return
+    role = obj.pop("role", None)
+    logprobs = obj.pop("logprobs", None)
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return
+    choice = choices[0]
+    inner = choice.get(part)
+    if isinstance(role, str) and isinstance(inner, dict) and not inner.get("role") and part == "message":
+        inner["role"] = role
+    if logprobs is not None and choice.get("logprobs") is None:
+        choice["logprobs"] = logprobs

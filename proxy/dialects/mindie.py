@@ -1,11 +1,262 @@
-"""Huawei MindIE (OpenAI-style routes of MindIE Server)."""
+"""Huawei MindIE Server (its OpenAI-style routes `/v1/chat/completions` and `/v1/completions`).
+
+Requests: the declarative part (renames, dropped fields, ranges, integer checks) is mappings/mindie.yaml; here is what
+must be computed, so that MindIE gets a body it accepts and a client gets a 400 naming the parameter instead of an
+upstream 422:
+
+- `developer` messages become `system` (MindIE knows four roles, and refuses `developer` outright when `tools` are
+  present);
+- OpenAI content parts `{"type": "image_url", "image_url": {"url": U}}` become MindIE's bare `"image_url": U` (also
+  `video_url`, `audio_url`);
+- `reasoning_effort`, DeepSeek-style `thinking: {"type": ...}` and a top-level `enable_thinking` become
+  `chat_template_kwargs.enable_thinking` (an explicit `chat_template_kwargs.enable_thinking` wins);
+- `stop` limits (≤ 1024 strings of 1..1024 characters, ≤ 32768 characters in all), `top_k`, and `n`/`best_of` > 1,
+  which MindIE samples only with a temperature > 0 (OpenAI's default temperature 1 is sent when none was given);
+- legacy `functions`/`function_call` are refused (MindIE has only `tools`); `/v1/completions` takes one prompt.
+- a `req-id` header unique per upstream attempt (MindIE keys its requests on it).
+
+Responses need nothing here: MindIE's quirks (cumulative text, the repeated role, usage on the finish chunk,
+`tool_calls: []`, inline `<think>`) are handled by proxy.translate for every dialect; the fields MindIE adds
+(`full_text`, `prefill_time`, `decode_time_arr`) are stripped into `ctx.extras` as the mapping says.
+
+Errors: MindIE's `{"error": "<string>", "error_type": ...}` is parsed by the base class; here `Model not found`
+becomes a 404 and the parameter a validation message names is put in `param`.
+"""
 
 from __future__ import annotations
 
+import re
+import secrets
+from typing import Any, ClassVar
+
+from ..canonical import CHAT, ChatRequest, RequestContext
+from ..errors import ClientRequestError, ProxyError
 from .base import Dialect
+
+MAX_STOP_ITEMS = 1024
+MAX_STOP_LEN = 1024
+MAX_STOP_TOTAL = 32768
+MAX_INT32 = 2147483647
+
+# OpenAI reasoning_effort values; "none" and "minimal" ask for (next to) no thinking, which MindIE can only switch off.
+_EFFORT_OFF = frozenset({"none", "minimal"})
+_EFFORT_ON = frozenset({"low", "medium", "high", "xhigh"})
+_MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+
+# MindIE's "Model not found" (chat) and "Not found given model, please check modelName in config file." (completions)
+_MODEL_NOT_FOUND = re.compile(r"(?i)model not found|not found given model")
+# MindIE validation messages name the parameter: "Parameter temperature must be in ...", "Parameter [n] should be ...",
+# "Parameter 'repetition_penalty' must be ...", "length of `stop` must be ...", "Parameter top logprobs must be ...".
+_PARAM_IN_MESSAGE = re.compile(r"(?i)parameter\s+[\[\'`\"]?([a-z_]+(?: logprobs)?)|`([a-z_]+)`")
+_KNOWN_PARAMS = frozenset({
+    "model", "messages", "prompt", "stream", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+    "n", "best_of", "max_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+    "top_logprobs", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "use_beam_search",
+    "tools", "tool_choice", "enable_thinking", "chat_template_kwargs",
+})
 
 
 class MindIEDialect(Dialect):
     name = "mindie"
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
     stream_usage_option = False
+    # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
+    top_k_zero_ok: ClassVar[bool] = False
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
+        body = dict(body)
+        _refuse(body, "functions", "MindIE supports `tools`, not the legacy `functions`; send `tools` instead.")
+        _refuse(body, "function_call",
+                "MindIE supports `tool_choice`, not the legacy `function_call`; send `tool_choice` instead.")
+        if ctx.kind == CHAT:
+            body["messages"] = _messages(body.get("messages"))
+        else:
+            _completion_prompt(body)
+        enable = _enable_thinking(body)
+        if enable is not None:
+            kwargs = body.get("chat_template_kwargs")
+            kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+            kwargs.setdefault("enable_thinking", enable)
+            body["chat_template_kwargs"] = kwargs
+        explicit = body.get("chat_template_kwargs")
+        if isinstance(explicit, dict) and explicit.get("enable_thinking") is False:
+            # The translator must not assume the model starts inside a <think> block (proxy.translate).
+            ctx.extras["enable_thinking"] = False
+        out = super().build_request(body, ctx)
+        _check_stop(out)
+        self._check_top_k(out)
+        _check_samples(out)
+        return out
+
+    def request_headers(self, ctx: RequestContext) -> dict[str, str]:
+        headers = super().request_headers(ctx)
+        # MindIE uses req-id as its own request key: two attempts (or two clients reusing an x-request-id) must not
+        # collide, so each attempt gets the request id plus a fresh suffix (DECISIONS.md "Responses").
+        headers["req-id"] = f"{ctx.request_id}-{ctx.attempt}{secrets.token_hex(3)}"
+        return headers
+
+    def _check_top_k(self, out: dict[str, Any]) -> None:
+        top_k = out.get("top_k")
+        if top_k is None:
+            return
+        lowest = 0 if self.top_k_zero_ok else 1
+        if not (top_k == -1 or lowest <= top_k <= MAX_INT32):
+            span = f"[0, {MAX_INT32}]" if self.top_k_zero_ok else f"-1 or [1, {MAX_INT32}]"
+            raise ClientRequestError(f"`top_k` = {top_k} is outside {span} accepted by this upstream.",
+                                     param="top_k")
+
+    # -- errors -----------------------------------------------------------------------------------------------
+    def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
+        err = super().error_from_body(status, raw, headers)
+        err.upstream_code = str(status)  # a bounded metrics label ("422"), not MindIE's free-text error_type
+        if not raw.strip() and status == 503:
+            err.message += " MindIE answers so while it starts up, or when it is overloaded or unhealthy."
+        if status in (400, 404, 422) and _MODEL_NOT_FOUND.search(err.message):
+            err.status, err.type, err.code, err.param = 404, "not_found_error", "model_not_found", "model"
+        elif err.status == 404:
+            err.code = "not_found"
+        elif err.status == 400 and err.param is None:
+            err.param = _param_in(err.message)
+        return err
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+
+def _param_in(message: str) -> str | None:
+    for match in _PARAM_IN_MESSAGE.finditer(message):
+        name = (match.group(1) or match.group(2)).lower().replace(" ", "_")
+        if name in _KNOWN_PARAMS:
+            return name
+    return None
+
+
+def _refuse(body: dict[str, Any], key: str, message: str) -> None:
+    if body.get(key) is not None:
+        raise ClientRequestError(f"`{key}`: {message}", param=key)
+
+
+def _messages(messages: Any) -> Any:
+    """A copy of `messages` in the shapes MindIE accepts (only what differs is copied)."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for message in messages:
+        if not isinstance(message, dict):
+            out.append(message)
+            continue
+        new = message
+        if message.get("role") == "developer":
+            new = {**message, "role": "system"}
+        content = message.get("content")
+        if isinstance(content, list) and any(_content_part(p) is not p for p in content):
+            if new is message:
+                new = dict(message)
+            new["content"] = [_content_part(p) for p in content]
+        out.append(new)
+    return out
+
+
+def _content_part(part: Any) -> Any:
+    """OpenAI `{"type": "image_url", "image_url": {"url": U, "detail": ...}}` -> MindIE `{"type": ..., "image_url": U}`
+    (`detail` has no MindIE equivalent)."""
+    if not isinstance(part, dict):
+        return part
+    kind = part.get("type")
+    if kind in _MEDIA_PARTS and isinstance(part.get(kind), dict):
+        url = part[kind].get("url")
+        if isinstance(url, str):
+            return {**part, kind: url}
+    return part
+
+
+def _completion_prompt(body: dict[str, Any]) -> None:
+    """MindIE's /v1/completions takes one prompt: a string or a list of token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) > 1:
+            raise ClientRequestError(
+                f"`prompt`: MindIE completes one prompt per request; got a batch of {len(prompt)} prompts.",
+                param="prompt")
+        body["prompt"] = prompt[0]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        if len(prompt) > 1:
+            raise ClientRequestError(
+                f"`prompt`: MindIE completes one prompt per request; got a batch of {len(prompt)} prompts.",
+                param="prompt")
+        body["prompt"] = prompt[0]
+    if body.get("echo") is True:
+        raise ClientRequestError("`echo`: MindIE cannot echo the prompt back.", param="echo")
+    if body.get("suffix"):
+        raise ClientRequestError("`suffix`: MindIE has no fill-in-the-middle completions.", param="suffix")
+    body.pop("echo", None)
+    body.pop("suffix", None)
+
+
+def _enable_thinking(body: dict[str, Any]) -> bool | None:
+    """chat_template_kwargs.enable_thinking from `thinking`, a top-level `enable_thinking` or `reasoning_effort`
+    (in that order of precedence); None when the client said nothing."""
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind in ("enabled", "disabled"):
+            return kind == "enabled"
+        raise ClientRequestError(
+            f'`thinking` must be {{"type": "enabled"}} or {{"type": "disabled"}}, got {thinking!r}.', param="thinking")
+    flag = body.get("enable_thinking")
+    if flag is not None:
+        if not isinstance(flag, bool):
+            raise ClientRequestError(f"`enable_thinking` must be a boolean, got {flag!r}.", param="enable_thinking")
+        return flag
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return None
+    if effort in _EFFORT_OFF:
+        return False
+    if effort in _EFFORT_ON:
+        return True
+    raise ClientRequestError(
+        f"`reasoning_effort` must be one of none, minimal, low, medium, high; got {effort!r}.",
+        param="reasoning_effort")
+
+
+def _check_stop(out: dict[str, Any]) -> None:
+    stop = out.get("stop")
+    if stop is None:
+        return
+    if isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list):
+        if not stop:
+            del out["stop"]  # MindIE: an empty list means null
+            return
+        stops = stop
+    else:
+        raise ClientRequestError(f"`stop` must be a string or a list of strings, got {stop!r}.", param="stop")
+    total = 0
+    for s in stops:
+        if not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_LEN:
+            raise ClientRequestError(
+                f"`stop`: each stop sequence must be a string of 1 to {MAX_STOP_LEN} characters; got {s!r:.60}.",
+                param="stop")
+        total += len(s)
+    if total > MAX_STOP_TOTAL:
+        raise ClientRequestError(
+            f"`stop`: the stop sequences have {total} characters in all; this upstream accepts at most "
+            f"{MAX_STOP_TOTAL}.", param="stop")
+
+
+def _check_samples(out: dict[str, Any]) -> None:
+    """MindIE samples n > 1 (or best_of > 1) sequences only with temperature > 0. OpenAI's default temperature is 1,
+    so when the client gave none we send 1; an explicit 0 is refused rather than silently changed."""
+    count = max(out.get("n") or 1, out.get("best_of") or 1)
+    if count <= 1:
+        return
+    temperature = out.get("temperature")
+    if temperature is None:
+        out["temperature"] = 1.0
+    elif temperature == 0:
+        key = "n" if (out.get("n") or 1) > 1 else "best_of"
+        raise ClientRequestError(
+            f"`{key}` = {count} needs a temperature > 0 on this upstream (MindIE does not sample several "
+            "answers greedily); raise `temperature` or ask for one answer.", param=key)

@@ -1,0 +1,561 @@
+"""Prometheus metrics for dialect-proxy.
+
+One :class:`Metrics` object per app owns a private :class:`CollectorRegistry` (tests build several apps in one
+process). Each request gets a :class:`RequestObserver` from :meth:`Metrics.request`; it resolves its label
+children once, so the per-chunk call (:meth:`RequestObserver.chunk`) does no label lookups.
+
+Label values are bounded (DECISIONS.md "Metrics labels"): ``model`` is a configured name or ``other`` (without a
+config, the first 50 distinct names seen are kept); ``status`` is ``2xx``/``4xx``/``5xx``; codes, reasons and
+finish reasons are cleaned and capped. Never a request id, user text or key.
+
+Multiprocess mode (``uvicorn --workers N``): prometheus_client picks its value store when it is *imported*, from
+``PROMETHEUS_MULTIPROC_DIR``. So the CLI must call :func:`prepare_multiprocess_dir` (or set the variable to an empty,
+writable directory) before anything imports ``prometheus_client`` in the worker processes. :meth:`Metrics.render`
+then merges the files of every worker, so one scrape of any worker shows the whole server.
+
+Every metric is documented in deploy/METRICS.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import values as _prom_values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from proxy import __version__
+
+__all__ = [
+    "CONTENT_TYPE",
+    "MULTIPROC_ENV",
+    "Metrics",
+    "RequestObserver",
+    "prepare_multiprocess_dir",
+]
+
+PREFIX = "dialect_proxy"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The classic text format. prometheus-client >= 0.22 names it CONTENT_TYPE_PLAIN_0_0_4; older ones call it
+# CONTENT_TYPE_LATEST, so spell it out.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+OTHER = "other"
+NONE = "none"
+MAX_UNCONFIGURED_MODELS = 50  # DECISIONS.md: without a config, the first 50 distinct names are kept
+MAX_LABEL_VALUES = 50  # cap for route / upstream (config-bounded anyway; this is a guard)
+MAX_ERROR_CODES = 100  # distinct (dialect, code) pairs; later ones become "other"
+MAX_LABEL_LENGTH = 128
+MAX_TIMING_SAMPLES = 65_536  # per list in upstream_timings(): bounds the work done for one response
+
+OUTCOMES = ("ok", "error", "truncated", "client_disconnect")
+TRUNCATION_REASONS = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown"})
+FINISH_REASONS = frozenset(
+    {"stop", "length", "tool_calls", "function_call", "content_filter", "insufficient_system_resource"}
+)
+TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
+DIALECTS = frozenset({"openai", "deepseek", "mindie", "siliconstorm", "engine", "any"})
+
+# Units of MindIE's extras. queue_wait_time is documented in microseconds (mindie-chat-completions.md, usage
+# table). prefill_time and decode_time_arr have no documented unit; the documented examples (prefill 39..200,
+# decode ~27 per token) only make sense as milliseconds, which is also what MindIE's own benchmarks print.
+MINDIE_PREFILL_TIME_UNIT = 1e-3
+MINDIE_DECODE_TIME_UNIT = 1e-3
+MINDIE_QUEUE_WAIT_TIME_UNIT = 1e-6
+
+# Buckets (seconds). LLM latencies span milliseconds (one decode step) to many minutes (a long reasoning answer).
+REQUEST_DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+    1800.0,
+)
+TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+    300.0, 600.0,
+)
+TOKEN_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 300.0,
+)
+OVERHEAD_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)
+QUEUE_WAIT_BUCKETS = (
+    0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+_now = time.perf_counter  # the clock of every duration here; tests replace it
+
+_CODE_CLEAN = re.compile(r"[^a-z0-9_.\-]+")
+
+
+def prepare_multiprocess_dir(path: str | None = None) -> str:
+    """Make ``PROMETHEUS_MULTIPROC_DIR`` point at an empty directory and return it.
+
+    Call it once, in the parent process, before any worker starts and before any :class:`Metrics` is created; the
+    workers inherit the variable and must import prometheus_client only after it is set (a spawned uvicorn worker
+    does). An existing directory named by ``path`` or by the variable is emptied of ``*.db`` files: a previous
+    run's files would otherwise be added to this run's counters, and after a container restart the new workers
+    may get the old workers' pids and so continue their in-flight gauges. Without either, a fresh temporary
+    directory is created.
+    """
+    path = path or os.environ.get(MULTIPROC_ENV)
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for entry in os.scandir(path):
+            if entry.is_file() and entry.name.endswith(".db"):
+                os.remove(entry.path)
+    else:
+        path = tempfile.mkdtemp(prefix="dialect-proxy-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    return path
+
+
+def multiprocess_enabled_by_env() -> bool:
+    """True when prometheus_client was imported with PROMETHEUS_MULTIPROC_DIR set (its values live in files)."""
+    return _prom_values.ValueClass is not _prom_values.MutexValue
+
+
+def status_class(status: int) -> str:
+    """``2xx`` / ``4xx`` / ``5xx`` (``3xx`` too, though the proxy never sends one). Anything odd is ``5xx``."""
+    family = status // 100
+    return f"{family}xx" if 2 <= family <= 5 else "5xx"
+
+
+def _clean(value: object) -> str:
+    text = _CODE_CLEAN.sub("_", str(value).strip().lower())[:64].strip("_")
+    return text or NONE
+
+
+class _BoundedLabel:
+    """Keeps label values to a fixed allow-list, or to the first ``limit`` distinct values seen."""
+
+    def __init__(self, allowed: Iterable[str] | None, limit: int) -> None:
+        self._fixed = allowed is not None
+        self._seen: set[str] = set(allowed) if allowed is not None else set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, value: object) -> str:
+        if not isinstance(value, str) or not value or len(value) > MAX_LABEL_LENGTH:
+            return OTHER
+        if value in self._seen:
+            return value
+        if self._fixed:
+            return OTHER
+        with self._lock:
+            if len(self._seen) < self._limit:
+                self._seen.add(value)
+                return value
+        return OTHER
+
+
+class Metrics:
+    """All metric objects of one app, on a private registry."""
+
+    def __init__(self, configured_models: Iterable[str] | None, multiprocess: bool = False) -> None:
+        self.multiprocess = multiprocess
+        if multiprocess:
+            path = os.environ.get(MULTIPROC_ENV)
+            if not path or not os.path.isdir(path):
+                raise RuntimeError(f"multiprocess metrics need {MULTIPROC_ENV} set to an existing directory")
+            if not multiprocess_enabled_by_env():
+                raise RuntimeError(
+                    f"prometheus_client was imported before {MULTIPROC_ENV} was set, so this process keeps its "
+                    "metrics in memory and other workers cannot see them; call "
+                    "proxy.metrics.prepare_multiprocess_dir() before importing the app"
+                )
+            self._multiproc_dir: str | None = path
+        else:
+            self._multiproc_dir = None
+
+        models = None if configured_models is None else [m for m in configured_models if isinstance(m, str)]
+        self._model = _BoundedLabel(models, MAX_UNCONFIGURED_MODELS)
+        self._route = _BoundedLabel(None, MAX_LABEL_VALUES)
+        self._upstream = _BoundedLabel(None, MAX_LABEL_VALUES)
+        self._error_pairs: set[tuple[str, str]] = set()
+        self._error_lock = threading.Lock()
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        p = PREFIX
+
+        self.requests = Counter(
+            f"{p}_requests", "Requests answered, by route, upstream, model, stream, status class and outcome.",
+            ["route", "upstream", "model", "stream", "status", "outcome"], registry=r,
+        )
+        self.request_duration = Histogram(
+            f"{p}_request_duration_seconds",
+            "End-to-end request duration as the client sees it, from request start to the last byte sent.",
+            ["route", "upstream", "model", "stream", "status"], buckets=REQUEST_DURATION_BUCKETS, registry=r,
+        )
+        self.ttft = Histogram(
+            f"{p}_time_to_first_token_seconds",
+            "Streams: time from request start to the first chunk carrying content, reasoning or a tool call.",
+            ["route", "upstream", "model"], buckets=TTFT_BUCKETS, registry=r,
+        )
+        self.itl = Histogram(
+            f"{p}_inter_token_latency_seconds",
+            "Streams: time between consecutive token-carrying chunks sent to the client.",
+            ["route", "upstream", "model"], buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+        )
+        self.overhead = Histogram(
+            f"{p}_overhead_seconds",
+            "Time spent in the proxy per request: duration minus the time spent waiting for the upstream.",
+            ["route", "upstream", "stream"], buckets=OVERHEAD_BUCKETS, registry=r,
+        )
+        self.tokens = Counter(
+            f"{p}_tokens", "Tokens reported by the upstream's usage, by kind (prompt, completion, cached, reasoning).",
+            ["upstream", "model", "kind"], registry=r,
+        )
+        self.prefill = Histogram(
+            f"{p}_upstream_prefill_seconds", "MindIE-reported prefill time (prefill_time) per response.",
+            ["upstream", "model"], buckets=TTFT_BUCKETS, registry=r,
+        )
+        self.decode = Histogram(
+            f"{p}_upstream_decode_token_seconds", "MindIE-reported decode time per token (decode_time_arr items).",
+            ["upstream", "model"], buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+        )
+        self.queue_wait = Histogram(
+            f"{p}_upstream_queue_wait_seconds", "MindIE-reported queue wait per token (queue_wait_time items).",
+            ["upstream", "model"], buckets=QUEUE_WAIT_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            f"{p}_upstream_batch_size", "MindIE-reported batch size per generated token (batch_size items).",
+            ["upstream", "model"], buckets=BATCH_SIZE_BUCKETS, registry=r,
+        )
+        self.in_flight_requests = Gauge(
+            f"{p}_in_flight_requests", "Requests being handled now.",
+            ["route", "upstream", "model"], multiprocess_mode="livesum", registry=r,
+        )
+        self.in_flight_streams = Gauge(
+            f"{p}_in_flight_streams", "Streaming requests being handled now.",
+            ["route", "upstream", "model"], multiprocess_mode="livesum", registry=r,
+        )
+        self.upstream_errors = Counter(
+            f"{p}_upstream_errors", "Errors reported by or about an upstream, by dialect and dialect error code.",
+            ["upstream", "dialect", "code"], registry=r,
+        )
+        self.truncated_streams = Counter(
+            f"{p}_truncated_streams", "Streams that failed after the 200 was sent (closed without [DONE]).",
+            ["upstream", "model", "reason"], registry=r,
+        )
+        self.client_disconnects = Counter(
+            f"{p}_client_disconnects",
+            "Requests whose client went away before the answer was complete, by stage "
+            "(before_first_chunk or mid_stream).",
+            ["route", "upstream", "model", "stage"], registry=r,
+        )
+        self.finish_reasons = Counter(
+            f"{p}_finish_reasons", "Completed answers by finish_reason (as sent to the client).",
+            ["upstream", "model", "reason"], registry=r,
+        )
+        self.upstream_up_gauge = Gauge(
+            f"{p}_upstream_up", "1 if the last health probe or connection to the upstream succeeded, else 0.",
+            ["upstream"], multiprocess_mode="mostrecent", registry=r,
+        )
+        self.build_info = Gauge(
+            f"{p}_build_info", "Always 1; labels carry the proxy and Python versions.",
+            ["version", "python_version"], multiprocess_mode="max", registry=r,
+        )
+        self.build_info.labels(__version__, "{}.{}.{}".format(*sys.version_info[:3])).set(1)
+
+    # -- labels -------------------------------------------------------------------------------------------------
+
+    def model_label(self, name: str) -> str:
+        """The ``model`` label for a name: configured names pass, anything else is ``other``."""
+        return self._model(name)
+
+    def route_label(self, route: str) -> str:
+        return self._route(route)
+
+    def upstream_label(self, upstream: str | None) -> str:
+        return self._upstream(upstream) if upstream else NONE
+
+    def _error_code_label(self, dialect: str, code: object) -> tuple[str, str]:
+        d = _clean(dialect)
+        d = d if d in DIALECTS else OTHER
+        pair = (d, _clean(code))
+        if pair in self._error_pairs:
+            return pair
+        with self._error_lock:
+            if len(self._error_pairs) < MAX_ERROR_CODES:
+                self._error_pairs.add(pair)
+                return pair
+        return d, OTHER
+
+    # -- API ----------------------------------------------------------------------------------------------------
+
+    def request(
+        self, route: str, upstream: str, model: str, stream: bool, started_at: float | None = None
+    ) -> RequestObserver:
+        """Start observing one request. ``upstream`` is the configured upstream name (``""`` if none was chosen),
+        ``model`` the client's model name (bounded here). ``started_at`` is a ``time.perf_counter()`` value if the
+        request started before the observer was made (for example before the body was parsed)."""
+        return RequestObserver(self, route, upstream, model, stream, started_at)
+
+    def upstream_up(self, upstream: str, up: bool) -> None:
+        self.upstream_up_gauge.labels(self.upstream_label(upstream)).set(1 if up else 0)
+
+    def render(self) -> tuple[bytes, str]:
+        """The /metrics body and its content type. In multiprocess mode, all workers' values merged."""
+        if self._multiproc_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE
+        self._forget_dead_workers()
+        registry = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(registry, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE
+
+    def _forget_dead_workers(self) -> None:
+        """Drop the live-gauge files of workers that exited (uvicorn restarts workers without telling us), so the
+        in-flight gauges don't keep a dead worker's last value. Counters and histograms of dead workers stay."""
+        assert self._multiproc_dir is not None
+        pids: set[int] = set()
+        for entry in os.scandir(self._multiproc_dir):
+            name = entry.name
+            if name.startswith("gauge_live") and name.endswith(".db"):
+                digits = name[: -len(".db")].rsplit("_", 1)[-1]
+                if digits.isdigit():
+                    pids.add(int(digits))
+        for pid in pids:
+            if pid != os.getpid() and not _pid_alive(pid):
+                try:
+                    mark_process_dead(pid, self._multiproc_dir)  # type: ignore[no-untyped-call]
+                except FileNotFoundError:  # another worker's scrape removed it first
+                    pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+class RequestObserver:
+    """Observes one request. Create it with :meth:`Metrics.request`; call :meth:`finish` exactly once (extra calls
+    are ignored), or use it as a context manager, which finishes an unfinished request as a 500 ``error``."""
+
+    __slots__ = (
+        "_chunks", "_finished", "_first_token_t", "_headers_t", "_in_flight", "_in_flight_stream", "_itl",
+        "_last_token_t", "_m", "_model", "_route", "_stream", "_t0", "_timings_seen", "_truncated", "_ttft",
+        "_upstream", "_upstream_t0", "_usage_seen", "_wait",
+    )
+
+    def __init__(
+        self, metrics: Metrics, route: str, upstream: str, model: str, stream: bool, started_at: float | None
+    ) -> None:
+        self._t0 = _now() if started_at is None else started_at
+        self._m = metrics
+        self._route = metrics.route_label(route)
+        self._upstream = metrics.upstream_label(upstream)
+        self._model = metrics.model_label(model)
+        self._stream = bool(stream)
+        self._upstream_t0: float | None = None
+        self._headers_t: float | None = None
+        self._wait = 0.0
+        self._first_token_t: float | None = None
+        self._last_token_t: float | None = None
+        self._chunks = 0
+        self._truncated = False
+        self._usage_seen = False
+        self._timings_seen = False
+        self._finished = False
+        # Resolved once: chunk() runs per chunk and must not look labels up.
+        self._ttft = metrics.ttft.labels(self._route, self._upstream, self._model)
+        self._itl = metrics.itl.labels(self._route, self._upstream, self._model)
+        self._in_flight = metrics.in_flight_requests.labels(self._route, self._upstream, self._model)
+        self._in_flight.inc()
+        self._in_flight_stream: Gauge | None = None
+        if self._stream:
+            self._in_flight_stream = metrics.in_flight_streams.labels(self._route, self._upstream, self._model)
+            self._in_flight_stream.inc()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._finished:
+            self.finish(500, False, None)
+
+    @property
+    def model(self) -> str:
+        """The bounded ``model`` label this request is counted under."""
+        return self._model
+
+    # -- upstream timing ----------------------------------------------------------------------------------------
+
+    def upstream_started(self) -> None:
+        """Just before the request is sent upstream: the upstream wait starts."""
+        self._upstream_t0 = _now()
+
+    def upstream_headers(self) -> None:
+        """The upstream's response headers arrived: the time since :meth:`upstream_started` was upstream wait."""
+        if self._upstream_t0 is not None and self._headers_t is None:
+            self._headers_t = _now()
+            self._wait += self._headers_t - self._upstream_t0
+
+    def add_upstream_wait(self, seconds: float) -> None:
+        """Wall time spent awaiting upstream body reads (after the headers). Counts as upstream wait."""
+        if seconds > 0:
+            self._wait += seconds
+
+    # -- hot path -----------------------------------------------------------------------------------------------
+
+    def chunk(self, has_token: bool) -> None:
+        """A chunk was sent to the client. ``has_token``: it carries content, reasoning or a tool call.
+
+        For streams, the first such chunk sets TTFT (from request start); each later one adds an inter-token
+        latency sample. Non-stream requests record neither (their TTFT is their duration)."""
+        self._chunks += 1
+        if not has_token:
+            return
+        now = _now()
+        last = self._last_token_t
+        self._last_token_t = now
+        if last is None:
+            self._first_token_t = now
+            if self._stream:
+                self._ttft.observe(now - self._t0)
+        elif self._stream:
+            self._itl.observe(now - last)
+
+    # -- once per response --------------------------------------------------------------------------------------
+
+    def usage(self, usage: Mapping[str, Any] | None) -> None:
+        """OpenAI-shaped usage from the upstream (recorded even when the client did not ask for usage). Only the
+        first call counts. DeepSeek's ``prompt_cache_hit_tokens`` stands in for a missing ``cached_tokens``."""
+        if self._usage_seen or not isinstance(usage, Mapping):
+            return
+        self._usage_seen = True
+        prompt_details = usage.get("prompt_tokens_details")
+        completion_details = usage.get("completion_tokens_details")
+        cached = _count(prompt_details.get("cached_tokens")) if isinstance(prompt_details, Mapping) else None
+        if cached is None:
+            cached = _count(usage.get("prompt_cache_hit_tokens"))
+        reasoning = (
+            _count(completion_details.get("reasoning_tokens")) if isinstance(completion_details, Mapping) else None
+        )
+        counts = (
+            ("prompt", _count(usage.get("prompt_tokens"))),
+            ("completion", _count(usage.get("completion_tokens"))),
+            ("cached", cached),
+            ("reasoning", reasoning),
+        )
+        tokens = self._m.tokens
+        for kind, n in counts:
+            if n is not None:
+                tokens.labels(self._upstream, self._model, kind).inc(n)
+
+    def upstream_timings(self, extras: Mapping[str, Any] | None) -> None:
+        """MindIE's timing extras: ``prefill_time`` (ms), ``decode_time_arr`` (ms per token), and from ``usage``
+        ``queue_wait_time`` (µs per token) and ``batch_size`` (per token). Accepts them at the top level or inside
+        a ``usage`` mapping. Only the first call counts; lists are read up to MAX_TIMING_SAMPLES items."""
+        if self._timings_seen or not isinstance(extras, Mapping):
+            return
+        nested = extras.get("usage")
+        nested = nested if isinstance(nested, Mapping) else {}
+
+        def get(key: str) -> Any:
+            value = extras.get(key)
+            return nested.get(key) if value is None else value
+
+        prefill = _number(get("prefill_time"))
+        decode = get("decode_time_arr")
+        queue = get("queue_wait_time")
+        batch = get("batch_size")
+        if prefill is None and not any(isinstance(v, list) for v in (decode, queue, batch)):
+            return
+        self._timings_seen = True
+        m, labels = self._m, (self._upstream, self._model)
+        if prefill is not None:
+            m.prefill.labels(*labels).observe(prefill * MINDIE_PREFILL_TIME_UNIT)
+        _observe_list(m.decode.labels(*labels), decode, MINDIE_DECODE_TIME_UNIT)
+        _observe_list(m.queue_wait.labels(*labels), queue, MINDIE_QUEUE_WAIT_TIME_UNIT)
+        _observe_list(m.batch_size.labels(*labels), batch, 1)
+
+    def upstream_error(self, dialect: str, code: str) -> None:
+        """An error from (or about) the upstream, e.g. ("mindie", "422"), ("any", "connect_refused")."""
+        d, c = self._m._error_code_label(dialect, code)
+        self._m.upstream_errors.labels(self._upstream, d, c).inc()
+
+    def truncated(self, reason: str) -> None:
+        """The stream failed after its 200 was committed. Counted once; the request ends as 5xx/truncated."""
+        if self._truncated:
+            return
+        self._truncated = True
+        label = reason if reason in TRUNCATION_REASONS else OTHER
+        self._m.truncated_streams.labels(self._upstream, self._model, label).inc()
+
+    def finish(self, status: int, disconnected: bool, finish_reason: str | None) -> None:
+        """The request is over. Records duration, requests_total, overhead, disconnects and finish_reason."""
+        if self._finished:
+            return
+        self._finished = True
+        now = _now()
+        m = self._m
+        self._in_flight.dec()
+        if self._in_flight_stream is not None:
+            self._in_flight_stream.dec()
+
+        if disconnected:
+            outcome = "client_disconnect"
+            status_label = status_class(status)
+            stage = "mid_stream" if self._chunks else "before_first_chunk"
+            m.client_disconnects.labels(self._route, self._upstream, self._model, stage).inc()
+        elif self._truncated:
+            outcome, status_label = "truncated", "5xx"
+        else:
+            status_label = status_class(status)
+            outcome = "ok" if status < 400 else "error"
+
+        stream = "true" if self._stream else "false"
+        total = max(now - self._t0, 0.0)
+        m.requests.labels(self._route, self._upstream, self._model, stream, status_label, outcome).inc()
+        m.request_duration.labels(self._route, self._upstream, self._model, stream, status_label).observe(total)
+
+        wait = self._wait
+        if self._upstream_t0 is not None and self._headers_t is None:
+            wait += now - self._upstream_t0  # never got headers (refused, timed out, cancelled): all of it waited
+        m.overhead.labels(self._route, self._upstream, stream).observe(min(max(total - wait, 0.0), total))
+
+        if finish_reason is not None and outcome == "ok":
+            reason = finish_reason if finish_reason in FINISH_REASONS else OTHER
+            m.finish_reasons.labels(self._upstream, self._model, reason).inc()
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def _observe_list(child: Any, items: object, unit: float) -> None:
+    if not isinstance(items, list):
+        return
+    for item in items[:MAX_TIMING_SAMPLES]:
+        v = _number(item)
+        if v is not None:
+            child.observe(v * unit)

@@ -1,0 +1,250 @@
+"""Deterministic "generation": what the fake model says, token by token.
+
+A generation is a list of tokens (raw UTF-8 bytes, or tool-call events). Like a real server, the mock runs them
+through an incremental detokeniser, which gives every token both
+  * `text`: the new text in delta mode (the default wire of every dialect), and
+  * `full`: the cumulative text in MindIE's `fullTextEnabled` mode.
+The detokeniser holds back text that ends in an incomplete UTF-8 sequence (it would decode to U+FFFD) until the
+character completes, except at the very end of the generation. So the default reply, whose emoji is split over two
+byte-level tokens, yields one token with an empty delta (and an unchanged snapshot), exactly as a byte-level BPE model
+on MindIE would. `split_utf8` lets one half-decoded snapshot through, `split_utf8_end` cuts the generation
+mid-character, `rewrite` emits a snapshot that revises earlier text.
+
+Each token counts as one completion token, whatever it decodes to.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .scenario import Scenario, content_text
+
+DEFAULT_REPLY = "Hello from the mock {dialect} upstream! 你好, 世界 🌍."
+REASONING = "The user greets me; 先想一想 🤔 then answer politely."
+TOOL_ARGUMENTS = ['{"city": ', '"Paris", ', '"unit": ', '"celsius"}']
+REWRITE = (("Hello", "Hello"), (",", "Hello wor"), (" world", "Hello, world"), ("!", "Hello, world!"))
+
+_WORD = re.compile(r"\s?\w+|\s?[^\w\s]|\s+")
+_ALNUM = string.ascii_letters + string.digits
+
+
+class Piece(NamedTuple):
+    """One generated token as the wire shows it.
+
+    kind: "content", "reasoning" or "tool".
+    text: the delta-mode text (for "tool": the arguments fragment, "" on the call's first piece).
+    full: the cumulative text of this kind in full-text mode (for "tool": "").
+    tool: for "tool" pieces, {"index", "id", "name"} on a call's first piece, {"index", "arguments"} after.
+    """
+
+    kind: str
+    text: str
+    full: str
+    tool: dict[str, Any] | None = None
+
+
+@dataclass
+class Generation:
+    pieces: list[Piece]
+    finish_reason: str | None
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return sum(1 for p in self.pieces if p.kind == "reasoning")
+
+
+class _Tok(NamedTuple):
+    kind: str
+    data: bytes = b""
+    force: bool = False  # full-text mode: emit the snapshot even if it ends half-decoded
+    override: tuple[str, str] | None = None  # (delta text, full snapshot) given outright (`rewrite`)
+    tool: dict[str, Any] | None = None
+
+
+def tokenize(text: str) -> list[bytes]:
+    """Words (with their leading space) and punctuation; a 4-byte character is split over two tokens."""
+    out: list[bytes] = []
+    for match in _WORD.finditer(text):
+        data = match.group(0).encode()
+        cut = _wide_char_split(match.group(0))
+        if cut is None:
+            out.append(data)
+        else:
+            out.extend((data[:cut], data[cut:]))
+    return out
+
+
+def _wide_char_split(word: str) -> int | None:
+    """Byte offset that splits the first 4-byte character of `word` in half, or None."""
+    offset = 0
+    for ch in word:
+        size = len(ch.encode())
+        if size == 4:
+            return offset + 2
+        offset += size
+    return None
+
+
+def call_id() -> str:
+    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(8))
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    names: list[str] = []
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for tool in tools:
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                names.append(fn["name"])
+    return names or ["get_weather"]
+
+
+def generate(sc: Scenario, *, dialect: str, max_tokens: int | None = None, reasoning_field: bool = False,
+             tools: list[str] | None = None, id_factory: Any = call_id, cut_reason: str | None = None) -> Generation:
+    """The generation a request gets, from its directives (treat the result as read-only: it may be shared).
+
+    reasoning_field: the dialect always puts reasoning in a separate field (DeepSeek reasoner / thinking mode);
+      otherwise `reasoning_field`, `think`, `think_close_only` and `think_unclosed` decide.
+    cut_reason: cut the generation halfway with this finish_reason (DeepSeek `insufficient_system_resource`).
+    """
+    if sc.has("tool_calls") or sc.has("tool_calls_noindex"):  # fresh call ids every time
+        return _generate(sc, dialect, max_tokens, reasoning_field, tools, id_factory, cut_reason)
+    key = (tuple(sorted(sc.flags.items())), dialect, max_tokens, reasoning_field, cut_reason)
+    gen = _CACHE.get(key)
+    if gen is None:
+        if len(_CACHE) >= 256:
+            _CACHE.clear()
+        gen = _CACHE[key] = _generate(sc, dialect, max_tokens, reasoning_field, tools, id_factory, cut_reason)
+    return gen
+
+
+_CACHE: dict[tuple[Any, ...], Generation] = {}
+
+
+def _generate(sc: Scenario, dialect: str, max_tokens: int | None, reasoning_field: bool, tools: list[str] | None,
+              id_factory: Any, cut_reason: str | None) -> Generation:
+    toks: list[_Tok] = []
+    finish = "stop"
+    split = sc.has("split_tags")
+    open_tag = [b"<th", b"ink>"] if split else [b"<think>"]
+    close_tag = [b"</", b"think>"] if split else [b"</think>"]
+
+    # reasoning part
+    unclosed = sc.has("think_unclosed")
+    if reasoning_field or sc.has("reasoning_field"):
+        toks += [_Tok("reasoning", t) for t in tokenize(REASONING)]
+    elif sc.has("think") or sc.has("think_close_only") or unclosed:
+        if not sc.has("think_close_only"):
+            toks += [_Tok("content", t) for t in open_tag]
+        toks += [_Tok("content", t) for t in tokenize(REASONING)]
+        if not unclosed:
+            toks += [_Tok("content", t) for t in close_tag] + [_Tok("content", b"\n\n")]
+
+    # answer part
+    if unclosed:
+        finish = "length"
+    elif sc.has("tool_calls") or sc.has("tool_calls_noindex"):
+        count = sc.num("tool_calls", 1, lo=1, hi=8) or 1
+        names = tools or ["get_weather"]
+        for index in range(count):
+            toks.append(_Tok("tool", tool={"index": index, "id": id_factory(), "name": names[index % len(names)]}))
+            toks += [_Tok("tool", tool={"index": index, "arguments": frag}) for frag in TOOL_ARGUMENTS]
+        finish = "tool_calls"
+    elif sc.has("chunks"):
+        n = sc.num("chunks", 8, lo=0, hi=100_000) or 0
+        toks += [_Tok("content", (f"tok{i}" if i == 0 else f" tok{i}").encode()) for i in range(n)]
+    elif sc.has("rewrite"):
+        toks += [_Tok("content", override=pair) for pair in REWRITE]
+    else:
+        words = tokenize(DEFAULT_REPLY.format(dialect=dialect))
+        if sc.has("split_utf8_end"):
+            first_half = next(i for i, w in enumerate(words) if _incomplete(w))
+            words = words[:first_half + 1]
+            finish = "length"
+        forced = sc.has("split_utf8")
+        toks += [_Tok("content", w, force=forced and _incomplete(w)) for w in words]
+
+    if cut_reason is not None and len(toks) > 1:
+        toks = toks[:max(1, len(toks) // 2)]
+        finish = cut_reason
+    if max_tokens is not None and max_tokens >= 0 and len(toks) > max_tokens:
+        toks = toks[:max_tokens]
+        finish = "length"
+    return _detokenize(toks, finish)
+
+
+def _incomplete(data: bytes) -> bool:
+    return data.decode("utf-8", "replace").endswith("\ufffd")
+
+
+def _detokenize(toks: list[_Tok], finish: str) -> Generation:
+    cum = {"content": b"", "reasoning": b""}
+    delta_seen = {"content": "", "reasoning": ""}  # text emitted so far in delta mode
+    full_seen = {"content": "", "reasoning": ""}   # latest snapshot in full-text mode
+    pieces: list[Piece] = []
+    calls: dict[int, dict[str, Any]] = {}
+    last = len(toks) - 1
+    for i, tok in enumerate(toks):
+        if tok.kind == "tool":
+            info = dict(tok.tool or {})
+            idx = int(info["index"])
+            if "id" in info:
+                calls[idx] = {"id": info["id"], "type": "function",
+                              "function": {"name": info["name"], "arguments": ""}}
+                pieces.append(Piece("tool", "", "", info))
+            else:
+                calls[idx]["function"]["arguments"] += info["arguments"]
+                pieces.append(Piece("tool", info["arguments"], "", info))
+            continue
+        kind = tok.kind
+        if tok.override is not None:
+            text, full = tok.override
+            delta_seen[kind] += text
+            full_seen[kind] = full
+            pieces.append(Piece(kind, text, full))
+            continue
+        cum[kind] += tok.data
+        decoded = cum[kind].decode("utf-8", "replace")
+        held = decoded.endswith("\ufffd") and i != last
+        delta_text = delta_seen[kind] if held else decoded
+        new = delta_text[len(delta_seen[kind]):]
+        delta_seen[kind] = delta_text
+        if not held or tok.force:
+            full_seen[kind] = decoded
+        pieces.append(Piece(kind, new, full_seen[kind]))
+    return Generation(pieces=pieces, finish_reason=finish, content=delta_seen["content"],
+                      reasoning=delta_seen["reasoning"], tool_calls=[calls[k] for k in sorted(calls)])
+
+
+def prompt_tokens_chat(messages: Any) -> int:
+    """A deterministic stand-in for the tokenised prompt length: ~4 bytes a token, plus 4 per message."""
+    if not isinstance(messages, list):
+        return 1
+    total = 2
+    for message in messages:
+        if isinstance(message, dict):
+            total += 4 + len(content_text(message.get("content")).encode()) // 4
+            for call in message.get("tool_calls") or ():
+                if isinstance(call, dict):
+                    total += len(str(call.get("function", "")).encode()) // 4
+    return total
+
+
+def prompt_tokens_text(prompt: Any) -> int:
+    if isinstance(prompt, list):
+        if all(isinstance(p, int) for p in prompt):
+            return max(1, len(prompt))
+        prompt = "".join(p for p in prompt if isinstance(p, str))
+    return max(1, len(str(prompt or "").encode()) // 4)

@@ -1,0 +1,181 @@
+"""The mock DeepSeek API: strict validation, reasoner and thinking mode, keep-alives, usage in the last chunk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mockutil import MockServer, chat
+
+PATH = "/chat/completions"
+
+
+def ds(text: str = "hi", model: str = "deepseek-chat", **extra: Any) -> dict[str, Any]:
+    return chat(text, model=model, **extra)
+
+
+def data(events: list[Any]) -> list[dict[str, Any]]:
+    return [e for e in events if isinstance(e, dict)]
+
+
+def bad(srv: MockServer, body: Any, fragment: str, status: int = 400) -> dict[str, Any]:
+    resp = srv.post(PATH, body)
+    assert resp.status_code == status, resp.text
+    err: dict[str, Any] = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and fragment in err["message"], err
+    return err
+
+
+def test_non_stream(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    body = srv.post(PATH, ds()).json()
+    assert body["object"] == "chat.completion" and body["model"] == "deepseek-chat"
+    assert body["system_fingerprint"].startswith("fp_")
+    assert body["choices"][0]["message"] == {"role": "assistant",
+                                             "content": "Hello from the mock deepseek upstream! 你好, 世界 🌍."}
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == usage["prompt_cache_hit_tokens"] + usage["prompt_cache_miss_tokens"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": usage["prompt_cache_hit_tokens"]}
+    for path in ("/v1/chat/completions", "/beta/chat/completions"):
+        assert srv.post(path, ds()).status_code == 200
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_chat_stream(mock_servers: Any, include_usage: bool) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    extra = {"stream_options": {"include_usage": True}} if include_usage else {}
+    resp, events = srv.stream(PATH, ds("x [mock:chunks=3]", stream=True, **extra))
+    assert resp.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert events[0] == (":comment", ": keep-alive")  # one keep-alive comment by default
+    chunks = data(events)
+    assert chunks[0]["choices"][0]["delta"] == {"content": "", "role": "assistant"} and chunks[0]["usage"] is None
+    assert [c["choices"][0]["delta"] for c in chunks[1:4]] == [
+        {"content": "tok0", "role": "assistant"}, {"content": " tok1", "role": "assistant"},
+        {"content": " tok2", "role": "assistant"}]
+    last = chunks[-1]
+    assert last["choices"] and last["choices"][0]["finish_reason"] == "stop"  # non-empty choices + usage
+    assert last["choices"][0]["delta"] == {"content": "", "role": None}
+    assert last["usage"]["completion_tokens"] == 3 and "prompt_cache_hit_tokens" in last["usage"]
+    middle = chunks[1:-1]
+    if include_usage:
+        assert all(c["usage"] is None for c in middle)
+    else:
+        assert all("usage" not in c for c in middle)
+    assert events[-1] == "[DONE]"
+
+
+def test_keepalive_directive(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    _, events = srv.stream(PATH, ds("x [mock:chunks=3,keepalive]", stream=True))
+    assert sum(1 for e in events if isinstance(e, tuple) and e[0] == ":comment") == 3 + 3
+    resp = srv.post(PATH, ds("x [mock:keepalive]"))
+    assert resp.content.startswith(b"\n") and resp.json()["object"] == "chat.completion"
+
+
+def test_reasoner_stream(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    _, events = srv.stream(PATH, ds("x [mock:chunks=2]", model="deepseek-reasoner", stream=True))
+    deltas = [c["choices"][0]["delta"] for c in data(events)]
+    assert deltas[0] == {"role": "assistant", "content": None, "reasoning_content": ""}
+    for delta in deltas[1:-1]:
+        assert (delta["content"] is None) != (delta["reasoning_content"] is None)  # exactly one is non-null
+    kinds = ["r" if d["reasoning_content"] is not None else "c" for d in deltas[1:-1]]
+    assert kinds == sorted(kinds, reverse=True) and "r" in kinds and kinds[-2:] == ["c", "c"]
+    usage = data(events)[-1]["usage"]
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == kinds.count("r")
+    body = srv.post(PATH, ds(model="deepseek-reasoner")).json()
+    assert body["choices"][0]["message"]["reasoning_content"]
+
+
+def test_reasoner_rules(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    r = "deepseek-reasoner"
+    bad(srv, {"model": r, "messages": [{"role": "user", "content": "a"},
+                                       {"role": "assistant", "content": "b", "reasoning_content": "c"},
+                                       {"role": "user", "content": "d"}]}, "reasoning_content")
+    bad(srv, {"model": r, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+        "successive user or assistant messages")
+    bad(srv, ds(model=r, logprobs=True), "logprobs")
+    bad(srv, ds(model=r, logprobs=True, top_logprobs=2), "logprobs")
+    # the beta prefix continuation may carry reasoning_content on the last assistant message
+    prefix = {"model": r, "messages": [{"role": "user", "content": "a"},
+                                       {"role": "assistant", "content": "b", "reasoning_content": "c",
+                                        "prefix": True}]}
+    assert srv.post("/beta/chat/completions", prefix).status_code == 200
+    # deepseek-chat tolerates both
+    assert srv.post(PATH, {"model": "deepseek-chat", "messages": [{"role": "user", "content": "a"},
+                                                                  {"role": "user", "content": "b"}]}).status_code == 200
+
+
+def test_thinking_mode(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    thinking = {"type": "enabled"}
+    body = srv.post(PATH, ds(thinking=thinking)).json()
+    assert body["choices"][0]["message"]["reasoning_content"]
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "content": "r", "tool_call_id": "call_1"}]
+    bad(srv, {"model": "deepseek-chat", "thinking": thinking, "messages": history}, "reasoning_content")
+    history[1]["reasoning_content"] = "I should call f"
+    assert srv.post(PATH, {"model": "deepseek-chat", "thinking": thinking, "messages": history}).status_code == 200
+    _, events = srv.stream(PATH, ds(thinking=thinking, stream=True))
+    assert data(events)[0]["choices"][0]["delta"]["reasoning_content"] == ""
+
+
+def test_parameter_validation(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    bad(srv, ds(stop=[str(i) for i in range(17)]), "16")
+    assert srv.post(PATH, ds(stop=[str(i) for i in range(16)])).status_code == 200
+    bad(srv, ds(max_tokens=0), "[1, 8192]")
+    bad(srv, ds(max_tokens=8193), "[1, 8192]")
+    assert srv.post(PATH, ds(max_tokens=8192)).status_code == 200
+    bad(srv, ds(temperature=2.1), "temperature")
+    bad(srv, ds(top_logprobs=3), "logprobs")
+    bad(srv, ds(stream_options={"include_usage": True}), "stream")
+    bad(srv, ds(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "name")
+    bad(srv, {"model": "deepseek-chat", "messages": [{"role": "user", "content": "a"},
+                                                     {"role": "assistant", "content": "b", "prefix": True},
+                                                     {"role": "user", "content": "c"}]}, "prefix")
+    bad(srv, {"model": "deepseek-chat"}, "missing field `messages`", 422)
+    bad(srv, {"model": "deepseek-chat", "messages": [{"role": "wizard", "content": "a"}]}, "unknown variant", 422)
+    bad(srv, b"{", "JSON")
+
+
+@pytest.mark.parametrize(("status", "message"), [(400, "Invalid Format"), (401, "Authentication Fails"),
+                                                 (402, "Insufficient Balance"), (422, "Invalid Parameters"),
+                                                 (429, "Rate Limit Reached"), (500, "Server Error"),
+                                                 (503, "Server Overloaded")])
+def test_error_directive(mock_servers: Any, status: int, message: str) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    resp = srv.post(PATH, ds(f"x [mock:error={status}]", stream=True))
+    assert resp.status_code == status and message in resp.json()["error"]["message"]
+    if status == 429:
+        assert resp.headers["retry-after"] == "7"
+
+
+def test_finish_reasons_and_tools(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    body = srv.post(PATH, ds("x [mock:insufficient_resource]")).json()
+    assert body["choices"][0]["finish_reason"] == "insufficient_system_resource"
+    _, events = srv.stream(PATH, ds("x [mock:insufficient_resource]", stream=True))
+    assert data(events)[-1]["choices"][0]["finish_reason"] == "insufficient_system_resource"
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    body = srv.post(PATH, ds("x [mock:tool_calls]", tools=tools)).json()
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    _, events = srv.stream(PATH, ds("x [mock:tool_calls]", tools=tools, stream=True))
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in data(events)
+             if c["choices"][0]["delta"].get("tool_calls")]
+    assert calls[0]["id"] and calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Paris", "unit": "celsius"}'
+
+
+def test_served_model_and_key(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek", api_key="sk-ds", served_model="deepseek-chat")
+    resp = srv.post(PATH, ds())
+    assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
+    auth = {"Authorization": "Bearer sk-ds"}
+    resp = srv.post(PATH, ds(model="deepseek-coder"), headers=auth)
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == "Model Not Exist"
+    assert srv.post(PATH, ds(), headers=auth).status_code == 200
+    assert [m["id"] for m in srv.client.get("/models", headers=auth).json()["data"]] == ["deepseek-chat"]

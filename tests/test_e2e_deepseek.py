@@ -1,0 +1,356 @@
+"""End to end: the official openai SDK -> proxy -> built-in mock DeepSeek upstream (strict like the real API).
+
+Each test names the feature it shows; without that feature the mock (or the assertion on what reached it) fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+THINKING = {"thinking": {"type": "enabled"}}
+
+
+def collect(stream: Any) -> dict[str, Any]:
+    """Accumulate an SDK chat stream into {content, reasoning_content, reasoning, tool_calls, finish, chunks}."""
+    out: dict[str, Any] = {"content": "", "reasoning_content": "", "reasoning": "", "tool_calls": {},
+                           "finish": [], "chunks": [], "roles": []}
+    for chunk in stream:
+        out["chunks"].append(chunk)
+        for choice in chunk.choices:
+            delta = choice.delta
+            out["content"] += delta.content or ""
+            extra = delta.model_extra or {}
+            out["reasoning_content"] += extra.get("reasoning_content") or ""
+            out["reasoning"] += extra.get("reasoning") or ""
+            if delta.role:
+                out["roles"].append(delta.role)
+            for tc in delta.tool_calls or ():
+                call = out["tool_calls"].setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = call["id"] or tc.id
+                if tc.function is not None:
+                    call["name"] += tc.function.name or ""
+                    call["arguments"] += tc.function.arguments or ""
+            if choice.finish_reason:
+                out["finish"].append(choice.finish_reason)
+    return out
+
+
+def as_message(got: dict[str, Any], field: str) -> dict[str, Any]:
+    """The assistant message a streaming client builds from what it received (and sends back next turn)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": got["content"] or None}
+    if got[field]:
+        msg[field] = got[field]
+    if got["tool_calls"]:
+        msg["tool_calls"] = [{"id": c["id"], "type": "function",
+                              "function": {"name": c["name"], "arguments": c["arguments"]}}
+                             for _, c in sorted(got["tool_calls"].items())]
+    return msg
+
+
+def sent(mock: Any) -> dict[str, Any]:
+    body: dict[str, Any] = mock.last_request()["body"]
+    return body
+
+
+# ------------------------------------------------------------------------------------ reasoning replay (R1)
+
+@pytest.mark.parametrize("mode", ["reasoning_content", "reasoning", "think_tags"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_r1_client_round_tripping_its_reasoning_just_works(start_mock, start_proxy, mode, stream) -> None:
+    """Replay policy: reasoning on an assistant turn without tool calls is stripped (R1 400s on it)."""
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock, client={"reasoning": mode})
+    client = proxy.client()
+    history: list[Any] = [{"role": "user", "content": "Hi"}]
+    if stream:
+        got = collect(client.chat.completions.create(model="deepseek-reasoner", messages=history, stream=True))
+        field = "content" if mode == "think_tags" else mode
+        assert got[field]
+        history.append(as_message(got, mode if mode != "think_tags" else "reasoning_content"))
+    else:
+        first = client.chat.completions.create(model="deepseek-reasoner", messages=history)
+        history.append(first.choices[0].message)  # the SDK object itself, extras included
+    history.append({"role": "user", "content": "And again?"})
+    again = client.chat.completions.create(model="deepseek-reasoner", messages=history, stream=stream)
+    if stream:
+        assert collect(again)["finish"] == ["stop"]
+    else:
+        assert again.choices[0].message.content
+    replayed = sent(mock)["messages"][1]
+    assert replayed["role"] == "assistant" and replayed["content"].startswith("Hello from the mock deepseek")
+    assert "reasoning_content" not in replayed and "reasoning" not in replayed
+    assert "<think>" not in replayed["content"]
+
+
+# ------------------------------------------------------------------------- reasoning replay (thinking mode)
+
+@pytest.mark.parametrize("mode", ["reasoning_content", "reasoning", "think_tags", "none"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_thinking_mode_tool_turn_round_trip_keeps_reasoning(start_mock, start_proxy, mode, stream) -> None:
+    """Replay policy: on tool-call turns the reasoning is kept, as `reasoning_content` (thinking mode 400s
+    without it), whatever form the client received it in."""
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock, client={"reasoning": mode})
+    client = proxy.client()
+    history: list[Any] = [{"role": "user", "content": "Weather in Paris? [mock:tool_calls]"}]
+    kw: dict[str, Any] = {"model": "deepseek-chat", "tools": TOOLS, "extra_body": THINKING}
+    if stream:
+        got = collect(client.chat.completions.create(messages=history, stream=True, **kw))
+        assert got["finish"] == ["tool_calls"] and got["tool_calls"][0]["name"] == "get_weather"
+        message: Any = as_message(got, mode if mode in ("reasoning_content", "reasoning") else "content")
+        call_id = got["tool_calls"][0]["id"]
+    else:
+        first = client.chat.completions.create(messages=history, **kw)
+        assert first.choices[0].finish_reason == "tool_calls"
+        message = first.choices[0].message
+        call_id = message.tool_calls[0].id
+    history += [message, {"role": "tool", "tool_call_id": call_id, "content": "sunny, 21°C"}]
+    again = client.chat.completions.create(messages=history, stream=stream, **kw)
+    if stream:
+        collect(again)
+    replayed = sent(mock)["messages"][1]
+    want = "" if mode == "none" else "The user greets me; 先想一想 🤔 then answer politely."
+    assert replayed["reasoning_content"] == want
+    assert "reasoning" not in replayed and replayed["tool_calls"][0]["id"] == call_id
+
+
+def test_reasoning_replay_strip_override_for_an_r1_tool_history(start_mock, start_proxy) -> None:
+    """`reasoning_replay: strip`: an R1-era deployment with tool-call turns in the history (auto keeps them)."""
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": None, "reasoning_content": "call it",
+                "tool_calls": [{"id": "call_1", "type": "function",
+                                "function": {"name": "get_weather", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    mock = start_mock("deepseek")
+    auto = start_proxy(mock=mock)
+    with pytest.raises(openai.BadRequestError) as e:
+        auto.client().chat.completions.create(model="deepseek-reasoner", messages=history)
+    assert "reasoning_content" in e.value.message
+    strip = start_proxy(mock=mock, reasoning_replay="strip")
+    got = strip.client().chat.completions.create(model="deepseek-reasoner", messages=history)
+    assert got.choices[0].message.content and "reasoning_content" not in sent(mock)["messages"][1]
+
+
+# --------------------------------------------------------------------------------------------- R1 rules
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_r1_successive_same_role_messages_are_merged(start_mock, start_proxy, stream) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Part one."},
+                {"role": "user", "content": "Part two."}]
+    got = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages, stream=stream)
+    if stream:
+        assert collect(got)["finish"] == ["stop"]
+    else:
+        assert got.choices[0].finish_reason == "stop"
+    assert sent(mock)["messages"][1:] == [{"role": "user", "content": "Part one.\n\nPart two."}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_r1_logprobs_get_a_clear_400_from_the_proxy(start_mock, start_proxy, stream) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    with pytest.raises(openai.BadRequestError) as e:
+        proxy.client().chat.completions.create(model="deepseek-reasoner", messages=[{"role": "user", "content": "x"}],
+                                               logprobs=True, top_logprobs=2, stream=stream)
+    assert e.value.body["param"] == "logprobs" and "deepseek-reasoner" in e.value.message
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert mock.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_choice_turns_thinking_off(start_mock, start_proxy, stream) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    got = proxy.client().chat.completions.create(
+        model="deepseek-chat", messages=[{"role": "user", "content": "Weather? [mock:tool_calls]"}], tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, extra_body=THINKING, stream=stream)
+    if stream:
+        assert collect(got)["tool_calls"][0]["name"] == "get_weather"
+    else:
+        assert got.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert sent(mock)["thinking"] == {"type": "disabled"}
+
+
+def test_reasoning_effort_switches_thinking_on(start_mock, start_proxy) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    got = proxy.client().chat.completions.create(model="deepseek-chat", reasoning_effort="high",
+                                                 messages=[{"role": "user", "content": "Hi"}])
+    assert got.choices[0].message.model_extra["reasoning_content"]
+    body = sent(mock)
+    assert body["thinking"] == {"type": "enabled"} and "reasoning_effort" not in body
+
+
+# -------------------------------------------------------------------------------------------------- usage
+
+def test_non_stream_usage_maps_cache_hits_and_keeps_reasoning_tokens(start_mock, start_proxy) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    messages = [{"role": "system", "content": "You are a helpful assistant. " * 40}, {"role": "user", "content": "Hi"}]
+    direct = httpx.post(mock.url + "/chat/completions", timeout=10,
+                        json={"model": "deepseek-reasoner", "messages": messages}).json()["usage"]
+    assert direct["prompt_cache_hit_tokens"] > 0
+    usage = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages).usage
+    assert usage.prompt_tokens_details.cached_tokens == direct["prompt_cache_hit_tokens"]
+    assert usage.completion_tokens_details.reasoning_tokens == direct["completion_tokens_details"]["reasoning_tokens"]
+    assert "prompt_cache_hit_tokens" not in (usage.model_extra or {})  # OpenAI clients get OpenAI fields
+
+
+def test_stream_usage_follows_include_usage_exactly(start_mock, start_proxy) -> None:
+    """DeepSeek's usage rides on its finish chunk (non-empty choices): clients get OpenAI's placement."""
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    messages = [{"role": "user", "content": "Hi " * 200}]
+    got = collect(proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages, stream=True,
+                                                         stream_options={"include_usage": True}))
+    chunks = got["chunks"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1]) and got["finish"] == ["stop"]
+    raw = httpx.post(proxy.base_url + "/chat/completions", timeout=30,
+                     json={"model": "deepseek-reasoner", "messages": messages, "stream": True})
+    assert '"usage"' not in raw.text and raw.text.rstrip().endswith("data: [DONE]")
+
+
+# ------------------------------------------------------------------------------------------------ streams
+
+def test_keepalive_comments_and_the_reasoner_first_delta(start_mock, start_proxy) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    messages = [{"role": "user", "content": "Hi [mock:keepalive]"}]
+    whole = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages)
+    got = collect(proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages,
+                                                         stream=True))
+    assert got["content"] == whole.choices[0].message.content
+    assert got["reasoning_content"] == whole.choices[0].message.model_extra["reasoning_content"]
+    assert got["roles"] == ["assistant"]
+    first, *middle, last = got["chunks"]
+    assert first.choices[0].delta.content == "" and first.choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.content or c.choices[0].delta.model_extra.get("reasoning_content")
+               for c in middle), "no chunk without payload between the role chunk and the finish chunk"
+    assert last.choices[0].finish_reason == "stop"
+    raw = httpx.post(proxy.base_url + "/chat/completions", timeout=30,
+                     json={"model": "deepseek-reasoner", "messages": messages, "stream": True}).text
+    events = [e for e in raw.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    for e in events[:-1]:
+        orjson.loads(e[len("data: "):])
+
+
+# ------------------------------------------------------------------------------------ honest finish reasons
+
+def test_insufficient_system_resource_is_a_retryable_503_not_a_stop(start_mock, start_proxy) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    messages = [{"role": "user", "content": "Hi [mock:insufficient_resource]"}]
+    with pytest.raises(openai.InternalServerError) as e:
+        proxy.client().chat.completions.create(model="deepseek-chat", messages=messages)
+    assert e.value.status_code == 503 and e.value.body["code"] == "insufficient_system_resource"
+    assert e.value.body["type"] == "service_unavailable"
+    assert "x-should-retry" not in e.value.response.headers  # the SDK retries a 503 by default
+
+    received = ""
+    with pytest.raises(openai.APIError) as e2:
+        for chunk in proxy.client().chat.completions.create(model="deepseek-chat", messages=messages, stream=True):
+            for choice in chunk.choices:
+                assert choice.finish_reason is None
+                received += choice.delta.content or ""
+    assert received and "Hello from the mock deepseek upstream!".startswith(received.strip()[:10])
+    assert "insufficient_system_resource" in e2.value.message
+    raw = httpx.post(proxy.base_url + "/chat/completions", timeout=30,
+                     json={"model": "deepseek-chat", "messages": messages, "stream": True}).text
+    assert "[DONE]" not in raw and '"finish_reason":"insufficient_system_resource"' not in raw
+    assert orjson.loads(raw.strip().split("\n\n")[-1][len("data: "):])["error"]["code"] == \
+        "insufficient_system_resource"
+
+
+# ------------------------------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_402_stays_402_and_429_keeps_retry_after(start_mock, start_proxy, stream) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    with pytest.raises(openai.APIStatusError) as e:
+        proxy.client().chat.completions.create(model="deepseek-chat", stream=stream,
+                                               messages=[{"role": "user", "content": "x [mock:error=402]"}])
+    assert e.value.status_code == 402 and e.value.body["code"] == "insufficient_quota"
+    assert e.value.body["type"] == "insufficient_quota" and e.value.body["message"] == "Insufficient Balance"
+    assert e.value.response.headers["x-should-retry"] == "false"
+    with pytest.raises(openai.RateLimitError) as e2:
+        proxy.client().chat.completions.create(model="deepseek-chat", stream=stream,
+                                               messages=[{"role": "user", "content": "x [mock:error=429]"}])
+    assert e2.value.response.headers["retry-after"] == "7" and e2.value.body["code"] == "rate_limited"
+
+
+# -------------------------------------------------------------------------------------- request parameters
+
+def test_request_parameters_per_the_spec(start_mock, start_proxy) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    client = proxy.client()
+    msg = [{"role": "user", "content": "Hi"}]
+    # max_tokens above the documented 8192 is lowered (the upstream would refuse it); 0 is refused by us.
+    assert client.chat.completions.create(model="deepseek-chat", messages=msg, max_tokens=16000).choices
+    assert sent(mock)["max_tokens"] == 8192
+    client.chat.completions.create(model="deepseek-chat", messages=msg, max_completion_tokens=64)
+    assert sent(mock)["max_tokens"] == 64 and "max_completion_tokens" not in sent(mock)
+    assert client.chat.completions.create(model="deepseek-chat", messages=msg,
+                                          response_format={"type": "json_object"}).choices
+    assert sent(mock)["response_format"] == {"type": "json_object"}
+    mock.reset()
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
+        ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+         "response_format"),
+        ({"n": 2}, "n"),
+    ]
+    for kw, param in refused:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="deepseek-chat", messages=msg, **kw)
+        assert e.value.body["param"] == param, kw
+    assert mock.stats()["requests"] == 0
+
+
+# ------------------------------------------------------------------------------------ DeepSeek-dialect clients
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prefix_continuation_goes_to_the_beta_route(start_mock, start_proxy, stream) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock)
+    messages = [{"role": "user", "content": "Write a poem"},
+                {"role": "assistant", "content": "Roses are", "reasoning_content": "a short poem", "prefix": True}]
+    got = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages, stream=stream)
+    if stream:
+        assert collect(got)["finish"] == ["stop"]
+    else:
+        assert got.choices[0].message.content
+    last = mock.last_request()
+    assert last["path"] == "/beta/chat/completions"
+    assert last["body"]["messages"][-1] == messages[-1]
+
+
+def test_usage_fields_deepseek_adds_cache_counts(start_mock, start_proxy) -> None:
+    mock = start_mock("deepseek")
+    proxy = start_proxy(mock=mock, client={"usage_fields": "deepseek"})
+    messages = [{"role": "system", "content": "Context. " * 100}, {"role": "user", "content": "Hi"}]
+    usage = proxy.client().chat.completions.create(model="deepseek-chat", messages=messages).usage
+    extra = usage.model_extra or {}
+    assert extra["prompt_cache_hit_tokens"] == usage.prompt_tokens_details.cached_tokens > 0
+    assert extra["prompt_cache_hit_tokens"] + extra["prompt_cache_miss_tokens"] == usage.prompt_tokens
+    chunks = collect(proxy.client().chat.completions.create(
+        model="deepseek-chat", messages=messages, stream=True, stream_options={"include_usage": True}))["chunks"]
+    extra = chunks[-1].usage.model_extra or {}
+    assert extra["prompt_cache_hit_tokens"] + extra["prompt_cache_miss_tokens"] == chunks[-1].usage.prompt_tokens
