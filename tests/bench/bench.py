@@ -39,13 +39,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start(argv: list[str], cpu: int | None) -> subprocess.Popen[bytes]:
+    """`python -m proxy ARGV`, or a script when ARGV[0] ends in .py."""
     def pin() -> None:
         if cpu is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {cpu})
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "proxy", *argv], preexec_fn=pin, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [sys.executable, *argv] if argv[0].endswith(".py") else [sys.executable, "-m", "proxy", *argv]
+    return subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 async def wait_up(url: str, timeout: float = 15) -> None:
@@ -143,21 +144,28 @@ async def main() -> None:
     if args.full_text:
         mock_argv.append("--full-text")
         proxy_argv.append("--full-text")
+    bare_port = free_port()
     mock = start(mock_argv, 1 if two_cpus else None)
     proxy = start(proxy_argv, 0 if two_cpus else None)
+    bare = start([os.path.join(os.path.dirname(__file__), "bare_relay.py"), str(bare_port),
+                  f"http://127.0.0.1:{mock_port}"], 0 if two_cpus else None)
     try:
         await wait_up(f"http://127.0.0.1:{mock_port}/health")
         await wait_up(f"http://127.0.0.1:{proxy_port}/healthz")
+        await wait_up(f"http://127.0.0.1:{bare_port}/")
         direct_url, proxy_url = f"http://127.0.0.1:{mock_port}", f"http://127.0.0.1:{proxy_port}"
+        bare_url = f"http://127.0.0.1:{bare_port}"
         print(f"dialect={args.dialect} full_text={args.full_text} proxy pinned to CPU 0: {two_cpus}; "
               f"{seconds:g} s per run\n")
-        header = (f"{'scenario':<24}{'conc':>5}{'direct rps':>11}{'proxy rps':>10}{'ratio':>7}"
-                  f"{'p50 ms':>8}{'p99 ms':>8}{'d.p50':>7}{'ttfc ms':>8}{'cpu/req µs':>11}{'cpu/chunk µs':>13}"
-                  f"{'err':>5}")
+        print("ratio = proxy rps / direct rps; bare = the barest aiohttp relay (tests/bench/bare_relay.py), same "
+              "pinning;\nCPU columns are the relay process's own CPU time (utime+stime) per request / per chunk.\n")
+        header = (f"{'scenario':<18}{'conc':>5}{'direct rps':>11}{'proxy rps':>10}{'ratio':>7}{'bare':>6}"
+                  f"{'p50 ms':>8}{'p99 ms':>8}{'d.p50':>7}{'ttfc ms':>8}{'cpu/req µs':>11}{'bare':>6}"
+                  f"{'cpu/chunk µs':>13}{'bare':>6}{'err':>5}")
         print(header)
         print("-" * len(header))
-        scenarios = [("non-stream", False, 0, 0), ("stream 64 x 0 ms", True, 64, 0),
-                     ("stream 64 x 5 ms", True, 64, 5)]
+        scenarios = [("non-stream", False, 0, 0), ("stream 64x0ms", True, 64, 0),
+                     ("stream 64x5ms", True, 64, 5)]
         for name, stream, chunks, delay in scenarios:
             for conc in concurrencies:
                 max_req = 200_000
@@ -167,19 +175,26 @@ async def main() -> None:
                 c0 = cpu_seconds(proxy.pid)
                 p = await load(proxy_url, stream, chunks, delay, conc, seconds, max_req)
                 cpu = cpu_seconds(proxy.pid) - c0
-                n = max(len(p.latencies), 1)
-                per_req = cpu / n * 1e6
+                await load(bare_url, stream, chunks, delay, conc, 0.3, 500)
+                b0 = cpu_seconds(bare.pid)
+                b = await load(bare_url, stream, chunks, delay, conc, seconds, max_req)
+                bcpu = cpu_seconds(bare.pid) - b0
+                per_req = cpu / max(len(p.latencies), 1) * 1e6
                 per_chunk = cpu / max(p.chunks, 1) * 1e6
+                b_req = bcpu / max(len(b.latencies), 1) * 1e6
+                b_chunk = bcpu / max(b.chunks, 1) * 1e6
                 ratio = p.rps / d.rps if d.rps else float("nan")
+                b_ratio = b.rps / d.rps if d.rps else float("nan")
                 ttfc = f"{pct(p.ttfb, 50) * 1000:8.2f}" if stream else f"{'-':>8}"
-                print(f"{name:<24}{conc:>5}{d.rps:>11.1f}{p.rps:>10.1f}{ratio:>7.2f}"
+                chunk_cols = f"{per_chunk:>13.1f}{b_chunk:>6.0f}" if stream else f"{'-':>13}{'-':>6}"
+                print(f"{name:<18}{conc:>5}{d.rps:>11.1f}{p.rps:>10.1f}{ratio:>7.2f}{b_ratio:>6.2f}"
                       f"{pct(p.latencies, 50) * 1000:>8.2f}{pct(p.latencies, 99) * 1000:>8.2f}"
-                      f"{pct(d.latencies, 50) * 1000:>7.2f}{ttfc}{per_req:>11.0f}"
-                      f"{(per_chunk if stream else float('nan')):>13.1f}{p.errors + d.errors:>5}", flush=True)
+                      f"{pct(d.latencies, 50) * 1000:>7.2f}{ttfc}{per_req:>11.0f}{b_req:>6.0f}"
+                      f"{chunk_cols}{p.errors + d.errors + b.errors:>5}", flush=True)
     finally:
-        for proc in (proxy, mock):
+        for proc in (proxy, bare, mock):
             proc.send_signal(signal.SIGINT)
-        for proc in (proxy, mock):
+        for proc in (proxy, bare, mock):
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:

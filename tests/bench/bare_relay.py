@@ -1,0 +1,54 @@
+"""The baseline for the benchmark: the barest correct relay (raw ASGI + aiohttp, bytes in -> bytes out, no parsing,
+no translation, no metrics). What the proxy costs beyond this is the price of translation and observability.
+
+    python tests/bench/bare_relay.py PORT UPSTREAM_URL
+"""
+
+from __future__ import annotations
+
+import sys
+
+import aiohttp
+import uvicorn
+
+UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:1025"
+_session: aiohttp.ClientSession | None = None
+
+
+async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+    global _session
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if _session is not None:
+                    await _session.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["path"] != "/v1/chat/completions":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    if _session is None:
+        _session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1000),
+                                         timeout=aiohttp.ClientTimeout(total=None))
+    async with _session.post(UPSTREAM + "/v1/chat/completions", data=body,
+                             headers={"Content-Type": "application/json"}) as resp:
+        await send({"type": "http.response.start", "status": resp.status,
+                    "headers": [(b"content-type", resp.headers.get("Content-Type", "").encode())]})
+        async for data in resp.content.iter_any():
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+if __name__ == "__main__":
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools", access_log=False,
+                log_level="warning")
