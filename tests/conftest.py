@@ -107,11 +107,20 @@ class Proxy:
         self.url = srv.url
         self.base_url = srv.url + "/v1"
         self.settings = settings
+        self._clients: list[openai.OpenAI] = []
 
     def client(self, **kw: Any) -> openai.OpenAI:
+        """An official SDK client (closed when the test ends, so no socket is left for a ResourceWarning)."""
         kw.setdefault("max_retries", 0)
         kw.setdefault("timeout", 30)
-        return openai.OpenAI(base_url=self.base_url, api_key="sk-client-key", **kw)
+        client = openai.OpenAI(base_url=self.base_url, api_key="sk-client-key", **kw)
+        self._clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
 
     def async_client(self, **kw: Any) -> openai.AsyncOpenAI:
         kw.setdefault("max_retries", 0)
@@ -120,7 +129,9 @@ class Proxy:
 
 
 @pytest.fixture
-def start_proxy(servers: list[ServerThread]) -> Callable[..., Proxy]:
+def start_proxy(servers: list[ServerThread]) -> Iterator[Callable[..., Proxy]]:
+    proxies: list[Proxy] = []
+
     def start(upstreams: list[dict[str, Any]] | None = None, *, mock: Mock | None = None,
               client: dict[str, Any] | None = None, server: dict[str, Any] | None = None,
               environ: dict[str, str] | None = None, **upstream_kw: Any) -> Proxy:
@@ -132,9 +143,13 @@ def start_proxy(servers: list[ServerThread]) -> Callable[..., Proxy]:
         settings = build_settings(config=config, environ=environ or {})
         srv = ServerThread(create_app(settings)).start()
         servers.append(srv)
-        return Proxy(srv, settings)
+        proxy = Proxy(srv, settings)
+        proxies.append(proxy)
+        return proxy
 
-    return start
+    yield start
+    for proxy in proxies:
+        proxy.close_clients()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.02) -> bool:

@@ -15,13 +15,15 @@ MSG = [{"role": "user", "content": "Say hello"}]
 
 
 def direct(mock):
+    """An SDK client straight to the mock upstream (use as a context manager so its socket is closed)."""
     return openai.OpenAI(base_url=mock.url + "/v1", api_key="x", max_retries=0, timeout=30)
 
 
 def test_non_stream_matches_direct_upstream(start_mock, start_proxy):
     mock = start_mock("openai")
     proxy = start_proxy(mock=mock)
-    want = direct(mock).chat.completions.create(model="m1", messages=MSG)
+    with direct(mock) as d:
+        want = d.chat.completions.create(model="m1", messages=MSG)
     got = proxy.client().chat.completions.create(model="m1", messages=MSG)
     assert got.choices[0].message.content == want.choices[0].message.content
     assert got.choices[0].message.content
@@ -34,7 +36,8 @@ def test_non_stream_matches_direct_upstream(start_mock, start_proxy):
 def test_stream_relays_true_deltas_role_once_and_usage_per_stream_options(start_mock, start_proxy):
     mock = start_mock("openai")
     proxy = start_proxy(mock=mock)
-    want = direct(mock).chat.completions.create(model="m1", messages=MSG).choices[0].message.content
+    with direct(mock) as d:
+        want = d.chat.completions.create(model="m1", messages=MSG).choices[0].message.content
     chunks = list(proxy.client().chat.completions.create(
         model="m1", messages=MSG, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -96,7 +99,8 @@ def test_alias_routes_and_rewrites_model(start_mock, start_proxy):
 def test_models_lists_upstream_when_none_configured(start_mock, start_proxy):
     mock = start_mock("openai")
     proxy = start_proxy(mock=mock)
-    direct_ids = {m.id for m in direct(mock).models.list()}
+    with direct(mock) as d:
+        direct_ids = {m.id for m in d.models.list()}
     assert direct_ids and {m.id for m in proxy.client().models.list()} == direct_ids
 
 
@@ -224,7 +228,8 @@ def test_stream_is_relayed_as_it_arrives(start_mock, start_proxy):
 def test_completions_endpoint_stream_and_not(start_mock, start_proxy):
     mock = start_mock("openai")
     proxy = start_proxy(mock=mock)
-    want = direct(mock).completions.create(model="m", prompt="Once upon").choices[0].text
+    with direct(mock) as d:
+        want = d.completions.create(model="m", prompt="Once upon").choices[0].text
     got = proxy.client().completions.create(model="m", prompt="Once upon")
     assert got.choices[0].text == want and got.id.startswith("cmpl-")
     text = "".join(c.choices[0].text for c in proxy.client().completions.create(

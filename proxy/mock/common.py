@@ -124,6 +124,21 @@ def requested_status(sc: Scenario) -> int | str | None:
         return value.lower() or 500
 
 
+RAW_TIMEOUT = b"Engine callback timeout: server tokenTimeout"
+
+
+def stream_directives(sc: Scenario) -> dict[str, Any]:
+    """The stream-damage and timing directives, as keyword arguments of `asgi.stream_plan`."""
+    return {
+        "delay": sc.seconds("delay_ms"),
+        "drop": sc.num("drop", None, lo=0),
+        "stall": sc.num("stall", None, lo=0),
+        "raw_after": (sc.num("raw_timeout", 3, lo=0) if sc.has("raw_timeout") else None),
+        "raw": RAW_TIMEOUT,
+        "bad_json": sc.has("bad_json"),
+    }
+
+
 # ------------------------------------------------------------------------------------------ OpenAI-shaped errors
 
 def openai_error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,

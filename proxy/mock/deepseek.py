@@ -23,7 +23,8 @@ Written from specs/deepseek-chat-completions-zh.md and WIRE-NOTES.md, and strict
   `finish_reason` AND the usage (non-empty `choices`, as observed in the wild), whether or not
   `stream_options.include_usage` was sent; with it, the other chunks carry `"usage": null`.
 * Usage has `prompt_cache_hit_tokens`, `prompt_cache_miss_tokens`, `prompt_tokens_details.cached_tokens` and, when
-  reasoning, `completion_tokens_details.reasoning_tokens`. finish_reason may be `insufficient_system_resource`
+  reasoning, `completion_tokens_details.reasoning_tokens` (directive `cache_fields_only`: no `prompt_tokens_details`,
+  as in the spec document's usage schema). finish_reason may be `insufficient_system_resource`
   (directive `insufficient_resource`).
 """
 
@@ -51,8 +52,8 @@ from .common import (
     openai_error,
     requested_status,
     static_response,
+    stream_directives,
 )
-from .openai import stream_extras
 from .textgen import Generation, Piece, generate, prompt_tokens_chat, tool_names
 
 FINGERPRINT = "fp_mock_ds01"
@@ -214,7 +215,7 @@ def _validate_params(body: dict[str, Any]) -> Plan | None:
 
 # -------------------------------------------------------------------------------------------------- responses
 
-def _usage(prompt: int, gen: Generation, reasoning_mode: bool) -> dict[str, Any]:
+def _usage(prompt: int, gen: Generation, reasoning_mode: bool, flat: bool = False) -> dict[str, Any]:
     hit = (prompt // 2) // 64 * 64
     usage: dict[str, Any] = {
         "prompt_tokens": prompt,
@@ -224,6 +225,8 @@ def _usage(prompt: int, gen: Generation, reasoning_mode: bool) -> dict[str, Any]
         "prompt_cache_hit_tokens": hit,
         "prompt_cache_miss_tokens": prompt - hit,
     }
+    if flat:  # directive `cache_fields_only`: the usage object as the spec document draws it
+        del usage["prompt_tokens_details"]
     if reasoning_mode:
         usage["completion_tokens_details"] = {"reasoning_tokens": gen.reasoning_tokens}
     return usage
@@ -280,10 +283,10 @@ def chat_stream(call: Call, model: str, reasoning_mode: bool) -> Plan:
         last: dict[str, Any] = {"content": "", "role": None}
         if reasoning_mode:
             last["reasoning_content"] = None
-        usage = _usage(prompt_tokens_chat(call.body["messages"]), gen, reasoning_mode)
+        usage = _usage(prompt_tokens_chat(call.body["messages"]), gen, reasoning_mode, sc.has("cache_fields_only"))
         tail.append(sse(chunk(last, gen.finish_reason, usage)))
     tail.append(b"data: [DONE]\n\n")
-    return stream_plan(head, body, tail, between=KEEPALIVE if keepalive else None, **stream_extras(sc))
+    return stream_plan(head, body, tail, between=KEEPALIVE if keepalive else None, **stream_directives(sc))
 
 
 def _tool_delta(piece: Piece, noindex: bool, reasoning_mode: bool) -> dict[str, Any]:
@@ -314,7 +317,7 @@ def chat_json(call: Call, model: str, reasoning_mode: bool) -> Plan:
     obj = {
         "id": str(uuid.uuid4()), "object": "chat.completion", "created": call.created, "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": gen.finish_reason}],
-        "usage": _usage(prompt_tokens_chat(call.body["messages"]), gen, reasoning_mode),
+        "usage": _usage(prompt_tokens_chat(call.body["messages"]), gen, reasoning_mode, sc.has("cache_fields_only")),
         "system_fingerprint": FINGERPRINT,
     }
     data = orjson.dumps(obj)

@@ -36,6 +36,7 @@ from starlette.routing import Route
 from . import scenario as scenarios
 from .asgi import DONE, TEXT_HEADERS, Plan, Stats, body_plan, json_plan, sse, stream_plan, truncated_json_plan
 from .common import (
+    RAW_TIMEOUT,
     Call,
     MockConfig,
     Template,
@@ -46,6 +47,7 @@ from .common import (
     models_routes,
     requested_status,
     static_response,
+    stream_directives,
 )
 from .scenario import Scenario
 from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, tool_names
@@ -59,7 +61,6 @@ MAX_STOP_LEN = 1024
 MAX_STOP_TOTAL = 32768
 ROLES = ("system", "user", "assistant", "tool")
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_\u4e00-\u9fa5-]{1,64}$")
-RAW_TIMEOUT = b"Engine callback timeout: server tokenTimeout"
 
 ERRORS: dict[int, tuple[str, str]] = {
     400: ("Bad Request", "Bad Request"),
@@ -442,16 +443,6 @@ def _generations(call: Call, flavour: Flavour, *, text_only: bool = False) -> li
     return [generate(sc, dialect=flavour.name, max_tokens=cap, tools=names) for _ in range(_choices(call))]
 
 
-def _stream_extras(sc: Scenario) -> dict[str, Any]:
-    return {
-        "delay": sc.seconds("delay_ms"),
-        "drop": sc.num("drop", None, lo=0),
-        "stall": sc.num("stall", None, lo=0),
-        "raw_after": (sc.num("raw_timeout", 3, lo=0) if sc.has("raw_timeout") else None),
-        "raw": RAW_TIMEOUT,
-        "bad_json": sc.has("bad_json"),
-    }
-
 
 def chat_stream(call: Call, flavour: Flavour) -> Plan:
     cfg, sc = call.cfg, call.scenario
@@ -493,7 +484,7 @@ def chat_stream(call: Call, flavour: Flavour) -> Plan:
             else:
                 frames.append(sse(chunk(i, _delta(piece, full, noindex))))
         per_choice.append(frames)
-    return stream_plan(head, _interleave(per_choice), [DONE], finish_in_body=not no_finish, **_stream_extras(sc))
+    return stream_plan(head, _interleave(per_choice), [DONE], finish_in_body=not no_finish, **stream_directives(sc))
 
 
 def _interleave(per_choice: list[list[bytes]]) -> list[bytes]:
@@ -563,7 +554,7 @@ def completion_stream(call: Call, flavour: Flavour) -> Plan:
             usage = _usage(prompt, gen.completion_tokens, 0, sc, flavour)
             frames.append(sse(chunk(i, text, gen.finish_reason, usage)))
         per_choice.append(frames)
-    return stream_plan([], _interleave(per_choice), [DONE], finish_in_body=not no_finish, **_stream_extras(sc))
+    return stream_plan([], _interleave(per_choice), [DONE], finish_in_body=not no_finish, **stream_directives(sc))
 
 
 def completion_json(call: Call, flavour: Flavour) -> Plan:

@@ -38,6 +38,7 @@ from .common import (
     openai_error,
     requested_status,
     static_response,
+    stream_directives,
 )
 from .scenario import Scenario
 from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, tool_names
@@ -111,16 +112,6 @@ def _interleave(per_choice: list[list[bytes]]) -> list[bytes]:
     return out
 
 
-def stream_extras(sc: Scenario) -> dict[str, Any]:
-    return {
-        "delay": sc.seconds("delay_ms"),
-        "drop": sc.num("drop", None, lo=0),
-        "stall": sc.num("stall", None, lo=0),
-        "raw_after": (sc.num("raw_timeout", 3, lo=0) if sc.has("raw_timeout") else None),
-        "raw": b"Engine callback timeout: server tokenTimeout",
-        "bad_json": sc.has("bad_json"),
-    }
-
 
 def _n(call: Call) -> int:
     directive = call.scenario.num("n", None, lo=1, hi=16)
@@ -187,7 +178,7 @@ def chat_stream(call: Call, style: Style, model: str) -> Plan:
         tail.append(sse({**base, "choices": [], "usage": _usage(prompt_tokens_chat(call.body.get("messages")),
                                                                  gens, extra)}))
     tail.append(DONE)
-    return stream_plan(head, body, tail, **stream_extras(sc))
+    return stream_plan(head, body, tail, **stream_directives(sc))
 
 
 def chat_json(call: Call, style: Style, model: str) -> Plan:
@@ -259,7 +250,7 @@ def completion_stream(call: Call, style: Style, model: str) -> Plan:
     if usage_on:
         tail.append(sse({**base, "choices": [], "usage": _usage(prompt_tokens_text(prompt), gens, extra)}))
     tail.append(DONE)
-    return stream_plan(head, _interleave(per_choice), tail, **stream_extras(sc))
+    return stream_plan(head, _interleave(per_choice), tail, **stream_directives(sc))
 
 
 def completion_json(call: Call, style: Style, model: str) -> Plan:

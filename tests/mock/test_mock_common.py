@@ -198,3 +198,32 @@ def test_stream_joins_to_default_reply(mock_servers: Any, dialect: str) -> None:
     assert events[-1] == "[DONE]"
     text = "".join(c["delta"].get("content") or "" for e in events if isinstance(e, dict) for c in e["choices"])
     assert text == f"Hello from the mock {dialect} upstream! 你好, 世界 🌍."
+
+
+CONTENT_DIRECTIVES = ["", "think", "think_close_only", "think_unclosed", "think,split_tags", "reasoning_field",
+                      "tool_calls", "tool_calls=2", "tool_calls_noindex", "rewrite", "split_utf8", "split_utf8_end",
+                      "chunks=0", "chunks=1", "n=2", "no_finish", "bad_json", "keepalive", "extra_fields",
+                      "insufficient_resource", "raw_timeout"]
+
+
+@pytest.mark.parametrize("dialect", [*DIALECTS, "mindie+full_text"])
+def test_every_directive_gives_a_well_formed_answer(mock_servers: Any, dialect: str) -> None:
+    name, _, mode = dialect.partition("+")
+    srv: MockServer = mock_servers(name, full_text=bool(mode))
+    for directive in CONTENT_DIRECTIVES:
+        text = f"x [mock:{directive}]" if directive else "x"
+        path, body = request_for(name, text, max_tokens=100)
+        if name == "mindie" and "n=2" in directive:
+            body["temperature"] = 0.5
+        if directive != "raw_timeout" or name not in ("mindie", "siliconstorm"):
+            resp = srv.post(path, body)
+            assert resp.status_code == 200, (directive, resp.text)
+            assert resp.json()["choices"], directive
+        body["stream"] = True
+        resp, events = srv.stream(path, body)
+        assert resp.status_code == 200, (directive, resp.text)
+        chunks = [e for e in events if isinstance(e, dict)]
+        assert chunks, directive
+        if directive not in ("raw_timeout",):
+            assert events[-1] == "[DONE]", directive
+    assert srv.stats()["in_flight"] == 0
