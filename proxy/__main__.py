@@ -191,7 +191,7 @@ def serve(settings: Settings) -> None:
         prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
                     loop="uvloop", http="httptools", access_log=False, log_level=s.log_level,
-                    timeout_graceful_shutdown=s.shutdown_grace)
+                    timeout_graceful_shutdown=s.shutdown_grace)  # type: ignore[arg-type]
         return
     from .server import ProxyServer
 

@@ -136,8 +136,8 @@ async def _model_list(state: AppState) -> list[dict[str, Any]]:
     # Upstreams that take any name (default route, no configured names): list what the upstream itself serves.
     for u in state.settings.upstreams:
         if "*" in u.models and not (set(u.models) - {"*"}) and not u.aliases:
-            for m in await _upstream_models(state, u):
-                seen.setdefault(m["id"], _model_obj(m["id"], u.name))
+            for listed in await _upstream_models(state, u):
+                seen.setdefault(listed["id"], _model_obj(listed["id"], u.name))
     return list(seen.values())
 
 

@@ -51,7 +51,7 @@ SSE_HEADERS = [
 class _Disconnect:
     """Watches `receive()` for http.disconnect and cancels the request's task when the client goes away."""
 
-    __slots__ = ("disconnected", "complete", "committed", "_task", "_watcher")
+    __slots__ = ("_task", "_watcher", "committed", "complete", "disconnected")
 
     def __init__(self, receive: Any) -> None:
         self.disconnected = False
@@ -175,19 +175,19 @@ class CompletionsEndpoint:
             elif watch is not None and _is_shutdown_cancel(cancelled):
                 # The shutdown grace period is over: end the request with an error the client can see.
                 _uncancel()
-                err = ProxyError("The proxy is shutting down; the request was cut at the end of the grace period.",
+                drain_err = ProxyError("The proxy is shutting down; the request was cut at the end of the grace period.",
                                  503, code="shutting_down")
-                info["error"] = err.code
+                info["error"] = drain_err.code
                 status = 503
                 if obs is not None and watch.committed:
                     obs.truncated("shutdown")
                 watch.complete = True
                 with contextlib.suppress(Exception):
                     if watch.committed:
-                        await send({"type": "http.response.body", "body": encode_data(err.body()),
+                        await send({"type": "http.response.body", "body": encode_data(drain_err.body()),
                                     "more_body": False})
                     else:
-                        await send_json(send, 503, err.body(), [rid_header])
+                        await send_json(send, 503, drain_err.body(), [rid_header])
             else:
                 raise
         finally:
@@ -310,6 +310,7 @@ class CompletionsEndpoint:
         dumps = orjson.dumps
         decode_chunk = dialect.decode_chunk
         feed = translator.feed
+        out: list[dict[str, Any]] = []  # translated but not yet sent: still sent when a later event fails
         try:
             async for data in iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline):
                 if data is None:
@@ -331,6 +332,7 @@ class CompletionsEndpoint:
                         obs.chunk(_carries_token(chunk))
                     await send({"type": "http.response.body", "body": b"".join(encode_data(dumps(c)) for c in out),
                                 "more_body": True})
+                    out = []
                 if saw_done:
                     break
             if not saw_done:
@@ -350,6 +352,7 @@ class CompletionsEndpoint:
                 if out:
                     await send({"type": "http.response.body", "body": b"".join(encode_data(dumps(c)) for c in out),
                                 "more_body": True})
+                    out = []
             tail = translator.finish(saw_done)
             self._observe_usage(obs, translator, ctx, info)
             info["finish_reason"] = translator.last_finish_reason
@@ -366,8 +369,11 @@ class CompletionsEndpoint:
             info["error"] = err.code
             info["truncated"] = reason
             watch.complete = True
-            await send({"type": "http.response.body", "body": encode_data(err.body()), "more_body": False})
-            return 500 if err.status < 500 else err.status
+            for chunk in out:
+                obs.chunk(_carries_token(chunk))
+            partial = b"".join(encode_data(dumps(c)) for c in out)  # what arrived before the failure
+            await send({"type": "http.response.body", "body": partial + encode_data(err.body()), "more_body": False})
+            return max(err.status, 500)
 
     @staticmethod
     def _event(event: Any, loads: Any, decode_chunk: Any, feed: Any, ctx: RequestContext,
