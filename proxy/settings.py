@@ -169,8 +169,7 @@ def normalize_url(key: str, url: str) -> str:
     if not (url.startswith("http://") or url.startswith("https://")):
         raise ConfigError(f"{key}: expected an http:// or https:// URL, got {url!r}")
     url = url.rstrip("/")
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
+    url = url.removesuffix("/v1")
     return url
 
 

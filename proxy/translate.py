@@ -56,9 +56,11 @@ _CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
 
 
 def starts_in_reasoning(ctx: RequestContext) -> bool:
-    if ctx.extras.get("enable_thinking") is False:
-        return False  # the client switched thinking off (the MindIE dialect records it): no open <think> block
-    return bool(THINKING_MODEL_RE.search(ctx.upstream_model)) or ctx.upstream_model in ctx.upstream.thinking_models
+    if THINKING_MODEL_RE.search(ctx.upstream_model):
+        return True  # R1-family templates always open <think>: they have no switch to turn thinking off
+    # A listed (often hybrid) model does not open the block when the client switched thinking off (the MindIE
+    # dialect records chat_template_kwargs.enable_thinking: false in ctx.extras).
+    return ctx.upstream_model in ctx.upstream.thinking_models and ctx.extras.get("enable_thinking") is not False
 
 
 class _Choice:
@@ -251,10 +253,10 @@ class ResponseTranslator:
             self.last_finish_reason = finish
         return out
 
-    def _break(self, st: _Choice, finish: str) -> None:
+    def _break(self, st: _Choice, finish: Any) -> None:
         st.finished = True  # later deltas of this choice are dropped; finish() raises the error
         if self._pending_error is None:
-            self._pending_error = finish_error(finish, stream=True)
+            self._pending_error = finish_error(str(finish), stream=True)
 
     def finish(self, saw_done: bool) -> list[ChatChunk]:
         """End of the upstream stream. Raises StreamTruncated if the answer is not complete."""

@@ -5,6 +5,7 @@ Each test names the feature it shows; without that feature the mock (or the asse
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -12,10 +13,66 @@ import openai
 import orjson
 import pytest
 
+from tests.conftest import Mock, ServerThread
+
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object",
                                                           "properties": {"city": {"type": "string"}}}}}]
 THINKING = {"thinking": {"type": "enabled"}}
+
+
+@pytest.fixture(scope="module")
+def _deepseek_mock() -> Iterator[Mock]:
+    from proxy.mock import create_app
+
+    srv = ServerThread(create_app("deepseek")).start()
+    try:
+        yield Mock(srv, "deepseek")
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def mock(_deepseek_mock: Mock) -> Mock:
+    """One mock DeepSeek for the module (it is stateless), its counters and last request reset for each test."""
+    _deepseek_mock.reset()
+    return _deepseek_mock
+
+
+class _OneClient:
+    """A started proxy whose `client()` is one openai client, closed after the test: a client per call costs an
+    SSL context (~50 ms) and leaves pooled sockets to the garbage collector (a ResourceWarning, an error here)."""
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+        self._client: openai.OpenAI | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._proxy, name)
+
+    def client(self) -> openai.OpenAI:
+        if self._client is None:
+            self._client = self._proxy.client()
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+@pytest.fixture(name="start_proxy")
+def one_client_start_proxy(start_proxy: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """conftest's `start_proxy`, with one openai client per proxy (imported by the other e2e modules of issue 4)."""
+    started: list[_OneClient] = []
+
+    def start(*args: Any, **kw: Any) -> _OneClient:
+        proxy = _OneClient(start_proxy(*args, **kw))
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.close()
 
 
 def collect(stream: Any) -> dict[str, Any]:
@@ -64,9 +121,8 @@ def sent(mock: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", ["reasoning_content", "reasoning", "think_tags"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_r1_client_round_tripping_its_reasoning_just_works(start_mock, start_proxy, mode, stream) -> None:
+def test_r1_client_round_tripping_its_reasoning_just_works(mock, start_proxy, mode, stream) -> None:
     """Replay policy: reasoning on an assistant turn without tool calls is stripped (R1 400s on it)."""
-    mock = start_mock("deepseek")
     proxy = start_proxy(mock=mock, client={"reasoning": mode})
     client = proxy.client()
     history: list[Any] = [{"role": "user", "content": "Hi"}]
@@ -94,10 +150,9 @@ def test_r1_client_round_tripping_its_reasoning_just_works(start_mock, start_pro
 
 @pytest.mark.parametrize("mode", ["reasoning_content", "reasoning", "think_tags", "none"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_thinking_mode_tool_turn_round_trip_keeps_reasoning(start_mock, start_proxy, mode, stream) -> None:
+def test_thinking_mode_tool_turn_round_trip_keeps_reasoning(mock, start_proxy, mode, stream) -> None:
     """Replay policy: on tool-call turns the reasoning is kept, as `reasoning_content` (thinking mode 400s
     without it), whatever form the client received it in."""
-    mock = start_mock("deepseek")
     proxy = start_proxy(mock=mock, client={"reasoning": mode})
     client = proxy.client()
     history: list[Any] = [{"role": "user", "content": "Weather in Paris? [mock:tool_calls]"}]
@@ -122,14 +177,13 @@ def test_thinking_mode_tool_turn_round_trip_keeps_reasoning(start_mock, start_pr
     assert "reasoning" not in replayed and replayed["tool_calls"][0]["id"] == call_id
 
 
-def test_reasoning_replay_strip_override_for_an_r1_tool_history(start_mock, start_proxy) -> None:
+def test_reasoning_replay_strip_override_for_an_r1_tool_history(mock, start_proxy) -> None:
     """`reasoning_replay: strip`: an R1-era deployment with tool-call turns in the history (auto keeps them)."""
     history = [{"role": "user", "content": "Weather?"},
                {"role": "assistant", "content": None, "reasoning_content": "call it",
                 "tool_calls": [{"id": "call_1", "type": "function",
                                 "function": {"name": "get_weather", "arguments": "{}"}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    mock = start_mock("deepseek")
     auto = start_proxy(mock=mock)
     with pytest.raises(openai.BadRequestError) as e:
         auto.client().chat.completions.create(model="deepseek-reasoner", messages=history)
@@ -142,8 +196,7 @@ def test_reasoning_replay_strip_override_for_an_r1_tool_history(start_mock, star
 # --------------------------------------------------------------------------------------------- R1 rules
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_r1_successive_same_role_messages_are_merged(start_mock, start_proxy, stream) -> None:
-    mock = start_mock("deepseek")
+def test_r1_successive_same_role_messages_are_merged(mock, start_proxy, stream) -> None:
     proxy = start_proxy(mock=mock)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Part one."},
                 {"role": "user", "content": "Part two."}]
@@ -156,8 +209,7 @@ def test_r1_successive_same_role_messages_are_merged(start_mock, start_proxy, st
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_r1_logprobs_get_a_clear_400_from_the_proxy(start_mock, start_proxy, stream) -> None:
-    mock = start_mock("deepseek")
+def test_r1_logprobs_get_a_clear_400_from_the_proxy(mock, start_proxy, stream) -> None:
     proxy = start_proxy(mock=mock)
     with pytest.raises(openai.BadRequestError) as e:
         proxy.client().chat.completions.create(model="deepseek-reasoner", messages=[{"role": "user", "content": "x"}],
@@ -168,8 +220,7 @@ def test_r1_logprobs_get_a_clear_400_from_the_proxy(start_mock, start_proxy, str
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_forced_tool_choice_turns_thinking_off(start_mock, start_proxy, stream) -> None:
-    mock = start_mock("deepseek")
+def test_forced_tool_choice_turns_thinking_off(mock, start_proxy, stream) -> None:
     proxy = start_proxy(mock=mock)
     got = proxy.client().chat.completions.create(
         model="deepseek-chat", messages=[{"role": "user", "content": "Weather? [mock:tool_calls]"}], tools=TOOLS,
@@ -181,8 +232,7 @@ def test_forced_tool_choice_turns_thinking_off(start_mock, start_proxy, stream) 
     assert sent(mock)["thinking"] == {"type": "disabled"}
 
 
-def test_reasoning_effort_switches_thinking_on(start_mock, start_proxy) -> None:
-    mock = start_mock("deepseek")
+def test_reasoning_effort_switches_thinking_on(mock, start_proxy) -> None:
     proxy = start_proxy(mock=mock)
     got = proxy.client().chat.completions.create(model="deepseek-chat", reasoning_effort="high",
                                                  messages=[{"role": "user", "content": "Hi"}])
@@ -193,10 +243,10 @@ def test_reasoning_effort_switches_thinking_on(start_mock, start_proxy) -> None:
 
 # -------------------------------------------------------------------------------------------------- usage
 
-def test_non_stream_usage_maps_cache_hits_and_keeps_reasoning_tokens(start_mock, start_proxy) -> None:
-    mock = start_mock("deepseek")
+@pytest.mark.parametrize("user", ["Hi", "Hi [mock:cache_fields_only]"])  # with/without prompt_tokens_details
+def test_non_stream_usage_maps_cache_hits_and_keeps_reasoning_tokens(mock, start_proxy, user) -> None:
     proxy = start_proxy(mock=mock)
-    messages = [{"role": "system", "content": "You are a helpful assistant. " * 40}, {"role": "user", "content": "Hi"}]
+    messages = [{"role": "system", "content": "You are a helpful assistant. " * 40}, {"role": "user", "content": user}]
     direct = httpx.post(mock.url + "/chat/completions", timeout=10,
                         json={"model": "deepseek-reasoner", "messages": messages}).json()["usage"]
     assert direct["prompt_cache_hit_tokens"] > 0
@@ -206,9 +256,8 @@ def test_non_stream_usage_maps_cache_hits_and_keeps_reasoning_tokens(start_mock,
     assert "prompt_cache_hit_tokens" not in (usage.model_extra or {})  # OpenAI clients get OpenAI fields
 
 
-def test_stream_usage_follows_include_usage_exactly(start_mock, start_proxy) -> None:
+def test_stream_usage_follows_include_usage_exactly(mock, start_proxy) -> None:
     """DeepSeek's usage rides on its finish chunk (non-empty choices): clients get OpenAI's placement."""
-    mock = start_mock("deepseek")
     proxy = start_proxy(mock=mock)
     messages = [{"role": "user", "content": "Hi " * 200}]
     got = collect(proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages, stream=True,
@@ -225,8 +274,7 @@ def test_stream_usage_follows_include_usage_exactly(start_mock, start_proxy) -> 
 
 # ------------------------------------------------------------------------------------------------ streams
 
-def test_keepalive_comments_and_the_reasoner_first_delta(start_mock, start_proxy) -> None:
-    mock = start_mock("deepseek")
+def test_keepalive_comments_and_the_reasoner_first_delta(mock, start_proxy) -> None:
     proxy = start_proxy(mock=mock)
     messages = [{"role": "user", "content": "Hi [mock:keepalive]"}]
     whole = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages)
@@ -250,8 +298,7 @@ def test_keepalive_comments_and_the_reasoner_first_delta(start_mock, start_proxy
 
 # ------------------------------------------------------------------------------------ honest finish reasons
 
-def test_insufficient_system_resource_is_a_retryable_503_not_a_stop(start_mock, start_proxy) -> None:
-    mock = start_mock("deepseek")
+def test_insufficient_system_resource_is_a_retryable_503_not_a_stop(mock, start_proxy) -> None:
     proxy = start_proxy(mock=mock)
     messages = [{"role": "user", "content": "Hi [mock:insufficient_resource]"}]
     with pytest.raises(openai.InternalServerError) as e:
@@ -278,8 +325,7 @@ def test_insufficient_system_resource_is_a_retryable_503_not_a_stop(start_mock, 
 # ------------------------------------------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_402_stays_402_and_429_keeps_retry_after(start_mock, start_proxy, stream) -> None:
-    mock = start_mock("deepseek")
+def test_402_stays_402_and_429_keeps_retry_after(mock, start_proxy, stream) -> None:
     proxy = start_proxy(mock=mock)
     with pytest.raises(openai.APIStatusError) as e:
         proxy.client().chat.completions.create(model="deepseek-chat", stream=stream,
@@ -295,8 +341,7 @@ def test_402_stays_402_and_429_keeps_retry_after(start_mock, start_proxy, stream
 
 # -------------------------------------------------------------------------------------- request parameters
 
-def test_request_parameters_per_the_spec(start_mock, start_proxy) -> None:
-    mock = start_mock("deepseek")
+def test_request_parameters_per_the_spec(mock, start_proxy) -> None:
     proxy = start_proxy(mock=mock)
     client = proxy.client()
     msg = [{"role": "user", "content": "Hi"}]
@@ -308,6 +353,10 @@ def test_request_parameters_per_the_spec(start_mock, start_proxy) -> None:
     assert client.chat.completions.create(model="deepseek-chat", messages=msg,
                                           response_format={"type": "json_object"}).choices
     assert sent(mock)["response_format"] == {"type": "json_object"}
+    # `developer` (newer OpenAI SDK apps) is DeepSeek's `system` (the upstream refuses the role).
+    assert client.chat.completions.create(model="deepseek-chat", messages=[
+        {"role": "developer", "content": "Be brief."}, *msg]).choices
+    assert sent(mock)["messages"][0] == {"role": "system", "content": "Be brief."}
     mock.reset()
     refused: list[tuple[dict[str, Any], str]] = [
         ({"max_tokens": 0}, "max_tokens"),
@@ -327,8 +376,7 @@ def test_request_parameters_per_the_spec(start_mock, start_proxy) -> None:
 # ------------------------------------------------------------------------------------ DeepSeek-dialect clients
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_prefix_continuation_goes_to_the_beta_route(start_mock, start_proxy, stream) -> None:
-    mock = start_mock("deepseek")
+def test_prefix_continuation_goes_to_the_beta_route(mock, start_proxy, stream) -> None:
     proxy = start_proxy(mock=mock)
     messages = [{"role": "user", "content": "Write a poem"},
                 {"role": "assistant", "content": "Roses are", "reasoning_content": "a short poem", "prefix": True}]
@@ -342,8 +390,7 @@ def test_prefix_continuation_goes_to_the_beta_route(start_mock, start_proxy, str
     assert last["body"]["messages"][-1] == messages[-1]
 
 
-def test_usage_fields_deepseek_adds_cache_counts(start_mock, start_proxy) -> None:
-    mock = start_mock("deepseek")
+def test_usage_fields_deepseek_adds_cache_counts(mock, start_proxy) -> None:
     proxy = start_proxy(mock=mock, client={"usage_fields": "deepseek"})
     messages = [{"role": "system", "content": "Context. " * 100}, {"role": "user", "content": "Hi"}]
     usage = proxy.client().chat.completions.create(model="deepseek-chat", messages=messages).usage

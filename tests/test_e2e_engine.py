@@ -5,20 +5,34 @@ The mock follows specs/engine-frontend-api.md strictly: it refuses `model`, `use
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.test_e2e_deepseek import TOOLS, collect
+from tests.conftest import Mock, ServerThread
+from tests.test_e2e_deepseek import TOOLS, collect, one_client_start_proxy  # noqa: F401  (fixture)
 
 MSG = [{"role": "user", "content": "Hi"}]
 
 
+@pytest.fixture(scope="module")
+def _engine_mock() -> Iterator[Mock]:
+    from proxy.mock import create_app
+
+    srv = ServerThread(create_app("engine")).start()
+    try:
+        yield Mock(srv, "engine")
+    finally:
+        srv.stop()
+
+
 @pytest.fixture
-def engine(start_mock, start_proxy):
-    mock = start_mock("engine")
+def engine(_engine_mock: Mock, start_proxy):
+    mock = _engine_mock
+    mock.reset()
     proxy = start_proxy([{"name": "npu-engine", "dialect": "engine", "url": mock.url, "models": ["my-engine"]}])
     return mock, proxy
 

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.mock.textgen import DEFAULT_REPLY, REASONING
 from tests.conftest import Mock, ServerThread
-from tests.test_e2e_deepseek import collect
+from tests.test_e2e_deepseek import collect, one_client_start_proxy  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")

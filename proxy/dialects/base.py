@@ -140,6 +140,15 @@ class Dialect:
         return self.path(CHAT) is not None
 
 
+def join_text_parts(content: Any) -> Any:
+    """OpenAI content parts that are all text -> one string (joined with newlines, as chat templates do); any other
+    content is returned unchanged. For upstreams whose messages take string content only."""
+    if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return "\n".join(p["text"] for p in content)
+    return content
+
+
 def _refuse_prefix(body: ChatRequest, ctx: RequestContext) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list):

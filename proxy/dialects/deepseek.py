@@ -8,6 +8,8 @@ What differs from OpenAI, and where it is handled:
   `reasoning_content`). `reasoning_replay: strip | keep` overrides per upstream. Reasoning a `think_tags` client
   round-trips inside `content` (`<think>…</think>answer`) is taken out of the content first, so it is replayed
   (or stripped) like a field;
+- messages: `developer` becomes `system` and text-only content parts one string (DeepSeek's four roles take
+  string content);
 - R1-era models (`deepseek-reasoner`, any upstream name matching the R1 pattern): successive same-role messages are
   merged, `logprobs` / `top_logprobs` are refused by us with a clear 400;
 - thinking: `reasoning_effort` becomes `thinking: {"type": "enabled" | "disabled"}` unless the client sent
@@ -27,12 +29,12 @@ from typing import Any
 from ..canonical import CHAT, ChatRequest, RequestContext
 from ..errors import ClientRequestError
 from ..translate import THINKING_MODEL_RE
-from .base import Dialect
+from .base import Dialect, join_text_parts
 
 RESPONSE_FORMATS = ("text", "json_object")
 # OpenAI `reasoning_effort` -> DeepSeek `thinking.type` (DeepSeek has an on/off switch, no effort levels).
 THINKING_BY_EFFORT = {"none": "disabled", "minimal": "disabled", "low": "enabled", "medium": "enabled",
-                      "high": "enabled"}
+                      "high": "enabled", "xhigh": "enabled"}
 BETA = "/beta"
 
 
@@ -60,7 +62,7 @@ class DeepSeekDialect(Dialect):
             _refuse_logprobs(out, ctx.upstream_model)
         _map_thinking(out, r1)
         thinking = _thinking_enabled(out)
-        messages = [_split_inline_reasoning(m) for m in out["messages"]]
+        messages = [_split_inline_reasoning(_plain(m)) for m in out["messages"]]
         messages = [_replay(m, ctx.upstream.reasoning_replay, i == len(messages) - 1, thinking)
                     for i, m in enumerate(messages)]
         if r1:
@@ -133,6 +135,22 @@ def _thinking_enabled(out: dict[str, Any]) -> bool:
 def _has_prefix(body: dict[str, Any]) -> bool:
     messages = body.get("messages")
     return isinstance(messages, list) and any(isinstance(m, dict) and m.get("prefix") is True for m in messages)
+
+
+def _plain(message: Any) -> Any:
+    """DeepSeek knows four roles and string content: `developer` -> `system`, text-only content parts -> a string."""
+    if not isinstance(message, dict):
+        return message
+    role = message.get("role")
+    content = message.get("content")
+    joined = join_text_parts(content)
+    if role != "developer" and joined is content:
+        return message
+    out = dict(message)
+    if role == "developer":
+        out["role"] = "system"
+    out["content"] = joined
+    return out
 
 
 def _split_inline_reasoning(message: Any) -> Any:

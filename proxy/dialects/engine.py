@@ -3,9 +3,11 @@
 - Routes `POST /chat` and `POST /completion`, no `/v1` prefix, no model listing (mappings/engine.yaml).
 - Requests: `model` is never sent ("[won't support]"); `response_format`, `user` and `seed` are dropped, and so are
   the message `name` fields the document marks "[won't support]" and the reasoning a client round-trips on assistant
-  messages (the document's assistant message has no such field). `temperature` keeps its name (the document's `ww`
-  is a typo). `do_sample` is false when the client sets `temperature: 0` and true otherwise, including when no
-  temperature is given (OpenAI's default of 1 samples); a `do_sample` the client sets itself is kept.
+  messages (the document's assistant message has no such field). `developer` messages become `system`, and
+  text-only content parts one string except in user messages (the only ones whose content may be an array).
+  `temperature` keeps its name (the document's `ww` is a typo). `do_sample` is false when the client sets
+  `temperature: 0` and true otherwise, including when no temperature is given (OpenAI's default of 1 samples); a
+  `do_sample` the client sets itself is kept.
   `stream_options` is sent only with `stream: true` (the document: "Only set this when you set stream: true").
 - Responses are filled to the OpenAI shape by the translator (our id, `object`, `created`, the client's model name);
   the document lists `role` and `logprobs` at the top level of the chat completion object, so those are moved into
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..canonical import CHAT, ChatChunk, ChatCompletion, ChatRequest, RequestContext
-from .base import Dialect
+from .base import Dialect, join_text_parts
 
 _MESSAGE_DROP = ("name", "reasoning_content", "reasoning")
 
@@ -51,9 +53,15 @@ class EngineDialect(Dialect):
 
 
 def _clean_message(message: Any) -> Any:
-    if isinstance(message, dict) and any(k in message for k in _MESSAGE_DROP):
-        return {k: v for k, v in message.items() if k not in _MESSAGE_DROP}
-    return message
+    """The document's four message shapes: `developer` -> `system`; only user content may be an array."""
+    if not isinstance(message, dict):
+        return message
+    out = {k: v for k, v in message.items() if k not in _MESSAGE_DROP}
+    if out.get("role") == "developer":
+        out["role"] = "system"
+    if out.get("role") != "user" and "content" in out:
+        out["content"] = join_text_parts(out["content"])
+    return out
 
 
 def _hoist_into_choice(obj: dict[str, Any], part: str) -> None:

@@ -173,13 +173,9 @@ def _content_part(part: Any) -> Any:
 def _completion_prompt(body: dict[str, Any]) -> None:
     """MindIE's /v1/completions takes one prompt: a string or a list of token ids."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        if len(prompt) > 1:
-            raise ClientRequestError(
-                f"`prompt`: MindIE completes one prompt per request; got a batch of {len(prompt)} prompts.",
-                param="prompt")
-        body["prompt"] = prompt[0]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+    # A batch: strings, or lists of token ids. One of them is the prompt itself.
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt) or
+                                                all(isinstance(p, list) for p in prompt)):
         if len(prompt) > 1:
             raise ClientRequestError(
                 f"`prompt`: MindIE completes one prompt per request; got a batch of {len(prompt)} prompts.",
@@ -200,7 +196,7 @@ def _enable_thinking(body: dict[str, Any]) -> bool | None:
     if thinking is not None:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
         if kind in ("enabled", "disabled"):
-            return kind == "enabled"
+            return bool(kind == "enabled")
         raise ClientRequestError(
             f'`thinking` must be {{"type": "enabled"}} or {{"type": "disabled"}}, got {thinking!r}.', param="thinking")
     flag = body.get("enable_thinking")

@@ -28,7 +28,7 @@ CODE_TEXT = {
 
 
 # The document's own example is not JSON (`"message": 'Insufficient balance'`); such a body is read leniently.
-_LENIENT = re.compile(r"""^\s*\{\s*"code"\s*:\s*(\d+)\s*,.*?"message"\s*:\s*(?:"([^"]*)"|'([^']*)')""", re.S)
+_LENIENT = re.compile(r"""^\s*\{\s*"code"\s*:\s*(\d+)\s*,.*?"message"\s*:\s*(?:"([^"]*)"|'([^']*)')""", re.DOTALL)
 
 
 def _lenient(raw: bytes) -> dict[str, Any] | None:

@@ -12,11 +12,13 @@ Empty snapshots carry no information (MindIE's finishing chunk may have an empty
 
 Rewrites. A snapshot that contradicts the upstream's own previous snapshot (it does not start with it) is a
 rewrite; each one is counted in `rewrites` for the metrics layer. The client already holds what we emitted and SSE
-cannot take it back, so the policy is: **emitted text is final, and the client's text is kept as long as the
-upstream's, never longer**. After a rewrite nothing is sent until the upstream text grows past the length the client
-already has; then only the part beyond that length is sent. This never re-sends the common prefix (no duplication),
-never grows the client's text past the upstream's, and for the usual same-length correction (a character re-decoded)
-leaves exactly the corrected span differing. Any disagreement that remains is visible at `flush()` as `mismatch`.
+cannot take it back, so the policy is: **emitted text is final, and no character is ever sent twice**. After a
+rewrite we look for where the client's text ends in the new snapshot — the part of the client's text that diverged
+from the new snapshot, searched for in it — and continue from there: "Hello wor" then "Hello, world" sends "ld"
+(the client reads "Hello world", missing the inserted comma, rather than "Hello worrld"). When that part cannot be
+found (a same-length correction such as "The cat" -> "The bat"), we continue from the same length, so the client's
+text never outgrows the upstream's and only the corrected span differs. A retraction (a shorter snapshot) sends
+nothing. Any disagreement that remains is visible at `flush()` as `mismatch`.
 
 `flush(final)` treats MindIE's `full_text` as the last, authoritative snapshot (nothing held back), returns whatever
 the client is still missing, and sets `mismatch` when the client's text does not equal `final`.
@@ -32,12 +34,12 @@ _FFFD = "\ufffd"
 class CumulativeText:
     """One choice's cumulative text. `feed(snapshot) -> delta`, `flush(final=None) -> delta`."""
 
-    __slots__ = ("_parts", "_raw", "_sent", "_upstream", "mismatch", "rewrites")
+    __slots__ = ("_consumed", "_parts", "_raw", "_upstream", "mismatch", "rewrites")
 
     def __init__(self) -> None:
         self._upstream = ""  # the last snapshot without its trailing U+FFFD run
         self._raw = ""  # the last non-empty snapshot as received
-        self._sent = 0  # length of the text the client holds
+        self._consumed = ""  # the upstream text that the client's text corresponds to
         self._parts: list[str] = []  # what the client holds, in pieces (joined only at flush)
         self.rewrites = 0
         self.mismatch = False
@@ -64,10 +66,26 @@ class CumulativeText:
         if count and not text.startswith(self._upstream):
             self.rewrites += 1
         self._upstream = text
-        sent = self._sent
-        if len(text) <= sent:
+        consumed = self._consumed
+        if not text.startswith(consumed):
+            consumed = _align(consumed, text)
+        if len(text) <= len(consumed):
             return ""
-        delta = text[sent:] if sent else text
-        self._sent = len(text)
+        delta = text[len(consumed):] if consumed else text
+        self._consumed = text
         self._parts.append(delta)
         return delta
+
+
+def _align(consumed: str, text: str) -> str:
+    """Where the client's text (which corresponds to `consumed`) ends in a rewritten snapshot `text`: the prefix of
+    `text` that the client already holds, in the sense that sending what follows it never repeats a character."""
+    p = 0
+    limit = min(len(consumed), len(text))
+    while p < limit and consumed[p] == text[p]:
+        p += 1
+    diverged = consumed[p:]
+    at = text.find(diverged, p) if diverged else -1
+    if at >= 0:
+        return text[:at + len(diverged)]
+    return consumed  # not found: continue from the same length (only the corrected span differs)

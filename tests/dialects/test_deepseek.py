@@ -142,17 +142,26 @@ def test_prefix_continuation_keeps_its_reasoning_and_goes_to_beta() -> None:
 def test_r1_merges_successive_same_role_messages() -> None:
     msgs = [{"role": "system", "content": "s1"}, {"role": "system", "content": "s2"},
             {"role": "user", "content": "u1"}, {"role": "user", "content": [{"type": "text", "text": "u2"}]},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]},
             {"role": "assistant", "content": "a1", "reasoning_content": "r"}, {"role": "assistant", "content": "a2"},
             {"role": "user", "content": "u3"}]
     out = build({"model": "deepseek-reasoner", "messages": msgs})
     assert out["messages"] == [
         {"role": "system", "content": "s1\n\ns2"},
-        {"role": "user", "content": [{"type": "text", "text": "u1"}, {"type": "text", "text": "u2"}]},
+        {"role": "user", "content": [{"type": "text", "text": "u1\n\nu2"},
+                                     {"type": "image_url", "image_url": {"url": "data:,"}}]},
         {"role": "assistant", "content": "a1\n\na2"},
         {"role": "user", "content": "u3"},
     ]
     # Non-R1 models keep the client's messages as they are.
     assert len(build({"model": "deepseek-chat", "messages": msgs})["messages"]) == len(msgs)
+
+
+def test_developer_role_and_text_parts_become_deepseek_messages() -> None:
+    msgs = [{"role": "developer", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief"}]},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    out = build({"model": "deepseek-chat", "messages": msgs})
+    assert out["messages"] == [{"role": "system", "content": "Be\nbrief"}, {"role": "user", "content": "hi"}]
 
 
 def test_merge_keeps_tool_messages_apart_and_joins_tool_calls() -> None:

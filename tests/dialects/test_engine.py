@@ -86,6 +86,15 @@ def test_messages_lose_unsupported_name_and_round_tripped_reasoning() -> None:
                                {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]
 
 
+def test_developer_role_and_string_content_where_the_document_wants_it() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    msgs = [{"role": "developer", "content": parts}, {"role": "user", "content": parts},
+            {"role": "assistant", "content": parts}, {"role": "user", "content": "q"}]
+    out = build({"model": "m", "messages": msgs})
+    assert out["messages"] == [{"role": "system", "content": "a\nb"}, {"role": "user", "content": parts},
+                               {"role": "assistant", "content": "a\nb"}, {"role": "user", "content": "q"}]
+
+
 def test_limits_from_the_document() -> None:
     tool = {"type": "function", "function": {"name": "f"}}
     for extra, param in (({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"tools": [tool] * 129}, "tools"),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,8 @@ def build(body: dict[str, Any], c: RequestContext | None = None, dialect: MindIE
     return out
 
 
-def refused(body: dict[str, Any], dialect: MindIEDialect = MINDIE, c: RequestContext | None = None) -> ClientRequestError:
+def refused(body: dict[str, Any], dialect: MindIEDialect = MINDIE,
+            c: RequestContext | None = None) -> ClientRequestError:
     with pytest.raises(ClientRequestError) as e:
         build(body, c, dialect)
     assert e.value.status == 400 and e.value.type == "invalid_request_error"
@@ -190,6 +192,22 @@ def test_explicit_chat_template_kwargs_win_and_disabled_thinking_is_recorded() -
     assert out["chat_template_kwargs"] == {"enable_thinking": False}
     assert c.extras["enable_thinking"] is False  # the translator then does not start inside <think>
     assert "chat_template_kwargs" not in build({})
+
+
+@pytest.mark.parametrize(("model", "listed", "effort", "reasoning"), [
+    ("DeepSeek-R1", False, None, "Thinking."),
+    ("DeepSeek-R1", False, "none", "Thinking."),  # R1 templates always open <think>: no switch to honour
+    ("hybrid-v3", True, None, "Thinking."),
+    ("hybrid-v3", True, "none", ""),  # switched off: no block, the text (tag and all) is the answer
+    ("qwen", False, None, ""),
+])
+def test_starting_inside_the_thinking_block(model: str, listed: bool, effort: str | None, reasoning: str) -> None:
+    c = ctx(model, stream=True, thinking_models=(model,) if listed else ())
+    build({"model": model, **({"reasoning_effort": effort} if effort else {})}, c)
+    out, _ = relay([sse(chunk("Thinking.</think>\n\nHi", "stop"))], c)
+    v = visible(out)["choices"][0]
+    assert v["reasoning"] == reasoning
+    assert v["content"] == ("Hi" if reasoning else "Thinking.</think>\n\nHi")
 
 
 @pytest.mark.parametrize(("extra", "param"), [
@@ -615,7 +633,7 @@ def mindie_transcript(reasoning: str, content: str, cuts: list[int], *, full_tex
 
 def _pieces(text: str, cuts: list[int]) -> list[str]:
     bounds = sorted({0, *[min(c, len(text)) for c in cuts], len(text)})
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def client_view(raw: bytes, cuts: list[int], c: RequestContext) -> dict[str, Any]:
