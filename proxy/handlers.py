@@ -113,6 +113,12 @@ def error_headers(err: ProxyError) -> list[tuple[bytes, bytes]]:
     return [(k.lower().encode(), v.encode("latin-1")) for k, v in err.response_headers().items()]
 
 
+def _substantive(chunk: dict[str, Any]) -> bool:
+    """A chunk worth committing the 200 for: it carries a token, a finish_reason, or the usage."""
+    choices = chunk["choices"]
+    return not choices or _carries_token(chunk) or any(c.get("finish_reason") for c in choices)
+
+
 def _carries_token(chunk: dict[str, Any]) -> bool:
     for choice in chunk["choices"]:
         delta = choice.get("delta")
@@ -175,8 +181,9 @@ class CompletionsEndpoint:
             elif watch is not None and _is_shutdown_cancel(cancelled):
                 # The shutdown grace period is over: end the request with an error the client can see.
                 _uncancel()
-                drain_err = ProxyError("The proxy is shutting down; the request was cut at the end of the grace period.",
-                                 503, code="shutting_down")
+                drain_err = ProxyError(
+                    "The proxy is shutting down; the request was cut at the end of the grace period.", 503,
+                    code="shutting_down")
                 info["error"] = drain_err.code
                 status = 503
                 if obs is not None and watch.committed:
@@ -301,95 +308,95 @@ class CompletionsEndpoint:
     async def _relay(self, resp: Any, ctx: RequestContext, dialect: Any, translator: ResponseTranslator, send: Any,
                      watch: _Disconnect, obs: RequestObserver, rid_header: tuple[bytes, bytes],
                      info: dict[str, Any], deadline: float) -> int:
+        """Upstream event stream -> client event stream.
+
+        The 200 head is sent lazily: with the first client chunk, or when the first keep-alive is due. So an error
+        that arrives as the stream's first event (a Siliconstorm `{"code": 701}` in an SSE line, MindIE's raw
+        `Engine callback timeout` before any token) still reaches the client as an HTTP error status; only a failure
+        after the head becomes an SSE error event (and the stream ends without [DONE]).
+        """
         server = self.state.settings.server
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + [rid_header]})
-        watch.committed = True
         decoder = SSEDecoder()
-        saw_done = False
-        loads = orjson.loads
         dumps = orjson.dumps
-        decode_chunk = dialect.decode_chunk
-        feed = translator.feed
         out: list[dict[str, Any]] = []  # translated but not yet sent: still sent when a later event fails
+        saw_done = False
+
+        async def commit() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + [rid_header]})
+            watch.committed = True
+
+        def take(events: list[Any]) -> bool:
+            """Translate events into `out`; True once [DONE] is seen."""
+            for event in events:
+                if event.garbage is not None:
+                    raise StreamTruncated(
+                        "The upstream sent data that is not an event stream: " + _preview(event.garbage),
+                        reason="invalid_data",
+                    )
+                if event.data == "[DONE]":
+                    return True
+                out.extend(self._event(event, ctx, dialect, translator))
+            return False
+
+        async def flush_out(final: bytes = b"", more: bool = True) -> None:
+            body = b"".join(encode_data(dumps(c)) for c in out) + final
+            for chunk in out:
+                obs.chunk(_carries_token(chunk))
+            out.clear()
+            if not watch.committed:
+                await commit()
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+
         try:
             async for data in iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline):
                 if data is None:
+                    if out or not watch.committed:
+                        await flush_out()
                     await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
                     continue
-                out = []
-                for event in decoder.feed(data):
-                    if event.garbage is not None:
-                        raise StreamTruncated(
-                            "The upstream sent data that is not an event stream: " + _preview(event.garbage),
-                            reason="invalid_data",
-                        )
-                    if event.data == "[DONE]":
-                        saw_done = True
-                        break
-                    out.extend(self._event(event, loads, decode_chunk, feed, ctx, dialect))
-                if out:
-                    for chunk in out:
-                        obs.chunk(_carries_token(chunk))
-                    await send({"type": "http.response.body", "body": b"".join(encode_data(dumps(c)) for c in out),
-                                "more_body": True})
-                    out = []
+                saw_done = take(decoder.feed(data))
+                # Until the head is sent, role-only chunks wait for the first token (or finish), so that a failure
+                # before any generated text is still an HTTP error.
+                if out and (watch.committed or saw_done or any(map(_substantive, out))):
+                    await flush_out()
                 if saw_done:
                     break
             if not saw_done:
-                out = []
-                for event in decoder.flush():
-                    if event.garbage is not None:
-                        raise StreamTruncated(
-                            "The upstream sent data that is not an event stream: " + _preview(event.garbage),
-                            reason="invalid_data",
-                        )
-                    if event.data == "[DONE]":
-                        saw_done = True
-                        break
-                    out.extend(self._event(event, loads, decode_chunk, feed, ctx, dialect))
-                for chunk in out:
-                    obs.chunk(_carries_token(chunk))
-                if out:
-                    await send({"type": "http.response.body", "body": b"".join(encode_data(dumps(c)) for c in out),
-                                "more_body": True})
-                    out = []
-            tail = translator.finish(saw_done)
+                saw_done = take(decoder.flush())
+            out.extend(translator.finish(saw_done))
             self._observe_usage(obs, translator, ctx, info)
             info["finish_reason"] = translator.last_finish_reason
             watch.complete = True
-            await send({"type": "http.response.body",
-                        "body": b"".join(encode_data(dumps(c)) for c in tail) + DONE, "more_body": False})
+            await flush_out(DONE, more=False)
             return 200
         except ProxyError as err:
             reason = err.reason if isinstance(err, StreamTruncated) else "upstream_error"
+            self._observe_usage(obs, translator, ctx, info)
+            if not watch.committed and not any(map(_substantive, out)):
+                raise  # nothing generated reached the client yet: it gets the HTTP status and envelope
             obs.truncated(reason)
             if err.upstream_code:
                 obs.upstream_error(dialect.name, err.upstream_code)
-            self._observe_usage(obs, translator, ctx, info)
             info["error"] = err.code
             info["truncated"] = reason
             watch.complete = True
-            for chunk in out:
-                obs.chunk(_carries_token(chunk))
-            partial = b"".join(encode_data(dumps(c)) for c in out)  # what arrived before the failure
-            await send({"type": "http.response.body", "body": partial + encode_data(err.body()), "more_body": False})
+            await flush_out(encode_data(err.body()), more=False)  # what arrived before the failure, then the error
             return max(err.status, 500)
 
     @staticmethod
-    def _event(event: Any, loads: Any, decode_chunk: Any, feed: Any, ctx: RequestContext,
-               dialect: Any) -> list[dict[str, Any]]:
+    def _event(event: Any, ctx: RequestContext, dialect: Any, translator: ResponseTranslator) -> list[dict[str, Any]]:
         try:
-            parsed = loads(event.data)
+            parsed = orjson.loads(event.data)
         except orjson.JSONDecodeError:
             raise StreamTruncated(
                 "The upstream sent an event that is not valid JSON: " + _preview(event.data), reason="invalid_data"
             ) from None
         if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
             parsed = {"error": parsed}
-        chunk = decode_chunk(parsed, ctx)
+        chunk = dialect.decode_chunk(parsed, ctx)
         if chunk is None:
             return []
-        result: list[dict[str, Any]] = feed(chunk)
+        result: list[dict[str, Any]] = translator.feed(chunk)
         return result
 
     @staticmethod

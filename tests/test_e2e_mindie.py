@@ -474,3 +474,12 @@ def test_broken_stream_is_never_a_clean_end_on_the_wire(stack: Stack) -> None:
     raw = raw_stream(proxy, {"model": "qwen", "messages": say("hi [mock:raw_timeout]")})
     last = raw.strip().splitlines()[-1]
     assert "[DONE]" not in raw and json.loads(last[len("data: "):])["error"]["type"] == "upstream_error"
+
+
+def test_raw_failure_before_any_token_is_an_http_error_not_a_200_stream(stack: Stack) -> None:
+    # MindIE's raw `Engine callback timeout` as the very first bytes of the event stream.
+    _, proxy = stack(full_text=True)
+    r = httpx.post(proxy.base_url + "/chat/completions", timeout=30, json={
+        "model": "qwen", "stream": True, "messages": [{"role": "user", "content": "[mock:raw_timeout=0]"}]})
+    assert r.status_code == 502 and r.headers["content-type"].startswith("application/json")
+    assert "Engine callback timeout" in r.json()["error"]["message"]

@@ -152,3 +152,18 @@ def test_mindie_shaped_errors_from_the_engine_behind(env: tuple[Mock, Proxy, Pro
     got = proxy.client().chat.completions.create(model="m", messages=say("hi"), top_p=0,
                                                  extra_body={"top_k": 0})
     assert got.choices[0].message.content
+
+
+@pytest.mark.parametrize(("code", "exc", "status", "type_", "err_code", "message"), CODES)
+def test_error_code_as_the_first_stream_event_is_an_http_error(
+        env: tuple[Mock, Proxy, Proxy], code: int, exc: type[Exception], status: int, type_: str, err_code: str,
+        message: str) -> None:
+    # A 200 event stream whose first event is {"code": N, ...}: nothing has reached the client yet, so it gets the
+    # HTTP status and envelope, not a 200 stream that then fails.
+    _, proxy, _ = env
+    with pytest.raises(exc) as e:
+        proxy.client().chat.completions.create(
+            model="DeepSeek-R1", messages=say(f"[mock:code_in_stream={code}]"), stream=True)
+    assert isinstance(e.value, openai.APIStatusError)
+    assert e.value.status_code == status and e.value.body["code"] == err_code
+    assert e.value.body["message"].startswith(message)

@@ -127,7 +127,7 @@ class Dialect:
             return
         for ch in choices:
             fr = ch.get("finish_reason")
-            if fr in fmap:
+            if isinstance(fr, str) and fr in fmap:
                 ch["finish_reason"] = fmap[fr]
 
     def decode_models(self, data: Any) -> list[dict[str, Any]]:

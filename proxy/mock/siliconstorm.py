@@ -18,7 +18,7 @@ from __future__ import annotations
 from starlette.routing import Route
 
 from . import mindie
-from .asgi import JSON_HEADERS, Plan, Stats, json_plan
+from .asgi import JSON_HEADERS, SSE_HEADERS, Plan, Stats, json_plan, sse, stream_plan
 from .common import Call, MockConfig
 
 CODES = {
@@ -36,8 +36,14 @@ def code_error(code: int, status: int = 200) -> Plan:
 
 
 def _pre(call: Call) -> Plan | None:
-    """`[mock:code=701]` (optionally with `[mock:status=402]`): a Siliconstorm error body."""
+    """`[mock:code=701]` (optionally with `[mock:status=402]`): a Siliconstorm error body.
+    `[mock:code_in_stream=701]`: the same body as the first event of a 200 event stream (as some gateways in front of
+    the service send it), then the stream ends."""
     sc = call.scenario
+    in_stream = sc.num("code_in_stream", None, lo=0, hi=1_000_000)
+    if in_stream is not None:
+        event = sse({"code": in_stream, "result": None, "message": CODES.get(in_stream, "Unknown error")})
+        return stream_plan([event], [], [], headers=SSE_HEADERS)
     code = sc.num("code", None, lo=0, hi=1_000_000)
     if code is None:
         return None
