@@ -175,7 +175,7 @@ def _uvicorn_config(app: Any, host: str, port: int, level: str, **kw: Any) -> An
     import uvicorn
 
     return uvicorn.Config(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False,
-                          log_level=level, lifespan="on", **kw)
+                          log_level=level, lifespan="on", proxy_headers=False, **kw)
 
 
 def serve(settings: Settings) -> None:
@@ -190,7 +190,7 @@ def serve(settings: Settings) -> None:
 
         prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
-                    loop="uvloop", http="httptools", access_log=False, log_level=s.log_level,
+                    loop="uvloop", http="httptools", access_log=False, log_level=s.log_level, proxy_headers=False,
                     timeout_graceful_shutdown=s.shutdown_grace)  # type: ignore[arg-type]
         return
     from .server import ProxyServer

@@ -52,7 +52,7 @@ def _error_response(err: ProxyError) -> Response:
     return Response(err.body(), err.status, headers=err.response_headers(), media_type="application/json")
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> ProxyApp:
     state = AppState(settings)
 
     @contextlib.asynccontextmanager
@@ -118,7 +118,26 @@ def create_app(settings: Settings) -> Starlette:
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
     app.state.proxy = state
-    return app
+    return ProxyApp(app, {route.path: route.endpoint for route in routes[:2]})
+
+
+class ProxyApp:
+    """The ASGI app: the two inference endpoints are called directly (they handle their own errors, disconnects
+    and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
+    `send` in two more coroutines, off the per-chunk path."""
+
+    def __init__(self, app: Starlette, fast: dict[str, Any]) -> None:
+        self.app = app
+        self.state = app.state
+        self._fast = fast
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self._fast.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:

@@ -173,6 +173,17 @@ class CompletionsEndpoint:
                 if watch is not None:
                     watch.complete = True
                 await send_json(send, err.status, err.body(), error_headers(err) + [rid_header])
+            except Exception:  # a bug of ours: the client still gets an OpenAI error, never a stack trace
+                log.exception("unexpected error in %s (request %s)", self.route, request_id)
+                status = 500
+                info["error"] = "internal_error"
+                bug = ProxyError("Internal error in the proxy.", 500, type="server_error", code="internal_error")
+                if watch is None or not watch.complete:
+                    if watch is not None and watch.committed:
+                        await send({"type": "http.response.body", "body": encode_data(bug.body()),
+                                    "more_body": False})
+                    else:
+                        await send_json(send, 500, bug.body(), [rid_header])
         except asyncio.CancelledError as cancelled:
             if watch is not None and watch.disconnected:
                 _uncancel()

@@ -164,6 +164,7 @@ class Metrics:
     """All metric objects of one app, on a private registry."""
 
     def __init__(self, configured_models: Iterable[str] | None, multiprocess: bool = False) -> None:
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.multiprocess = multiprocess
         if multiprocess:
             path = os.environ.get(MULTIPROC_ENV)
@@ -272,6 +273,15 @@ class Metrics:
 
     # -- labels -------------------------------------------------------------------------------------------------
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: label values are bounded, so is this cache, and a dict lookup is several
+        times cheaper than prometheus_client's `labels()` (which validates and locks on every call)."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def model_label(self, name: str) -> str:
         """The ``model`` label for a name: configured names pass, anything else is ``other``."""
         return self._model(name)
@@ -305,7 +315,7 @@ class Metrics:
         return RequestObserver(self, route, upstream, model, stream, started_at)
 
     def upstream_up(self, upstream: str, up: bool) -> None:
-        self.upstream_up_gauge.labels(self.upstream_label(upstream)).set(1 if up else 0)
+        self.child(self.upstream_up_gauge, self.upstream_label(upstream)).set(1 if up else 0)
 
     def render(self) -> tuple[bytes, str]:
         """The /metrics body and its content type. In multiprocess mode, all workers' values merged."""
@@ -375,13 +385,13 @@ class RequestObserver:
         self._timings_seen = False
         self._finished = False
         # Resolved once: chunk() runs per chunk and must not look labels up.
-        self._ttft = metrics.ttft.labels(self._route, self._upstream, self._model)
-        self._itl = metrics.itl.labels(self._route, self._upstream, self._model)
-        self._in_flight = metrics.in_flight_requests.labels(self._route, self._upstream, self._model)
+        self._ttft = metrics.child(metrics.ttft, self._route, self._upstream, self._model)
+        self._itl = metrics.child(metrics.itl, self._route, self._upstream, self._model)
+        self._in_flight = metrics.child(metrics.in_flight_requests, self._route, self._upstream, self._model)
         self._in_flight.inc()
         self._in_flight_stream: Gauge | None = None
         if self._stream:
-            self._in_flight_stream = metrics.in_flight_streams.labels(self._route, self._upstream, self._model)
+            self._in_flight_stream = metrics.child(metrics.in_flight_streams, self._route, self._upstream, self._model)
             self._in_flight_stream.inc()
 
     def __enter__(self) -> Self:
@@ -460,7 +470,7 @@ class RequestObserver:
         tokens = self._m.tokens
         for kind, n in counts:
             if n is not None:
-                tokens.labels(self._upstream, self._model, kind).inc(n)
+                self._m.child(tokens, self._upstream, self._model, kind).inc(n)
 
     def upstream_timings(self, extras: Mapping[str, Any] | None) -> None:
         """MindIE's timing extras: ``prefill_time`` (ms), ``decode_time_arr`` (ms per token), and from ``usage``
@@ -484,15 +494,15 @@ class RequestObserver:
         self._timings_seen = True
         m, labels = self._m, (self._upstream, self._model)
         if prefill is not None:
-            m.prefill.labels(*labels).observe(prefill * MINDIE_PREFILL_TIME_UNIT)
-        _observe_list(m.decode.labels(*labels), decode, MINDIE_DECODE_TIME_UNIT)
-        _observe_list(m.queue_wait.labels(*labels), queue, MINDIE_QUEUE_WAIT_TIME_UNIT)
-        _observe_list(m.batch_size.labels(*labels), batch, 1)
+            m.child(m.prefill, *labels).observe(prefill * MINDIE_PREFILL_TIME_UNIT)
+        _observe_list(m.child(m.decode, *labels), decode, MINDIE_DECODE_TIME_UNIT)
+        _observe_list(m.child(m.queue_wait, *labels), queue, MINDIE_QUEUE_WAIT_TIME_UNIT)
+        _observe_list(m.child(m.batch_size, *labels), batch, 1)
 
     def upstream_error(self, dialect: str, code: str) -> None:
         """An error from (or about) the upstream, e.g. ("mindie", "422"), ("any", "connect_refused")."""
         d, c = self._m._error_code_label(dialect, code)
-        self._m.upstream_errors.labels(self._upstream, d, c).inc()
+        self._m.child(self._m.upstream_errors, self._upstream, d, c).inc()
 
     def truncated(self, reason: str) -> None:
         """The stream failed after its 200 was committed. Counted once; the request ends as 5xx/truncated."""
@@ -500,7 +510,7 @@ class RequestObserver:
             return
         self._truncated = True
         label = reason if reason in TRUNCATION_REASONS else OTHER
-        self._m.truncated_streams.labels(self._upstream, self._model, label).inc()
+        self._m.child(self._m.truncated_streams, self._upstream, self._model, label).inc()
 
     def finish(self, status: int, disconnected: bool, finish_reason: str | None) -> None:
         """The request is over. Records duration, requests_total, overhead, disconnects and finish_reason."""
@@ -517,7 +527,7 @@ class RequestObserver:
             outcome = "client_disconnect"
             status_label = status_class(status)
             stage = "mid_stream" if self._chunks else "before_first_chunk"
-            m.client_disconnects.labels(self._route, self._upstream, self._model, stage).inc()
+            m.child(m.client_disconnects, self._route, self._upstream, self._model, stage).inc()
         elif self._truncated:
             outcome, status_label = "truncated", "5xx"
         else:
@@ -526,17 +536,17 @@ class RequestObserver:
 
         stream = "true" if self._stream else "false"
         total = max(now - self._t0, 0.0)
-        m.requests.labels(self._route, self._upstream, self._model, stream, status_label, outcome).inc()
-        m.request_duration.labels(self._route, self._upstream, self._model, stream, status_label).observe(total)
+        m.child(m.requests, self._route, self._upstream, self._model, stream, status_label, outcome).inc()
+        m.child(m.request_duration, self._route, self._upstream, self._model, stream, status_label).observe(total)
 
         wait = self._wait
         if self._upstream_t0 is not None and self._headers_t is None:
             wait += now - self._upstream_t0  # never got headers (refused, timed out, cancelled): all of it waited
-        m.overhead.labels(self._route, self._upstream, stream).observe(min(max(total - wait, 0.0), total))
+        m.child(m.overhead, self._route, self._upstream, stream).observe(min(max(total - wait, 0.0), total))
 
         if finish_reason is not None and outcome == "ok":
             reason = finish_reason if finish_reason in FINISH_REASONS else OTHER
-            m.finish_reasons.labels(self._upstream, self._model, reason).inc()
+            m.child(m.finish_reasons, self._upstream, self._model, reason).inc()
 
 
 def _count(value: object) -> int | None:
