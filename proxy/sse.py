@@ -82,11 +82,22 @@ class SSEDecoder:
             if buf.endswith(b"\r"):
                 self._pending_cr = True
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        out: list[SSEEvent] = []
+        if not self._data and self._event is None and buf.endswith(b"\n\n"):
+            # Fast path for the common shape (whole `data: {...}` events, one line each): one split per event
+            # instead of two `_line` calls. Anything else in the read goes through the general path, in order.
+            for block in buf[:-2].split(b"\n\n"):
+                if block[:6] == b"data: " and b"\n" not in block:
+                    out.append(SSEEvent(block[6:].decode("utf-8", "replace"), None, self._id))
+                else:
+                    for line in block.split(b"\n"):
+                        self._line(line, out)
+                    self._line(b"", out)
+            return out
         lines = buf.split(b"\n")
         tail = lines.pop()
         if tail:
             parts.append(tail)
-        out: list[SSEEvent] = []
         for line in lines:
             self._line(line, out)
         return out
