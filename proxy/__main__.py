@@ -246,7 +246,8 @@ dialect-proxy {__version__} demo
 Try it (the mock speaks {args.dialect}; you speak OpenAI):
 
 curl -sN {base}/chat/completions -H 'Content-Type: application/json' \\
-  -d '{{"model": "demo", "stream": true, "stream_options": {{"include_usage": true}}, "messages": [{{"role": "user", "content": "Hello! [mock:think]"}}]}}'
+  -d '{{"model": "demo", "stream": true, "stream_options": {{"include_usage": true}},
+       "messages": [{{"role": "user", "content": "Hello! [mock:think]"}}]}}'
 
 python3 - <<'EOF'
 from openai import OpenAI

@@ -11,9 +11,12 @@ from typing import Any
 
 from .settings import UpstreamSettings
 
-ChatRequest = dict[str, Any]      # POST /v1/chat/completions body (or /v1/completions: `prompt` instead of messages)
-ChatCompletion = dict[str, Any]   # {"id","object","created","model","choices":[{"index","message","finish_reason"}],"usage"}
-ChatChunk = dict[str, Any]        # {"id","object","created","model","choices":[{"index","delta","finish_reason"}],"usage"?}
+# POST /v1/chat/completions body (or /v1/completions: `prompt` instead of messages)
+ChatRequest = dict[str, Any]
+# {"id", "object", "created", "model", "choices": [{"index", "message", "finish_reason"}], "usage"}
+ChatCompletion = dict[str, Any]
+# {"id", "object", "created", "model", "choices": [{"index", "delta", "finish_reason"}], "usage"?}
+ChatChunk = dict[str, Any]
 Usage = dict[str, Any]            # {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details"?,...}
 
 CHAT = "chat"

@@ -7,7 +7,7 @@
      ├── UpstreamUnreachable      refused, reset, DNS: 502
      └── UpstreamTimeout          connect / first byte / idle / total deadline: 504
 
-Status, type and code follow ../shared/DECISIONS.md ("Errors"). The upstream's own message is kept; our words go
+Status, type and code follow the table in README.md ("Errors"). The upstream's own message is kept; our words go
 after it. Nothing here ever includes a stack trace or a credential.
 """
 

@@ -220,5 +220,5 @@ _PIECES = [
 def test_any_segmentation_gives_the_same_events(parts: list[bytes], cuts: list[int]) -> None:
     raw = b"".join(parts)
     bounds = sorted({c % (len(raw) + 1) for c in cuts})
-    chunks = [raw[a:b] for a, b in zip([0, *bounds], [*bounds, len(raw)])]
+    chunks = [raw[a:b] for a, b in zip([0, *bounds], [*bounds, len(raw)], strict=True)]
     assert decode(*chunks) == decode(raw)

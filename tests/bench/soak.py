@@ -112,7 +112,7 @@ async def main() -> int:
                     counts[scenario[0]] += 1
                     try:
                         problem = await one(session, base, scenario)
-                    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    except (TimeoutError, aiohttp.ClientError) as e:
                         problem = f"{scenario[0]}: {type(e).__name__}: {e}"
                     if problem and len(failures) < 50:
                         failures.append(problem)

@@ -60,7 +60,8 @@ def validate_core(doc: dict[str, Any]) -> None:
             kubernetes_validate.validate(doc, version, strict=True)  # strict: unknown fields are errors
         except kubernetes_validate.ValidationError as e:
             path = ".".join(str(p) for p in e.path)
-            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']} (k8s {version}): {path}: {e.message}")
+            raise AssertionError(
+                f"{doc['kind']}/{doc['metadata']['name']} (k8s {version}): {path}: {e.message}") from None
 
 
 def _unknown_fields(original: Any, parsed: Any, path: str = "") -> list[str]:

@@ -186,7 +186,8 @@ def test_raw_timeout(mock_servers: Any) -> None:
     assert all(c["finish_reason"] is None for e in data(events) for c in e["choices"])
     resp = srv.post(PATH, chat("x [mock:raw_timeout]"))
     assert resp.status_code == 500
-    assert resp.json() == {"error": "Engine callback timeout: server tokenTimeout", "error_type": "Incomplete Generation"}
+    assert resp.json() == {"error": "Engine callback timeout: server tokenTimeout",
+                           "error_type": "Incomplete Generation"}
 
 
 def test_bad_json_and_no_finish(mock_servers: Any) -> None:

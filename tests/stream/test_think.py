@@ -173,7 +173,7 @@ _WS = st.text(st.sampled_from(" \n\t\r"), max_size=3)
 
 def _cuts(text: str, data: st.DataObject) -> list[str]:
     bounds = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=10))))
-    return [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    return [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)], strict=True)]
 
 
 @settings(max_examples=300, deadline=None)

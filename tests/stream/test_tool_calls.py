@@ -227,7 +227,7 @@ def messy_streams(draw: st.DrawFn) -> tuple[list[tuple[str, str, str]], list[lis
     batches: list[list[dict[str, Any]]] = []
     for i, (cid, name, args) in enumerate(calls):
         cuts = sorted(set(draw(st.lists(st.integers(0, len(args)), max_size=5))))
-        frags = [args[a:b] for a, b in zip([0, *cuts], [*cuts, len(args)])]
+        frags = [args[a:b] for a, b in zip([0, *cuts], [*cuts, len(args)], strict=True)]
         for j, frag in enumerate(frags):
             d: dict[str, Any] = {"function": {"arguments": frag}}
             if j == 0 or style == "repeat_everything":

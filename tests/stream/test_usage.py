@@ -76,7 +76,8 @@ def test_details_with_nothing_in_them_are_left_out() -> None:
 
 
 def test_zero_is_a_value_not_an_absence() -> None:
-    usage, _ = normalize_usage({"prompt_tokens": 5, "completion_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}})
+    usage, _ = normalize_usage(
+        {"prompt_tokens": 5, "completion_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}})
     assert usage == {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5,
                      "prompt_tokens_details": {"cached_tokens": 0}}
 
