@@ -28,7 +28,8 @@ from .errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from .sse import DONE, KEEPALIVE, SSEDecoder, encode_data
+from .relay import StreamRelay, preview
+from .sse import DONE, KEEPALIVE, encode_data
 from .translate import ResponseTranslator
 from .upstream import iter_stream, read_body
 
@@ -301,7 +302,7 @@ class CompletionsEndpoint:
                     data = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     raise UpstreamError(
-                        "The upstream answered with a body that is not JSON: " + _preview(raw), 502
+                        "The upstream answered with a body that is not JSON: " + preview(raw), 502
                     ) from None
                 if ctx.stream:
                     err = dialect.error_in_json(data)
@@ -327,27 +328,13 @@ class CompletionsEndpoint:
         after the head becomes an SSE error event (and the stream ends without [DONE]).
         """
         server = self.state.settings.server
-        decoder = SSEDecoder()
+        relay = StreamRelay(ctx, dialect, translator)
         dumps = orjson.dumps
         out: list[dict[str, Any]] = []  # translated but not yet sent: still sent when a later event fails
-        saw_done = False
 
         async def commit() -> None:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + [rid_header]})
             watch.committed = True
-
-        def take(events: list[Any]) -> bool:
-            """Translate events into `out`; True once [DONE] is seen."""
-            for event in events:
-                if event.garbage is not None:
-                    raise StreamTruncated(
-                        "The upstream sent data that is not an event stream: " + _preview(event.garbage),
-                        reason="invalid_data",
-                    )
-                if event.data == "[DONE]":
-                    return True
-                out.extend(self._event(event, ctx, dialect, translator))
-            return False
 
         async def flush_out(final: bytes = b"", more: bool = True) -> None:
             body = b"".join(encode_data(dumps(c)) for c in out) + final
@@ -365,16 +352,14 @@ class CompletionsEndpoint:
                         await flush_out()
                     await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
                     continue
-                saw_done = take(decoder.feed(data))
+                relay.feed(data, out)
                 # Until the head is sent, role-only chunks wait for the first token (or finish), so that a failure
                 # before any generated text is still an HTTP error.
-                if out and (watch.committed or saw_done or any(map(_substantive, out))):
+                if out and (watch.committed or relay.done or any(map(_substantive, out))):
                     await flush_out()
-                if saw_done:
+                if relay.done:
                     break
-            if not saw_done:
-                saw_done = take(decoder.flush())
-            out.extend(translator.finish(saw_done))
+            relay.finish(out)
             self._observe_usage(obs, translator, ctx, info)
             info["finish_reason"] = translator.last_finish_reason
             watch.complete = True
@@ -393,22 +378,6 @@ class CompletionsEndpoint:
             watch.complete = True
             await flush_out(encode_data(err.body()), more=False)  # what arrived before the failure, then the error
             return max(err.status, 500)
-
-    @staticmethod
-    def _event(event: Any, ctx: RequestContext, dialect: Any, translator: ResponseTranslator) -> list[dict[str, Any]]:
-        try:
-            parsed = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            raise StreamTruncated(
-                "The upstream sent an event that is not valid JSON: " + _preview(event.data), reason="invalid_data"
-            ) from None
-        if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
-            parsed = {"error": parsed}
-        chunk = dialect.decode_chunk(parsed, ctx)
-        if chunk is None:
-            return []
-        result: list[dict[str, Any]] = translator.feed(chunk)
-        return result
 
     @staticmethod
     def _observe_usage(obs: RequestObserver, translator: ResponseTranslator, ctx: RequestContext,
@@ -467,9 +436,3 @@ def _parse(body: bytes) -> dict[str, Any]:
 def _first_finish(result: dict[str, Any]) -> str | None:
     choices = result.get("choices") or ()
     return choices[0].get("finish_reason") if choices else None
-
-
-def _preview(data: bytes | str, limit: int = 200) -> str:
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    text = text.strip()
-    return repr(text[:limit] + ("…" if len(text) > limit else ""))

@@ -107,20 +107,24 @@ class Proxy:
         self.url = srv.url
         self.base_url = srv.url + "/v1"
         self.settings = settings
-        self._clients: list[openai.OpenAI] = []
+        self._clients: dict[str, openai.OpenAI] = {}
 
     def client(self, **kw: Any) -> openai.OpenAI:
-        """An official SDK client (closed when the test ends, so no socket is left for a ResourceWarning)."""
+        """An official SDK client, one per option set (closed with the proxy, so no socket is left behind for a
+        ResourceWarning)."""
         kw.setdefault("max_retries", 0)
         kw.setdefault("timeout", 30)
-        client = openai.OpenAI(base_url=self.base_url, api_key="sk-client-key", **kw)
-        self._clients.append(client)
-        return client
+        key = repr(sorted(kw.items()))
+        if key not in self._clients:
+            self._clients[key] = openai.OpenAI(base_url=self.base_url, api_key="sk-client-key", **kw)
+        return self._clients[key]
 
     def close_clients(self) -> None:
-        for client in self._clients:
+        for client in self._clients.values():
             client.close()
         self._clients.clear()
+
+    close = close_clients
 
     def async_client(self, **kw: Any) -> openai.AsyncOpenAI:
         kw.setdefault("max_retries", 0)

@@ -12,26 +12,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.settings import build_settings
-from tests.conftest import Mock, ServerThread
-from tests.conftest import Proxy as _Proxy
-
-
-class Proxy(_Proxy):
-    """One SDK client per proxy and option set (the servers live for the module), closed with them."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._cached: dict[str, openai.OpenAI] = {}
-
-    def client(self, **kw: Any) -> openai.OpenAI:
-        key = repr(sorted(kw.items()))
-        if key not in self._cached:
-            self._cached[key] = super().client(**kw)
-        return self._cached[key]
-
-    def close(self) -> None:
-        self.close_clients()
-        self._cached.clear()
+from tests.conftest import Mock, Proxy, ServerThread
 
 ANSWER = "Hello from the mock siliconstorm upstream! 你好, 世界 🌍."
 KEY = "sk-siliconstorm-test"

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
+import subprocess
 import sys
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,3 +169,50 @@ def exposed_sample_names() -> set[str]:
     """Every series name the proxy's /metrics shows (histograms as _bucket/_sum/_count, counters as _total)."""
     body, _ = exercised_metrics().render()
     return {s.name for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+
+
+# -- a real Prometheus server on loopback -------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def prometheus_server(tmp_path: Path, target: str, rule_files: list[str] | None = None,
+                      interval_s: int = 1) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """Run Debian's `prometheus` on 127.0.0.1 scraping `target` (host:port) every `interval_s`; yields
+    (base URL, process, log path). Stopped (terminate, then kill) on exit."""
+    binary = tool("prometheus", "apt-get install -y prometheus")
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s",
+                   "scrape_timeout": f"{interval_s}s"},
+        "scrape_configs": [{"job_name": "dialect-proxy", "static_configs": [{"targets": [target]}]}],
+    }
+    if rule_files:
+        config["rule_files"] = rule_files
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log_path = tmp_path / "prometheus.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+        )
+        try:
+            yield f"http://127.0.0.1:{port}", proc, log_path
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def prom_query(base: str, expr: str) -> list[dict[str, Any]]:
+    """An instant query against Prometheus's HTTP API; the result vector."""
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        data = json.load(r)
+    assert data["status"] == "success", data
+    result: list[dict[str, Any]] = data["data"]["result"]
+    return result

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -18,7 +17,14 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_helpers import PROMETHEUS_DIR, all_queries, exercised_metrics, grafana_to_promql, tool
+from deploy_helpers import (
+    PROMETHEUS_DIR,
+    all_queries,
+    exercised_metrics,
+    grafana_to_promql,
+    prom_query,
+    prometheus_server,
+)
 
 SCRAPE_INTERVAL_S = 1
 STARTUP_DEADLINE_S = 60.0
@@ -61,54 +67,23 @@ def metrics_endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def prometheus(metrics_endpoint: str, tmp_path: Path) -> Iterator[str]:
-    binary = tool("prometheus", "apt-get install -y prometheus")
     shutil.copy(PROMETHEUS_DIR / "alerts.yml", tmp_path / "alerts.yml")
-    config = {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "evaluation_interval": f"{SCRAPE_INTERVAL_S}s",
-                   "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
-        "rule_files": ["alerts.yml"],
-        "scrape_configs": [{"job_name": "dialect-proxy", "static_configs": [{"targets": [metrics_endpoint]}]}],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with prometheus_server(tmp_path, metrics_endpoint, ["alerts.yml"], SCRAPE_INTERVAL_S) as (base, proc, log):
         deadline = time.monotonic() + STARTUP_DEADLINE_S
         while True:  # until three scrapes are stored (rate() needs two samples in its window)
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            assert proc.poll() is None, log.read_text()
             try:
                 result = query(base, 'count_over_time(up{job="dialect-proxy"}[1m])')
                 if result and float(result[0]["value"][1]) >= 3:
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, "Prometheus did not scrape in time:\n" + (
-                tmp_path / "prometheus.log").read_text()
+            assert time.monotonic() < deadline, "Prometheus did not scrape in time:\n" + log.read_text()
             time.sleep(0.5)
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
 
 
-def query(base: str, expr: str) -> list[dict[str, Any]]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        data = json.load(r)
-    assert data["status"] == "success", data
-    result: list[dict[str, Any]] = data["data"]["result"]
-    return result
+query = prom_query
 
 
 def test_scrape_rules_and_dashboard_queries(prometheus: str) -> None:

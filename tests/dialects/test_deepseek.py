@@ -13,6 +13,7 @@ import pytest
 from proxy.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.dialects.deepseek import DeepSeekDialect, merge_successive
 from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
+from proxy.relay import StreamRelay
 from proxy.settings import ClientSettings, UpstreamSettings
 from proxy.sse import SSEDecoder
 from proxy.translate import ResponseTranslator
@@ -39,23 +40,14 @@ def build(body: dict[str, Any], c: RequestContext | None = None) -> dict[str, An
 
 def relay(raw: bytes, c: RequestContext, cut: int | None = None, client: ClientSettings | None = None,
           dialect: Any = DS) -> tuple[list[dict[str, Any]], ResponseTranslator]:
-    """Upstream bytes (cut in two at `cut`) -> SSE -> dialect -> translator -> client chunks (finish included)."""
+    """Upstream bytes (cut in two at `cut`) -> the proxy's own StreamRelay -> client chunks (finish included)."""
     tr = ResponseTranslator(c, client or ClientSettings(), c.upstream.reasoning_source or
                             dialect.default_reasoning_source)
-    dec = SSEDecoder()
-    pieces = [raw] if cut is None else [raw[:cut], raw[cut:]]
-    events = [e for p in pieces for e in dec.feed(p)] + dec.flush()
+    stream = StreamRelay(c, dialect, tr)
     out: list[dict[str, Any]] = []
-    done = False
-    for event in events:
-        assert event.garbage is None
-        if event.data == "[DONE]":
-            done = True
-            break
-        chunk = dialect.decode_chunk(orjson.loads(event.data), c)
-        if chunk is not None:
-            out += tr.feed(chunk)
-    out += tr.finish(done)
+    for piece in [raw] if cut is None else [raw[:cut], raw[cut:]]:
+        stream.feed(piece, out)
+    stream.finish(out)
     return out, tr
 
 

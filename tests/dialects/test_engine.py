@@ -12,8 +12,8 @@ import pytest
 from proxy.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.dialects.engine import EngineDialect
 from proxy.errors import ClientRequestError
+from proxy.relay import StreamRelay
 from proxy.settings import ClientSettings, UpstreamSettings
-from proxy.sse import SSEDecoder
 from proxy.translate import ResponseTranslator
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"
@@ -37,20 +37,13 @@ def build(body: dict[str, Any], c: RequestContext | None = None) -> dict[str, An
 
 def relay(raw: bytes, c: RequestContext, cut: int | None = None,
           client: ClientSettings | None = None) -> list[dict[str, Any]]:
-    tr = ResponseTranslator(c, client or ClientSettings(), EN.default_reasoning_source)
-    dec = SSEDecoder()
-    pieces = [raw] if cut is None else [raw[:cut], raw[cut:]]
-    events = [e for p in pieces for e in dec.feed(p)] + dec.flush()
+    """Upstream bytes (cut in two at `cut`) -> the proxy's own StreamRelay -> client chunks (finish included)."""
+    stream = StreamRelay(c, EN, ResponseTranslator(c, client or ClientSettings(), EN.default_reasoning_source))
     out: list[dict[str, Any]] = []
-    done = False
-    for event in events:
-        if event.data == "[DONE]":
-            done = True
-            break
-        chunk = EN.decode_chunk(orjson.loads(event.data), c)
-        if chunk is not None:
-            out += tr.feed(chunk)
-    return out + tr.finish(done)
+    for piece in [raw] if cut is None else [raw[:cut], raw[cut:]]:
+        stream.feed(piece, out)
+    stream.finish(out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- requests

@@ -19,6 +19,7 @@ from proxy.dialects import get_dialect
 from proxy.dialects.mindie import MindIEDialect
 from proxy.dialects.siliconstorm import SiliconstormDialect
 from proxy.errors import ClientRequestError, StreamTruncated
+from proxy.relay import StreamRelay
 from proxy.settings import ClientSettings, UpstreamSettings
 from proxy.sse import SSEDecoder
 from proxy.translate import ResponseTranslator
@@ -66,21 +67,13 @@ def translator(c: RequestContext, client: ClientSettings | None = None,
 
 def relay(pieces: list[bytes], c: RequestContext, client: ClientSettings | None = None,
           dialect: MindIEDialect = MINDIE) -> tuple[list[dict[str, Any]], ResponseTranslator]:
-    """Upstream bytes, in the given pieces -> SSE -> dialect -> translator -> client chunks (finish included)."""
+    """Upstream bytes, in the given pieces -> the proxy's own StreamRelay -> client chunks (finish included)."""
     tr = translator(c, client, dialect)
-    dec = SSEDecoder()
-    events = [e for p in pieces for e in dec.feed(p)] + dec.flush()
+    stream = StreamRelay(c, dialect, tr)
     out: list[dict[str, Any]] = []
-    done = False
-    for event in events:
-        assert event.garbage is None
-        if event.data == "[DONE]":
-            done = True
-            break
-        chunk = dialect.decode_chunk(orjson.loads(event.data), c)
-        if chunk is not None:
-            out += tr.feed(chunk)
-    out += tr.finish(done)
+    for piece in pieces:
+        stream.feed(piece, out)
+    stream.finish(out)
     return out, tr
 
 
