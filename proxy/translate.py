@@ -64,8 +64,7 @@ def starts_in_reasoning(ctx: RequestContext) -> bool:
 
 
 class _Choice:
-    __slots__ = ("cumulative", "splitter", "tools", "role_sent", "finished", "field_mode", "think_open",
-                 "any_output")
+    __slots__ = ("cumulative", "splitter", "tools", "role_sent", "finished", "field_mode", "think_open")
 
     def __init__(self, cumulative: bool, splitter: ThinkSplitter | None) -> None:
         self.cumulative = CumulativeText() if cumulative else None
@@ -75,7 +74,6 @@ class _Choice:
         self.finished = False
         self.field_mode = False
         self.think_open = False  # think_tags output: "<think>" sent, "</think>" not yet
-        self.any_output = False
 
 
 class ResponseTranslator:
@@ -175,7 +173,7 @@ class ResponseTranslator:
         usage = chunk.get("usage")
         if usage:
             self._take_usage(usage)
-        if len(chunk) > 6:
+        if not _CHUNK_OWN.issuperset(chunk):  # fields we do not know (system_fingerprint, vendor extras) pass
             for key, value in chunk.items():
                 if key not in _CHUNK_OWN:
                     self._envelope_extra[key] = value
@@ -223,7 +221,7 @@ class ResponseTranslator:
                 if normalized:
                     out_delta["tool_calls"] = normalized
                     payload = True
-            if len(delta) > 2:
+            if not _DELTA_OWN.issuperset(delta):  # fields we do not know (refusal, audio, vendor extras) pass
                 for key, value in delta.items():
                     if key not in _DELTA_OWN:
                         out_delta[key] = value
