@@ -272,3 +272,19 @@ def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(st
     assert first["status"] == 200 and first["upstream"] == "mock-openai" and first["model"] == "m"
     assert first["finish_reason"] == "stop" and first["completion_tokens"] > 0 and first["duration_ms"] > 0
     assert "Say hello" not in caplog.text  # no bodies by default
+
+
+def test_log_bodies_logs_request_bodies_with_secrets_redacted(start_mock, start_proxy, caplog):
+    import json
+    import logging
+
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock, server={"log_bodies": True})
+    caplog.set_level(logging.DEBUG, logger="dialect_proxy")
+    proxy.client().chat.completions.create(model="m", messages=MSG, max_tokens=7,
+                                           extra_body={"metadata": {"api_key": "sk-leak-me"}})
+    logged = [json.loads(r.getMessage()) for r in caplog.records
+              if r.name == "dialect_proxy" and "client_body" in r.getMessage()]
+    assert logged and logged[0]["client_body"]["messages"] == MSG
+    assert logged[0]["client_body"]["max_tokens"] == 7  # *_tokens are not secrets
+    assert "sk-leak-me" not in caplog.text and "[redacted]" in caplog.text
