@@ -31,7 +31,7 @@ from .errors import (
 from .relay import StreamRelay, preview
 from .sse import DONE, KEEPALIVE, encode_data
 from .translate import ResponseTranslator
-from .upstream import iter_stream, read_body
+from .upstream import iter_stream, read_body, release
 
 if TYPE_CHECKING:
     from .app import AppState
@@ -288,6 +288,7 @@ class CompletionsEndpoint:
             state.metrics.upstream_up(upstream.name, False)
             raise
         state.metrics.upstream_up(upstream.name, True)
+        reusable = False
         try:
             obs.upstream_headers()
             t_up = time.perf_counter()
@@ -312,10 +313,16 @@ class CompletionsEndpoint:
                 info["finish_reason"] = _first_finish(result)
                 watch.complete = True
                 await send_json(send, 200, orjson.dumps(result), [rid_header])
+                reusable = True
                 return 200
-            return await self._relay(resp, ctx, dialect, translator, send, watch, obs, rid_header, info, deadline)
+            status = await self._relay(resp, ctx, dialect, translator, send, watch, obs, rid_header, info, deadline)
+            reusable = status == 200
+            return status
         finally:
-            resp.close()
+            if reusable:  # the answer is complete: keep the connection for the next request
+                await release(resp)
+            else:  # an error or a client that left: close, so the upstream stops generating
+                resp.close()
 
     async def _relay(self, resp: Any, ctx: RequestContext, dialect: Any, translator: ResponseTranslator, send: Any,
                      watch: _Disconnect, obs: RequestObserver, rid_header: tuple[bytes, bytes],

@@ -191,6 +191,25 @@ async def iter_stream(
             handle.cancel()
 
 
+async def release(resp: aiohttp.ClientResponse, drain_timeout: float = 1.0) -> None:
+    """Give a finished response's connection back to the pool (keep-alive to the upstream), after reading what is
+    left of the body (the chunked terminator after `[DONE]`) for at most `drain_timeout`; otherwise close it."""
+    if not resp.content.is_eof():
+        try:
+            async with asyncio.timeout(drain_timeout):
+                size = 0
+                while data := await resp.content.readany():
+                    size += len(data)
+                    if size > 2**16:  # an upstream that keeps talking after the end: not worth keeping
+                        break
+        except (TimeoutError, aiohttp.ClientError):
+            pass
+    if resp.content.is_eof():
+        resp.release()
+    else:
+        resp.close()
+
+
 def _reason(e: BaseException) -> str:
     os_error = getattr(e, "os_error", None)
     if isinstance(os_error, OSError) and os_error.strerror:

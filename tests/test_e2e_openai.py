@@ -288,3 +288,21 @@ def test_log_bodies_logs_request_bodies_with_secrets_redacted(start_mock, start_
     assert logged and logged[0]["client_body"]["messages"] == MSG
     assert logged[0]["client_body"]["max_tokens"] == 7  # *_tokens are not secrets
     assert "sk-leak-me" not in caplog.text and "[redacted]" in caplog.text
+
+
+def test_upstream_connections_are_reused(start_mock, start_proxy):
+    import subprocess
+
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    port = mock.url.rsplit(":", 1)[1]
+    client = proxy.client()
+    for stream in (False, True, False):
+        for _ in range(10):
+            if stream:
+                list(client.chat.completions.create(model="m", messages=MSG, stream=True))
+            else:
+                client.chat.completions.create(model="m", messages=MSG)
+    sockets = subprocess.run(["ss", "-tan"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+    # One kept-alive connection to the upstream, not one per request (which would leave 30 in TIME-WAIT).
+    assert sum(1 for line in sockets if f":{port} " in line and "TIME-WAIT" in line) == 0
