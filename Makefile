@@ -1,6 +1,6 @@
 # One command each, on a fresh machine (README.md):
 #   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
-#   make test   set up (incl. promtool/prometheus from Debian when root) and run the test suite
+#   make test   set up (incl. promtool/prometheus from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make soak   a bounded soak run against the mock (loopback only)
 PYTHON ?= python3
@@ -29,12 +29,12 @@ system-deps:
 	  else echo "note: promtool/prometheus missing and not root; their tests will skip"; fi; \
 	fi
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check proxy tests
-	$(BIN)/mypy proxy
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python tests/bench/bench.py
