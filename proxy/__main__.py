@@ -47,6 +47,8 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "(default 15)", "float", None),
     ("shutdown-grace", "seconds in-flight requests get to finish after SIGTERM (default 30)", "float", None),
     ("readiness-timeout", "seconds /readyz waits for each upstream's health URL (default 2)", "float", None),
+    ("api-keys-env", "name of an environment variable holding the comma-separated API keys clients must send "
+     "(Authorization: Bearer KEY) on /v1/*; unset = no client authentication", "str", None),
 ]
 CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("client-reasoning", "how clients receive reasoning: reasoning_content (default), reasoning, think_tags, none",

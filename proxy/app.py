@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -118,7 +119,7 @@ def create_app(settings: Settings) -> ProxyApp:
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
     app.state.proxy = state
-    return ProxyApp(app, {route.path: route.endpoint for route in routes[:2]})
+    return ProxyApp(app, {route.path: route.endpoint for route in routes[:2]}, settings.server.api_keys)
 
 
 class ProxyApp:
@@ -126,18 +127,31 @@ class ProxyApp:
     and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
     `send` in two more coroutines, off the per-chunk path."""
 
-    def __init__(self, app: Starlette, fast: dict[str, Any]) -> None:
+    def __init__(self, app: Starlette, fast: dict[str, Any], api_keys: tuple[str, ...] = ()) -> None:
         self.app = app
         self.state = app.state
         self._fast = fast
+        self._keys = tuple(f"Bearer {k}".encode() for k in api_keys)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self._fast.get(scope["path"])
-            if endpoint is not None:
-                await endpoint(scope, receive, send)
+        if scope["type"] == "http":
+            if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
+                err = ProxyError("Incorrect or missing API key: send `Authorization: Bearer <key>`.", 401)
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                    *((k.encode(), v.encode()) for k, v in err.response_headers().items())]})
+                await send({"type": "http.response.body", "body": err.body()})
                 return
+            if scope["method"] == "POST":
+                endpoint = self._fast.get(scope["path"])
+                if endpoint is not None:
+                    await endpoint(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Any) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return any(hmac.compare_digest(given, key) for key in self._keys)
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class ServerSettings:
     keepalive_interval: float = 15.0
     shutdown_grace: float = 30.0
     readiness_timeout: float = 2.0
+    api_keys_env: str | None = None  # env var with the comma-separated keys clients must send (none: open)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,7 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "keepalive_interval": (float, None),
     "shutdown_grace": (float, None),
     "readiness_timeout": (float, None),
+    "api_keys_env": (str, None),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
@@ -277,6 +280,13 @@ def build_settings(
     for k, v in (client_overrides or {}).items():
         if v is not None:
             client_values[k] = _coerce(k.replace("_", "-"), v, *_CLIENT_KINDS[k])
+    keys_env = server_values.get("api_keys_env")
+    if keys_env:
+        raw_keys = environ.get(keys_env, "")
+        keys = tuple(k.strip() for k in raw_keys.split(",") if k.strip())
+        if not keys:
+            raise ConfigError(f"server.api_keys_env: environment variable {keys_env} is not set (or holds no key)")
+        server_values["api_keys"] = keys
     server = ServerSettings(**server_values)
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
                 "readiness_timeout", "max_body_bytes", "workers"):

@@ -306,3 +306,22 @@ def test_upstream_connections_are_reused(start_mock, start_proxy):
     sockets = subprocess.run(["ss", "-tan"], capture_output=True, text=True, timeout=10).stdout.splitlines()
     # One kept-alive connection to the upstream, not one per request (which would leave 30 in TIME-WAIT).
     assert sum(1 for line in sockets if f":{port} " in line and "TIME-WAIT" in line) == 0
+
+
+def test_client_api_keys_when_configured(start_mock, start_proxy):
+    import openai as sdk
+
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock, server={"api_keys_env": "PROXY_KEYS"},
+                        environ={"PROXY_KEYS": "sk-team-a, sk-team-b"})
+    with pytest.raises(sdk.AuthenticationError) as e:
+        proxy.client().chat.completions.create(model="m", messages=MSG)  # the fixture's client sends sk-client-key
+    assert e.value.status_code == 401 and e.value.body["type"] == "authentication_error"
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert mock.stats()["requests"] == 0
+    with sdk.OpenAI(base_url=proxy.base_url, api_key="sk-team-b", max_retries=0) as good:
+        assert good.chat.completions.create(model="m", messages=MSG).choices[0].message.content
+        assert list(good.models.list())
+    assert httpx.get(proxy.base_url + "/models").status_code == 401
+    assert httpx.get(proxy.url + "/healthz").status_code == 200  # probes and scrapes stay open
+    assert httpx.get(proxy.url + "/metrics").status_code == 200

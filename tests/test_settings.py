@@ -130,3 +130,11 @@ def test_cli_help_lists_env_vars():
     for needle in ("--upstream-url", "DIALECT_PROXY_UPSTREAM_URL", "--full-text", "--client-reasoning",
                    "DIALECT_PROXY_SHUTDOWN_GRACE"):
         assert needle in r.stdout
+
+
+def test_client_api_keys_env_must_be_set():
+    with pytest.raises(ConfigError, match="server.api_keys_env: environment variable KEYS is not set"):
+        build_settings(config={**GOOD, "server": {"api_keys_env": "KEYS"}}, environ={"MINDIE_KEY": "k"})
+    s = build_settings(config={**GOOD, "server": {"api_keys_env": "KEYS"}},
+                       environ={"MINDIE_KEY": "k", "KEYS": "sk-one, sk-two,,"})
+    assert s.server.api_keys == ("sk-one", "sk-two") and "sk-one" not in repr(s)
