@@ -69,6 +69,11 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      REASONING_SOURCES),
     ("upstream-thinking-models", "comma-separated upstream model names that start inside a <think> block", "str",
      None),
+    ("upstream-tls-ca-file", "CA bundle to verify an https upstream (e.g. MindIE with httpsEnabled)", "str", None),
+    ("upstream-tls-cert-file", "client certificate for mutual TLS to the upstream", "str", None),
+    ("upstream-tls-key-file", "private key of that client certificate", "str", None),
+    ("upstream-tls-verify", "verify the upstream's certificate (default true; false is for testing only)", "bool",
+     None),
 ]
 
 
@@ -148,7 +153,9 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         single = {"url": url, "dialect": dialect}
         for flag, key in (("upstream-name", "name"), ("full-text", "full_text"),
                           ("upstream-api-key-env", "api_key_env"), ("upstream-health-url", "health_url"),
-                          ("upstream-reasoning-source", "reasoning_source")):
+                          ("upstream-reasoning-source", "reasoning_source"),
+                          ("upstream-tls-ca-file", "tls_ca_file"), ("upstream-tls-cert-file", "tls_cert_file"),
+                          ("upstream-tls-key-file", "tls_key_file"), ("upstream-tls-verify", "tls_verify")):
             v = _value(args, flag, environ)
             if v is not None:
                 single[key] = v

@@ -8,6 +8,7 @@ that one line and exits 2. No stack trace.
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -44,6 +45,12 @@ class UpstreamSettings:
     keep_upstream_id: bool = False
     response_model: str = "client"
     max_connections: int = 1000
+    # TLS to the upstream (MindIE with httpsEnabled uses mutual TLS): CA bundle to verify the server, client
+    # certificate and key to present; tls_verify false accepts any server certificate (testing only).
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +164,7 @@ _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 _UPSTREAM_KEYS = (
     "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
     "thinking_models", "reasoning_replay", "keep_upstream_id", "response_model", "max_connections",
+    "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify",
 )
 
 
@@ -209,6 +217,23 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         reasoning_source = _coerce(prefix + "reasoning_source", reasoning_source, str, REASONING_SOURCES)
     max_connections = _coerce(prefix + "max_connections", data.get("max_connections", 1000), int)
     _positive(prefix + "max_connections", max_connections)
+    tls: dict[str, str | None] = {}
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        value = data.get(key)
+        if value is not None:
+            value = _coerce(prefix + key, value, str)
+            if not os.path.isfile(value):
+                raise ConfigError(f"{prefix}{key}: no such file: {value}")
+        tls[key] = value
+    if bool(tls["tls_cert_file"]) != bool(tls["tls_key_file"]):
+        raise ConfigError(f"{prefix}tls_cert_file: a client certificate needs both tls_cert_file and tls_key_file")
+    try:  # load them now: a bad file stops start-up, not the first request
+        ctx = ssl.create_default_context(cafile=tls["tls_ca_file"])
+        if tls["tls_cert_file"] and tls["tls_key_file"]:
+            ctx.load_cert_chain(tls["tls_cert_file"], tls["tls_key_file"])
+    except (ssl.SSLError, OSError, ValueError) as e:
+        which = "tls_cert_file" if tls["tls_cert_file"] else "tls_ca_file"
+        raise ConfigError(f"{prefix}{which}: cannot load the TLS files ({e})") from None
     return UpstreamSettings(
         name=name,
         dialect=dialect,
@@ -229,6 +254,10 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
             prefix + "response_model", data.get("response_model", "client"), str, RESPONSE_MODEL
         ),
         max_connections=max_connections,
+        tls_ca_file=tls["tls_ca_file"],
+        tls_cert_file=tls["tls_cert_file"],
+        tls_key_file=tls["tls_key_file"],
+        tls_verify=_coerce(prefix + "tls_verify", data.get("tls_verify", True), bool),
     )
 
 

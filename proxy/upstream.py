@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
@@ -35,6 +36,7 @@ class UpstreamClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
+                ssl=tls_context(self.upstream),
                 limit=self.upstream.max_connections,
                 limit_per_host=self.upstream.max_connections,
                 ttl_dns_cache=300,
@@ -92,6 +94,21 @@ class UpstreamClient:
             raise UpstreamUnreachable(
                 f"The upstream `{self.upstream.name}` failed: {_reason(e)}."
             ) from None
+
+
+def tls_context(upstream: UpstreamSettings) -> ssl.SSLContext | bool:
+    """The SSL context for an upstream: system CAs (or `tls_ca_file`), an optional client certificate for mutual
+    TLS, or no verification at all when `tls_verify` is false. True = aiohttp's default."""
+    u = upstream
+    if not (u.tls_ca_file or u.tls_cert_file or not u.tls_verify):
+        return True
+    ctx = ssl.create_default_context(cafile=u.tls_ca_file)
+    if u.tls_cert_file and u.tls_key_file:
+        ctx.load_cert_chain(u.tls_cert_file, u.tls_key_file)
+    if not u.tls_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 async def read_body(resp: aiohttp.ClientResponse, timeout: float, limit: int = 64 * 2**20) -> bytes:
