@@ -354,19 +354,22 @@ class CompletionsEndpoint:
             await send({"type": "http.response.body", "body": body, "more_body": more})
 
         try:
-            async for data in iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline):
-                if data is None:
-                    if out or not watch.committed:
+            # aclosing: the silence timer is cancelled as soon as we stop reading (e.g. right after [DONE]).
+            async with contextlib.aclosing(
+                    iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline)) as reads:
+                async for data in reads:
+                    if data is None:
+                        if out or not watch.committed:
+                            await flush_out()
+                        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                        continue
+                    relay.feed(data, out)
+                    # Until the head is sent, role-only chunks wait for the first token (or finish), so that a failure
+                    # before any generated text is still an HTTP error.
+                    if out and (watch.committed or relay.done or any(map(_substantive, out))):
                         await flush_out()
-                    await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-                    continue
-                relay.feed(data, out)
-                # Until the head is sent, role-only chunks wait for the first token (or finish), so that a failure
-                # before any generated text is still an HTTP error.
-                if out and (watch.committed or relay.done or any(map(_substantive, out))):
-                    await flush_out()
-                if relay.done:
-                    break
+                    if relay.done:
+                        break
             relay.finish(out)
             self._observe_usage(obs, translator, ctx, info)
             info["finish_reason"] = translator.last_finish_reason

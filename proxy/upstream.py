@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 
 import aiohttp
 
@@ -137,7 +137,7 @@ _TICK = "dialect-proxy: upstream silent"
 
 async def iter_stream(
     resp: aiohttp.ClientResponse, idle_timeout: float, keepalive: float, deadline: float
-) -> AsyncIterator[bytes | None]:
+) -> AsyncGenerator[bytes | None, None]:
     """Raw bytes of a streamed body as they arrive. Yields None after each `keepalive` seconds of silence (so the
     caller can send an SSE comment); raises StreamTruncated on idle timeout, total deadline or a broken body.
 
