@@ -130,9 +130,11 @@ def parser() -> argparse.ArgumentParser:
                       help=f"only accept this model name [env {_env_name('served-model')}]")
 
     demo = sub.add_parser("demo", help="run a mock MindIE upstream (full-text mode) and the proxy in front of it")
-    demo.add_argument("--port", default=None, help="proxy port (default: a free port)")
-    demo.add_argument("--mock-port", default=None, help="mock upstream port (default: a free port)")
-    demo.add_argument("--dialect", default="mindie", choices=DIALECT_NAMES, help="mock dialect (default mindie)")
+    demo.add_argument("--port", default=None, help=f"proxy port (default: a free port) [env {_env_name('port')}]")
+    demo.add_argument("--mock-port", default=None,
+                      help=f"mock upstream port (default: a free port) [env {_env_name('mock-port')}]")
+    demo.add_argument("--dialect", default=None, choices=DIALECT_NAMES,
+                      help=f"mock dialect (default mindie) [env {_env_name('dialect')}]")
     return p
 
 
@@ -232,9 +234,16 @@ def demo(args: argparse.Namespace) -> None:
 
     from .app import create_app
     from .mock import create_app as create_mock
+    from .settings import coerce_value
 
-    proxy_port = int(args.port) if args.port else _free_port()
-    mock_port = int(args.mock_port) if args.mock_port else _free_port()
+    environ = os.environ
+    port = args.port or environ.get(_env_name("port"))
+    mock_port_value = args.mock_port or environ.get(_env_name("mock-port"))
+    proxy_port = coerce_value("--port", port, int) if port else _free_port()
+    mock_port = coerce_value("--mock-port", mock_port_value, int) if mock_port_value else _free_port()
+    args.dialect = args.dialect or environ.get(_env_name("dialect")) or "mindie"
+    if args.dialect not in DIALECT_NAMES:
+        raise ConfigError(f"--dialect: {args.dialect!r} is not one of {', '.join(DIALECT_NAMES)}")
     full_text = args.dialect in ("mindie", "siliconstorm")
     settings = build_settings(single_upstream={
         "url": f"http://127.0.0.1:{mock_port}", "dialect": args.dialect, "full_text": full_text,
@@ -245,12 +254,12 @@ def demo(args: argparse.Namespace) -> None:
                                                  mock_port, "warning"))
     proxy_server = uvicorn.Server(_uvicorn_config(create_app(settings), "127.0.0.1", proxy_port, "warning"))
     base = f"http://127.0.0.1:{proxy_port}/v1"
-    mode = " in fullTextEnabled mode (cumulative stream text)" if full_text else ""
+    mode = " (fullTextEnabled: cumulative stream text)" if full_text else ""
     print(f"""
 dialect-proxy {__version__} demo
-  mock {args.dialect} upstream{mode}:  http://127.0.0.1:{mock_port}
-  proxy (OpenAI API):                  {base}
-  metrics:                             http://127.0.0.1:{proxy_port}/metrics
+  mock {args.dialect} upstream{mode}: http://127.0.0.1:{mock_port}
+  proxy, OpenAI API: {base}
+  metrics:           http://127.0.0.1:{proxy_port}/metrics
 
 Try it (the mock speaks {args.dialect}; you speak OpenAI):
 
@@ -284,14 +293,14 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
 
 def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
     from .mock import run
-    from .settings import _coerce
+    from .settings import coerce_value
 
     host = args.host or environ.get(_env_name("host")) or "127.0.0.1"
-    port = _coerce("--port", args.port or environ.get(_env_name("port")) or 1025, int)
+    port = coerce_value("--port", args.port or environ.get(_env_name("port")) or 1025, int)
     dialect = args.dialect or environ.get(_env_name("dialect")) or "mindie"
     if dialect not in DIALECT_NAMES:
         raise ConfigError(f"--dialect: {dialect!r} is not one of {', '.join(DIALECT_NAMES)}")
-    full_text = _coerce("--full-text", args.full_text or environ.get(_env_name("full-text")) or "false", bool)
+    full_text = coerce_value("--full-text", args.full_text or environ.get(_env_name("full-text")) or "false", bool)
     api_key = args.api_key or environ.get(_env_name("api-key")) or None
     served = args.served_model or environ.get(_env_name("served-model")) or None
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''} on http://{host}:{port}", flush=True)

@@ -214,11 +214,15 @@ class CompletionsEndpoint:
             if watch is not None:
                 watch.stop()
             duration = time.perf_counter() - started
+            disconnected = bool(info.get("client_disconnected"))
             if obs is not None:
-                obs.finish(status, bool(info.get("client_disconnected")), info.get("finish_reason"))
+                obs.finish(status, disconnected, info.get("finish_reason"))
             if access_log.isEnabledFor(logging.INFO):
                 info["status"] = status
                 info["duration_ms"] = round(duration * 1000, 2)
+                ttft = obs.ttft if obs is not None and info.get("stream") else None
+                info["ttft_ms"] = None if ttft is None else round(ttft * 1000, 2)
+                info["client_disconnected"] = disconnected
                 access_log.info(orjson.dumps(info).decode())
 
     def _context(self, req: dict[str, Any], request_id: str) -> RequestContext:

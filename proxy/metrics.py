@@ -408,6 +408,11 @@ class RequestObserver:
         """The bounded ``model`` label this request is counted under."""
         return self._model
 
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from the request's start to the first chunk that carried a token (None before that)."""
+        return None if self._first_token_t is None else self._first_token_t - self._t0
+
     # -- upstream timing ----------------------------------------------------------------------------------------
 
     def upstream_started(self) -> None:

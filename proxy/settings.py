@@ -92,7 +92,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _coerce(key: str, value: Any, kind: type, choices: tuple[str, ...] | None = None) -> Any:
+def coerce_value(key: str, value: Any, kind: type, choices: tuple[str, ...] | None = None) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -191,9 +191,9 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
     for required in ("dialect", "url"):
         if required not in data:
             raise ConfigError(f"{prefix}{required}: missing (required for every upstream)")
-    dialect = _coerce(prefix + "dialect", data["dialect"], str, DIALECT_NAMES)
-    url = normalize_url(prefix + "url", _coerce(prefix + "url", data["url"], str))
-    name = _coerce(prefix + "name", data.get("name", dialect), str)
+    dialect = coerce_value(prefix + "dialect", data["dialect"], str, DIALECT_NAMES)
+    url = normalize_url(prefix + "url", coerce_value(prefix + "url", data["url"], str))
+    name = coerce_value(prefix + "name", data.get("name", dialect), str)
     models = _str_list(prefix + "models", data.get("models", ["*"]))
     aliases_raw = data.get("aliases") or {}
     if not isinstance(aliases_raw, Mapping) or not all(
@@ -203,25 +203,25 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
     api_key_env = data.get("api_key_env")
     api_key = None
     if api_key_env is not None:
-        api_key_env = _coerce(prefix + "api_key_env", api_key_env, str)
+        api_key_env = coerce_value(prefix + "api_key_env", api_key_env, str)
         api_key = environ.get(api_key_env)
         if not api_key:
             raise ConfigError(f"{prefix}api_key_env: environment variable {api_key_env} is not set")
     health_url = data.get("health_url")
     if health_url is not None:
-        health_url = _coerce(prefix + "health_url", health_url, str)
+        health_url = coerce_value(prefix + "health_url", health_url, str)
         if not health_url.startswith(("http://", "https://")):
             raise ConfigError(f"{prefix}health_url: expected an http:// or https:// URL, got {health_url!r}")
     reasoning_source = data.get("reasoning_source")
     if reasoning_source is not None:
-        reasoning_source = _coerce(prefix + "reasoning_source", reasoning_source, str, REASONING_SOURCES)
-    max_connections = _coerce(prefix + "max_connections", data.get("max_connections", 1000), int)
+        reasoning_source = coerce_value(prefix + "reasoning_source", reasoning_source, str, REASONING_SOURCES)
+    max_connections = coerce_value(prefix + "max_connections", data.get("max_connections", 1000), int)
     _positive(prefix + "max_connections", max_connections)
     tls: dict[str, str | None] = {}
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
         value = data.get(key)
         if value is not None:
-            value = _coerce(prefix + key, value, str)
+            value = coerce_value(prefix + key, value, str)
             if not os.path.isfile(value):
                 raise ConfigError(f"{prefix}{key}: no such file: {value}")
         tls[key] = value
@@ -240,24 +240,24 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         url=url,
         models=models,
         aliases=dict(aliases_raw),
-        full_text=_coerce(prefix + "full_text", data.get("full_text", False), bool),
+        full_text=coerce_value(prefix + "full_text", data.get("full_text", False), bool),
         api_key_env=api_key_env,
         api_key=api_key,
         health_url=health_url,
         reasoning_source=reasoning_source,
         thinking_models=_str_list(prefix + "thinking_models", data.get("thinking_models", [])),
-        reasoning_replay=_coerce(
+        reasoning_replay=coerce_value(
             prefix + "reasoning_replay", data.get("reasoning_replay", "auto"), str, REASONING_REPLAY
         ),
-        keep_upstream_id=_coerce(prefix + "keep_upstream_id", data.get("keep_upstream_id", False), bool),
-        response_model=_coerce(
+        keep_upstream_id=coerce_value(prefix + "keep_upstream_id", data.get("keep_upstream_id", False), bool),
+        response_model=coerce_value(
             prefix + "response_model", data.get("response_model", "client"), str, RESPONSE_MODEL
         ),
         max_connections=max_connections,
         tls_ca_file=tls["tls_ca_file"],
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],
-        tls_verify=_coerce(prefix + "tls_verify", data.get("tls_verify", True), bool),
+        tls_verify=coerce_value(prefix + "tls_verify", data.get("tls_verify", True), bool),
     )
 
 
@@ -283,7 +283,7 @@ def _section(data: Mapping[str, Any], key: str, kinds: Mapping[str, Any]) -> dic
     if not isinstance(section, Mapping):
         raise ConfigError(f"{key}: expected a mapping")
     _unknown(key + ".", section, tuple(kinds))
-    return {k: _coerce(f"{key}.{k}", v, *kinds[k]) for k, v in section.items()}
+    return {k: coerce_value(f"{key}.{k}", v, *kinds[k]) for k, v in section.items()}
 
 
 def build_settings(
@@ -304,11 +304,11 @@ def build_settings(
     server_values = _section(config, "server", _SERVER_KINDS)
     for k, v in (server_overrides or {}).items():
         if v is not None:
-            server_values[k] = _coerce(k.replace("_", "-"), v, *_SERVER_KINDS[k])
+            server_values[k] = coerce_value(k.replace("_", "-"), v, *_SERVER_KINDS[k])
     client_values = _section(config, "client", _CLIENT_KINDS)
     for k, v in (client_overrides or {}).items():
         if v is not None:
-            client_values[k] = _coerce(k.replace("_", "-"), v, *_CLIENT_KINDS[k])
+            client_values[k] = coerce_value(k.replace("_", "-"), v, *_CLIENT_KINDS[k])
     keys_env = server_values.get("api_keys_env")
     if keys_env:
         raw_keys = environ.get(keys_env, "")

@@ -271,6 +271,12 @@ def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(st
     first = next(line for line in lines if line["request_id"] == "req-abc-123")
     assert first["status"] == 200 and first["upstream"] == "mock-openai" and first["model"] == "m"
     assert first["finish_reason"] == "stop" and first["completion_tokens"] > 0 and first["duration_ms"] > 0
+    assert first["client_disconnected"] is False and first["ttft_ms"] is None  # non-stream: no TTFT
+    list(proxy.client().chat.completions.create(model="m", messages=MSG, stream=True,
+                                                extra_headers={"x-request-id": "req-stream-1"}))
+    streamed = next(json.loads(r.getMessage()) for r in caplog.records
+                    if r.name == "dialect_proxy.access" and "req-stream-1" in r.getMessage())
+    assert 0 < streamed["ttft_ms"] <= streamed["duration_ms"] and streamed["stream"] is True
     assert "Say hello" not in caplog.text  # no bodies by default
 
 
