@@ -104,14 +104,18 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                             await r.read()
                             continue
                         if stream:
-                            first = True
+                            # Count events per read, not per line: the load generator shares the machine with
+                            # what it measures, so it must stay cheap. The 6-byte tail catches a marker split
+                            # across two reads without counting one twice.
                             n = 0
-                            async for line in r.content:
-                                if line.startswith(b"data: {"):
-                                    n += 1
-                                    if first:
-                                        res.ttfb.append(time.perf_counter() - t0)
-                                        first = False
+                            tail = b""
+                            async for data in r.content.iter_any():
+                                buf = tail + data
+                                found = buf.count(b"data: {")
+                                if found and not n:
+                                    res.ttfb.append(time.perf_counter() - t0)
+                                n += found
+                                tail = buf[-6:]
                             res.chunks += n
                         else:
                             await r.read()
