@@ -297,8 +297,11 @@ def test_log_bodies_logs_request_bodies_with_secrets_redacted(start_mock, start_
 
 
 def test_upstream_connections_are_reused(start_mock, start_proxy):
+    import shutil
     import subprocess
 
+    if shutil.which("ss") is None:
+        pytest.skip("`ss` (iproute2) is not installed")
     mock = start_mock("openai")
     proxy = start_proxy(mock=mock)
     port = mock.url.rsplit(":", 1)[1]
