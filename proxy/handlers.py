@@ -74,6 +74,10 @@ class _Disconnect:
         self._watcher.cancel()
 
 
+class _ClientGone(Exception):
+    """The client went away before its request body was complete."""
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -93,7 +97,7 @@ async def _read_request_body(scope: Scope, receive: Any, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
+            raise _ClientGone
         body = message.get("body", b"")
         if body:
             size += len(body)
@@ -175,6 +179,9 @@ class CompletionsEndpoint:
                 if watch is not None:
                     watch.complete = True
                 await send_json(send, err.status, err.body(), error_headers(err) + [rid_header])
+            except _ClientGone:
+                info["client_disconnected"] = True
+                status = 499
             except Exception:  # a bug of ours: the client still gets an OpenAI error, never a stack trace
                 log.exception("unexpected error in %s (request %s)", self.route, request_id)
                 status = 500

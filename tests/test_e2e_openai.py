@@ -334,3 +334,22 @@ def test_client_api_keys_when_configured(start_mock, start_proxy):
     assert httpx.get(proxy.base_url + "/models").status_code == 401
     assert httpx.get(proxy.url + "/healthz").status_code == 200  # probes and scrapes stay open
     assert httpx.get(proxy.url + "/metrics").status_code == 200
+
+
+def test_client_leaving_while_sending_its_body_is_quiet(start_mock, start_proxy, caplog):
+    import json
+    import logging
+    import socket
+
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    caplog.set_level(logging.INFO, logger="dialect_proxy")
+    host, port = proxy.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"x-request-id: half-body\r\nContent-Length: 1000\r\n\r\n{\"model\": \"m\"")
+    assert wait_for(lambda: any("half-body" in r.getMessage() for r in caplog.records), timeout=3)
+    line = next(json.loads(r.getMessage()) for r in caplog.records if "half-body" in r.getMessage())
+    assert line["status"] == 499 and line["client_disconnected"] is True
+    assert mock.stats()["requests"] == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
