@@ -52,7 +52,3 @@ class Router:
     def configured_models(self) -> list[str]:
         """Client-visible names: configured models and aliases (not "*")."""
         return list(self._exact)
-
-    @property
-    def has_default(self) -> bool:
-        return self._default is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -341,11 +341,3 @@ def build_settings(
         if names.index(n) != i:
             raise ConfigError(f"upstreams[{i}].name: {n!r} is used twice (give each upstream its own name)")
     return Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server)
-
-
-def with_server(settings: Settings, **changes: Any) -> Settings:
-    return replace(settings, server=replace(settings.server, **changes))
-
-
-SERVER_KEYS = tuple(f.name for f in fields(ServerSettings))
-CLIENT_KEYS = tuple(f.name for f in fields(ClientSettings))

@@ -312,9 +312,13 @@ def test_upstream_connections_are_reused(start_mock, start_proxy):
                 list(client.chat.completions.create(model="m", messages=MSG, stream=True))
             else:
                 client.chat.completions.create(model="m", messages=MSG)
-    sockets = subprocess.run(["ss", "-tan"], capture_output=True, text=True, timeout=10).stdout.splitlines()
-    # One kept-alive connection to the upstream, not one per request (which would leave 30 in TIME-WAIT).
-    assert sum(1 for line in sockets if f":{port} " in line and "TIME-WAIT" in line) == 0
+    sockets = [line.split() for line in
+               subprocess.run(["ss", "-tan"], capture_output=True, text=True, timeout=10).stdout.splitlines()]
+    # Connections the proxy closed itself sit in TIME-WAIT with the upstream as their peer (column 5). Kept-alive
+    # reuse leaves none; a connection per request would leave ~30. (The upstream closing idle connections itself,
+    # after its keep-alive timeout, shows with the upstream as the local side and is not counted.)
+    closed_by_proxy = [f for f in sockets if len(f) >= 5 and f[0] == "TIME-WAIT" and f[4].endswith(f":{port}")]
+    assert len(closed_by_proxy) <= 2, closed_by_proxy
 
 
 def test_client_api_keys_when_configured(start_mock, start_proxy):

@@ -135,10 +135,6 @@ class Dialect:
             return [m for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
         return []
 
-    @property
-    def is_chat_capable(self) -> bool:
-        return self.path(CHAT) is not None
-
 
 def join_text_parts(content: Any) -> Any:
     """OpenAI content parts that are all text -> one string (joined with newlines, as chat templates do); any other
