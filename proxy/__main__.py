@@ -47,6 +47,8 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "(default 15)", "float", None),
     ("shutdown-grace", "seconds in-flight requests get to finish after SIGTERM (default 30)", "float", None),
     ("readiness-timeout", "seconds /readyz waits for each upstream's health URL (default 2)", "float", None),
+    ("ready-when", "/readyz is 200 when all (default: a sidecar) or any (a gateway) of the upstreams answer",
+     "str", ("all", "any")),
     ("api-keys-env", "name of an environment variable holding the comma-separated API keys clients must send "
      "(Authorization: Bearer KEY) on /v1/*; unset = no client authentication", "str", None),
 ]

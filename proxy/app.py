@@ -72,7 +72,8 @@ def create_app(settings: Settings) -> ProxyApp:
         upstreams = {u.name: ok for u, ok in zip(settings.upstreams, results, strict=True)}
         for name, ok in upstreams.items():
             state.metrics.upstream_up(name, ok == "up")
-        ready = all(v == "up" for v in upstreams.values()) and not state.shutting_down
+        check = all if settings.server.ready_when == "all" else any
+        ready = check(v == "up" for v in upstreams.values()) and not state.shutting_down
         return JSONResponse(
             {"status": "ready" if ready else "not ready", "upstreams": upstreams}, 200 if ready else 503
         )

@@ -74,6 +74,7 @@ class ServerSettings:
     keepalive_interval: float = 15.0
     shutdown_grace: float = 30.0
     readiness_timeout: float = 2.0
+    ready_when: str = "all"  # /readyz: every upstream up (a sidecar) or any (a gateway in front of several)
     api_keys_env: str | None = None  # env var with the comma-separated keys clients must send (none: open)
     api_keys: tuple[str, ...] = field(default=(), repr=False)
 
@@ -156,6 +157,7 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "shutdown_grace": (float, None),
     "readiness_timeout": (float, None),
     "api_keys_env": (str, None),
+    "ready_when": (str, ("all", "any")),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),

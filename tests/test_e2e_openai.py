@@ -252,6 +252,11 @@ def test_health_and_readiness(start_mock, start_proxy):
     custom = start_proxy([{"name": "h", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}",
                            "health_url": mock.url + "/health"}])
     assert httpx.get(custom.url + "/readyz").status_code == 200
+    two = [{"name": "live", "dialect": "openai", "url": mock.url, "models": ["a"]},
+           {"name": "gone", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}", "models": ["b"]}]
+    assert httpx.get(start_proxy(two).url + "/readyz").status_code == 503  # ready_when: all (default)
+    r = httpx.get(start_proxy(two, server={"ready_when": "any"}).url + "/readyz")
+    assert r.status_code == 200 and r.json()["upstreams"]["gone"].startswith("down")
 
 
 def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(start_mock, start_proxy, caplog):
