@@ -7,14 +7,21 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEVSTAMP := $(VENV)/.installed-dev
 
 .PHONY: demo test bench soak lint system-deps clean
 
+# The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,dev]"
+	$(BIN)/python -m pip install -q -e ".[demo]"
 	touch $(STAMP)
+
+# ... and with the test and dev extras (openai SDK, pytest, hypothesis, schema validators, ruff, mypy).
+$(DEVSTAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[test,dev]"
+	touch $(DEVSTAMP)
 
 demo: $(STAMP)
 	$(BIN)/dialect-proxy demo
@@ -29,17 +36,17 @@ system-deps:
 	  else echo "note: promtool/prometheus missing and not root; their tests will skip"; fi; \
 	fi
 
-test: $(STAMP) system-deps lint
+test: $(DEVSTAMP) system-deps lint
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+lint: $(DEVSTAMP)
 	$(BIN)/ruff check proxy tests
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(DEVSTAMP)
 	$(BIN)/python tests/bench/bench.py
 
-soak: $(STAMP)
+soak: $(DEVSTAMP)
 	$(BIN)/python tests/bench/soak.py
 
 clean:

@@ -256,6 +256,14 @@ def demo(args: argparse.Namespace) -> None:
                                                  mock_port, "warning"))
     proxy_server = uvicorn.Server(_uvicorn_config(create_app(settings), "127.0.0.1", proxy_port, "warning"))
     base = f"http://127.0.0.1:{proxy_port}/v1"
+    try:  # print the snippet for an interpreter that has the openai SDK, so that it works as printed
+        import openai  # noqa: F401
+
+        python = sys.executable
+        sdk_note = ""
+    except ImportError:
+        python = "python3"
+        sdk_note = "(needs the openai SDK: pip install openai)\n"
     mode = " (fullTextEnabled: cumulative stream text)" if full_text else ""
     print(f"""
 dialect-proxy {__version__} demo
@@ -269,7 +277,7 @@ curl -sN {base}/chat/completions -H 'Content-Type: application/json' \\
   -d '{{"model": "demo", "stream": true, "stream_options": {{"include_usage": true}},
        "messages": [{{"role": "user", "content": "Hello! [mock:think]"}}]}}'
 
-python3 - <<'EOF'
+{sdk_note}{python} - <<'EOF'
 from openai import OpenAI
 client = OpenAI(base_url="{base}", api_key="unused")
 stream = client.chat.completions.create(
