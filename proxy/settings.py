@@ -100,26 +100,17 @@ def coerce_value(key: str, value: Any, kind: type, choices: tuple[str, ...] | No
         if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
             return value.strip().lower() in _TRUE
         raise ConfigError(f"{key}: expected a boolean (true/false, 1/0, yes/no), got {value!r}")
-    if kind is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
+    if kind is int or kind is float:
+        what = "an integer" if kind is int else "a number"
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if numeric and (kind is float or isinstance(value, int)):
+            return kind(value)
         if isinstance(value, str):
             try:
-                return int(value.strip())
+                return kind(value.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected {what}, got {value!r}")
     if kind is str:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")

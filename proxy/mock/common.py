@@ -124,6 +124,18 @@ def requested_status(sc: Scenario) -> int | str | None:
         return value.lower() or 500
 
 
+def preamble(call: Call, error_plan: Callable[[int], Plan]) -> Plan | None:
+    """What every OpenAI-shaped mock checks first, in order: the API key, `drop_before`/`hang`, `error=STATUS`
+    (rendered in the dialect's own error shape by `error_plan`; special words become a 500)."""
+    if not call.authorized:
+        return error_plan(401)
+    if (plan := connection_directives(call.scenario)) is not None:
+        return plan
+    if (status := requested_status(call.scenario)) is not None:
+        return error_plan(status if isinstance(status, int) else 500)
+    return None
+
+
 RAW_TIMEOUT = b"Engine callback timeout: server tokenTimeout"
 
 

@@ -45,15 +45,15 @@ from .common import (
     MockConfig,
     Template,
     bearer_checker,
-    connection_directives,
     inference,
     is_number,
     models_routes,
     openai_error,
-    requested_status,
+    preamble,
     static_response,
     stream_directives,
 )
+from .openai import tool_call_delta
 from .textgen import Generation, Piece, generate, prompt_tokens_chat, tool_names
 
 FINGERPRINT = "fp_mock_ds01"
@@ -290,14 +290,7 @@ def chat_stream(call: Call, model: str, reasoning_mode: bool) -> Plan:
 
 
 def _tool_delta(piece: Piece, noindex: bool, reasoning_mode: bool) -> dict[str, Any]:
-    info = piece.tool or {}
-    if "id" in info:
-        call: dict[str, Any] = {"index": info["index"], "id": info["id"], "type": "function",
-                                "function": {"name": info["name"], "arguments": ""}}
-    else:
-        call = {"index": info["index"], "function": {"arguments": info["arguments"]}}
-    if noindex:
-        del call["index"]
+    call = tool_call_delta(piece, noindex)
     delta: dict[str, Any] = {"content": None}
     if reasoning_mode:
         delta["reasoning_content"] = None
@@ -331,12 +324,8 @@ def chat_json(call: Call, model: str, reasoning_mode: bool) -> Plan:
 # ----------------------------------------------------------------------------------------------------- routes
 
 def _handle(call: Call) -> Plan:
-    if not call.authorized:
-        return error_plan(401)
-    if (plan := connection_directives(call.scenario)) is not None:
+    if (plan := preamble(call, error_plan)) is not None:
         return plan
-    if (status := requested_status(call.scenario)) is not None:
-        return error_plan(status if isinstance(status, int) else 500)
     if not call.json_ok:
         return _bad("Failed to parse the request body as JSON")
     if (plan := validate(call.body, call.cfg.served_model)) is not None:

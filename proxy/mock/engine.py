@@ -37,11 +37,10 @@ from .asgi import Plan, Stats
 from .common import (
     Call,
     MockConfig,
-    connection_directives,
     inference,
     is_number,
     openai_error,
-    requested_status,
+    preamble,
 )
 from .openai import Style, chat_json, chat_stream, completion_json, completion_stream, error_plan
 
@@ -178,12 +177,8 @@ def _handler(chat: bool) -> Callable[[Call], Plan]:
     validate = validate_chat if chat else validate_completion
 
     def handle(call: Call) -> Plan:
-        if not call.authorized:
-            return error_plan(401)
-        if (plan := connection_directives(call.scenario)) is not None:
+        if (plan := preamble(call, error_plan)) is not None:
             return plan
-        if (status := requested_status(call.scenario)) is not None:
-            return error_plan(status if isinstance(status, int) else 500)
         if not call.json_ok:
             return _bad("Request body is not valid JSON", None, "invalid_json")
         if (plan := validate(call.body)) is not None:

@@ -30,13 +30,12 @@ from .common import (
     MockConfig,
     Template,
     bearer_checker,
-    connection_directives,
     inference,
     int_param,
     is_number,
     models_routes,
     openai_error,
-    requested_status,
+    preamble,
     static_response,
     stream_directives,
 )
@@ -94,6 +93,11 @@ def _usage(prompt: int, gens: list[Generation], extra: bool) -> dict[str, Any]:
 
 
 def _tool_delta(piece: Piece, noindex: bool) -> dict[str, Any]:
+    return {"tool_calls": [tool_call_delta(piece, noindex)]}
+
+
+def tool_call_delta(piece: Piece, noindex: bool) -> dict[str, Any]:
+    """One streamed tool-call fragment: the call's head (index, id, type, name) or an arguments piece."""
     info = piece.tool or {}
     if "id" in info:
         call: dict[str, Any] = {"index": info["index"], "id": info["id"], "type": "function",
@@ -102,7 +106,7 @@ def _tool_delta(piece: Piece, noindex: bool) -> dict[str, Any]:
         call = {"index": info["index"], "function": {"arguments": info["arguments"]}}
     if noindex:
         del call["index"]
-    return {"tool_calls": [call]}
+    return call
 
 
 def _interleave(per_choice: list[list[bytes]]) -> list[bytes]:
@@ -335,12 +339,8 @@ STYLE = Style()
 def _handler(chat: bool) -> Callable[[Call], Plan]:
     def handle(call: Call) -> Plan:
         cfg = call.cfg
-        if not call.authorized:
-            return error_plan(401)
-        if (plan := connection_directives(call.scenario)) is not None:
+        if (plan := preamble(call, error_plan)) is not None:
             return plan
-        if (status := requested_status(call.scenario)) is not None:
-            return error_plan(status if isinstance(status, int) else 500)
         if not call.json_ok:
             return _bad("We could not parse the JSON body of your request. (HINT: This likely means you aren't "
                         "using your HTTP library correctly.)", None, None)
