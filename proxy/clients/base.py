@@ -1,0 +1,80 @@
+"""The client-dialect spoke: how one client API (Chat Completions, Completions, Responses, Messages) reaches the hub
+and how the hub's events reach that client. A client spoke knows no upstream dialect.
+
+Per request:
+
+    body ─▶ ClientDialect.decode() ─▶ ClientCall (canonical chat/completions request + what the encoder needs)
+    Delta events ─▶ ClientDialect.encoder(call, ctx, answer) ─▶ the client's wire bytes
+
+Streaming and non-streaming share one path: an encoder is fed the same `Delta` events either way. Streaming, `feed`
+returns SSE bytes to send at once; non-streaming, it accumulates and `finish` returns the whole JSON body.
+
+Errors: before the stream head an error is an HTTP status with the client's own envelope (`error_response`); after
+it, `Encoder.error` renders the in-stream error that makes the client's SDK raise (never a silent end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from ..canonical import ChatRequest, RequestContext
+    from ..errors import ProxyError
+    from ..events import Answer, Delta
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(slots=True)
+class ClientCall:
+    """One decoded client request."""
+
+    request: ChatRequest  # the hub request: Chat Completions shape (kind "chat") or Completions shape ("completions")
+    kind: str  # canonical.CHAT or canonical.COMPLETIONS: what the upstream is asked for
+    model: str  # the model name the client asked for (routing happens on it)
+    stream: bool
+    # Anything the client spoke needs again when encoding (custom tool names, store flags, input items ...).
+    options: dict[str, Any] = field(default_factory=dict)
+    # Response headers the client spoke adds (e.g. the hosted tools left out of the upstream request).
+    headers: Headers = field(default_factory=list)
+
+
+class Encoder(Protocol):
+    keepalive: bytes  # sent after a silence once the stream head is out (`: keep-alive`, Anthropic `ping` ...)
+
+    def head(self) -> bytes:
+        """Streaming: the bytes that open the client's stream (b"" for Chat Completions)."""
+
+    def feed(self, deltas: list[Delta]) -> bytes:
+        """Streaming: the client bytes for these events (may be b""). Non-streaming: accumulate, return b""."""
+
+    def finish(self) -> bytes:
+        """The answer is complete. Streaming: the closing bytes (usage chunk and `[DONE]`, `response.completed`,
+        `message_stop` ...). Non-streaming: the whole JSON body."""
+
+    def error(self, err: ProxyError) -> bytes:
+        """Streaming, after the head: the in-stream error for `err` (the stream then closes)."""
+
+
+class ClientDialect:
+    """One client API. Subclasses set `name` (the metrics `route` label) and `path`."""
+
+    name: ClassVar[str]
+    path: ClassVar[str]
+    content_type: ClassVar[bytes] = b"text/event-stream; charset=utf-8"
+
+    async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
+        """The client's JSON body (already parsed, a dict) -> a ClientCall. Raises ClientRequestError (400 naming the
+        parameter) for what the client got wrong."""
+        raise NotImplementedError
+
+    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
+        raise NotImplementedError
+
+    def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
+        """An error before the stream head (or for a non-stream request): status, headers, body."""
+        raise NotImplementedError
+
+    async def completed(self, call: ClientCall, encoder: Encoder) -> None:
+        """A complete answer, before its last bytes go to the client (store what must outlive the request)."""

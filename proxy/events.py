@@ -1,0 +1,52 @@
+"""The hub's typed events: what an upstream answer says once every upstream quirk is undone, before any client
+format is applied.
+
+    upstream session ─▶ canonical chunks ─▶ proxy.normalize.Normalizer ─▶ Delta events ─▶ client encoder
+
+A `Delta` is what one upstream chunk adds to one choice: true deltas of reasoning and content (never cumulative,
+never with `<think>` tags), tool-call fragments already normalised (the first fragment of each call carries `index`,
+`id`, `type` and `function.name`; later ones only `index` and `function.arguments`), and the finish reason. An
+`Answer` holds what belongs to the whole answer (usage, unknown envelope fields); the normalizer fills it, client
+encoders, metrics and the access log read it. Neither knows any upstream or client dialect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# {"index": int, "id"?: str, "type"?: "function", "function": {"name"?: str, "arguments": str}} — the Chat
+# Completions wire form of a streamed tool-call delta (what the chat encoder sends as is).
+ToolCallFragment = dict[str, Any]
+Usage = dict[str, Any]  # OpenAI-shaped: prompt_tokens, completion_tokens, total_tokens, *_tokens_details
+
+
+@dataclass(slots=True)
+class Delta:
+    index: int = 0
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallFragment] | None = None
+    finish_reason: str | None = None
+    logprobs: Any = None
+    # Fields the hub does not know, for clients that pass them on (Chat Completions is lossless for an OpenAI
+    # upstream): delta-level (refusal, audio, vendor extras) and choice-level (vLLM's stop_reason, ...).
+    extra: dict[str, Any] | None = None
+    choice_extra: dict[str, Any] | None = None
+    first: bool = False  # the first event of this choice (the chat encoder puts `role` on it)
+
+    @property
+    def has_token(self) -> bool:
+        """Generated output: content, reasoning or a tool call (TTFT counts to the first such event)."""
+        return bool(self.content or self.reasoning or self.tool_calls)
+
+
+@dataclass(slots=True)
+class Answer:
+    """Per-request facts about the whole answer."""
+
+    usage: Usage | None = None  # the upstream's own counts, OpenAI-shaped (None until the upstream reports them)
+    usage_extras: dict[str, Any] = field(default_factory=dict)  # upstream-only usage fields (metrics)
+    envelope_extra: dict[str, Any] = field(default_factory=dict)  # unknown top-level fields (system_fingerprint)
+    finish_reason: str | None = None  # the last finish reason seen
+    upstream_id: str | None = None  # the upstream's own response id (keep_upstream_id)
