@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from ..canonical import ChatRequest, RequestContext
     from ..errors import ProxyError
     from ..events import Answer, Delta
+    from ..settings import Settings
+    from ..state.base import StateStore
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -58,11 +60,18 @@ class Encoder(Protocol):
 
 
 class ClientDialect:
-    """One client API. Subclasses set `name` (the metrics `route` label) and `path`."""
+    """One client API, built once per process. Subclasses set `name` (the metrics `route` label), `path` and
+    `id_prefix` (the handler sets `ctx.response_id` = id_prefix + random hex; encoders use ctx.response_id,
+    ctx.created and ctx.response_model)."""
 
     name: ClassVar[str]
     path: ClassVar[str]
+    id_prefix: ClassVar[str]
     content_type: ClassVar[bytes] = b"text/event-stream; charset=utf-8"
+
+    def __init__(self, settings: Settings, store: StateStore) -> None:
+        self.settings = settings
+        self.store = store
 
     async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
         """The client's JSON body (already parsed, a dict) -> a ClientCall. Raises ClientRequestError (400 naming the
