@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,36 +16,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import __version__
-from .canonical import CHAT, COMPLETIONS
-from .dialects import Dialect, get_dialect
+from .appstate import AppState
 from .errors import ProxyError
-from .handlers import CompletionsEndpoint
-from .metrics import Metrics
-from .routing import Router
+from .handlers import InferenceEndpoint
 from .settings import Settings, UpstreamSettings
-from .upstream import UpstreamClient, read_body
+from .upstream import read_body
 
 log = logging.getLogger("dialect_proxy")
-
-
-class AppState:
-    """Everything a request needs, built once per process."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.router = Router(settings.upstreams)
-        self.dialects: dict[str, Dialect] = {u.name: get_dialect(u.dialect) for u in settings.upstreams}
-        self.clients: dict[str, UpstreamClient] = {
-            u.name: UpstreamClient(u, settings.server) for u in settings.upstreams
-        }
-        configured = self.router.configured_models()
-        multiprocess = settings.server.workers > 1 or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-        self.metrics = Metrics(configured or None, multiprocess=multiprocess)
-        self.shutting_down = False
-
-    async def close(self) -> None:
-        for client in self.clients.values():
-            await client.close()
 
 
 def _error_response(err: ProxyError) -> Response:
@@ -94,20 +70,20 @@ def create_app(settings: Settings) -> ProxyApp:
         return Response(body, headers={"Content-Type": content_type})
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _error_response(ProxyError(f"No route for {request.method} {request.url.path}.", 404,
-                                          code="not_found"))
+        return _error_response(ProxyError(f"No route for {request.method} {request.url.path}.", 404, code="not_found"))
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         return _error_response(ProxyError(f"Method {request.method} is not allowed on {request.url.path}.", 405))
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return _error_response(ProxyError("Internal error in the proxy.", 500, type="server_error",
-                                          code="internal_error"))
+        return _error_response(
+            ProxyError("Internal error in the proxy.", 500, type="server_error", code="internal_error")
+        )
 
+    inference = [Route(c.path, InferenceEndpoint(state, c), methods=["POST"]) for c in state.client_dialects.values()]
     routes = [
-        Route("/v1/chat/completions", CompletionsEndpoint(state, CHAT), methods=["POST"]),
-        Route("/v1/completions", CompletionsEndpoint(state, COMPLETIONS), methods=["POST"]),
+        *inference,
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -120,11 +96,11 @@ def create_app(settings: Settings) -> ProxyApp:
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
     app.state.proxy = state
-    return ProxyApp(app, {route.path: route.endpoint for route in routes[:2]}, settings.server.api_keys)
+    return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys)
 
 
 class ProxyApp:
-    """The ASGI app: the two inference endpoints are called directly (they handle their own errors, disconnects
+    """The ASGI app: the inference endpoints are called directly (they handle their own errors, disconnects
     and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
     `send` in two more coroutines, off the per-chunk path."""
 
@@ -138,9 +114,17 @@ class ProxyApp:
         if scope["type"] == "http":
             if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
                 err = ProxyError("Incorrect or missing API key: send `Authorization: Bearer <key>`.", 401)
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-                    *((k.encode(), v.encode()) for k, v in err.response_headers().items())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer"),
+                            *((k.encode(), v.encode()) for k, v in err.response_headers().items()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": err.body()})
                 return
             if scope["method"] == "POST":
@@ -184,8 +168,9 @@ async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[st
     if u.api_key:
         headers["Authorization"] = f"Bearer {u.api_key}"
     try:
-        resp = await state.clients[u.name].open("GET", u.url + path, headers=headers,
-                                                timeout=state.settings.server.readiness_timeout * 2)
+        resp = await state.clients[u.name].open(
+            "GET", u.url + path, headers=headers, timeout=state.settings.server.readiness_timeout * 2
+        )
         try:
             raw = await read_body(resp, state.settings.server.readiness_timeout * 2, limit=2**20)
         finally:

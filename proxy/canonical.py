@@ -1,12 +1,14 @@
-"""The hub form: OpenAI Chat Completions as plain dicts.
+"""The hub form: OpenAI Chat Completions as plain dicts, and the per-request context.
 
-Every dialect translates requests from, and responses to, these shapes; the stream transforms work on them. They
-are plain dicts at run time (no validation per chunk); the aliases below document intent for readers and mypy.
+Client dialects (proxy/clients) decode their requests into a ChatRequest; upstream dialects (proxy/dialects) build
+their bodies from it and turn their answers into ChatChunks with true deltas, which proxy/normalize.py turns into
+the typed events of proxy/events.py. They are plain dicts at run time (no validation per chunk); the aliases below
+document intent for readers and mypy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .settings import UpstreamSettings
@@ -17,7 +19,7 @@ ChatRequest = dict[str, Any]
 ChatCompletion = dict[str, Any]
 # {"id", "object", "created", "model", "choices": [{"index", "delta", "finish_reason"}], "usage"?}
 ChatChunk = dict[str, Any]
-Usage = dict[str, Any]            # {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details"?,...}
+Usage = dict[str, Any]  # {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details"?,...}
 
 CHAT = "chat"
 COMPLETIONS = "completions"
@@ -27,18 +29,15 @@ COMPLETIONS = "completions"
 class RequestContext:
     """What one request's translation needs to know; created by the handler, read by dialect and transforms."""
 
-    kind: str                       # CHAT or COMPLETIONS
+    kind: str  # CHAT or COMPLETIONS
     request_id: str
-    client_model: str               # the name the client sent (maybe an alias)
-    upstream_model: str             # the name sent upstream
+    client_model: str  # the name the client sent (maybe an alias)
+    upstream_model: str  # the name sent upstream
     upstream: UpstreamSettings
     stream: bool
-    include_usage: bool             # the client's stream_options.include_usage
-    response_id: str
+    response_id: str  # the client dialect's id for this answer (chatcmpl-…, resp_…)
     created: int
     attempt: int = 0
-    # Filled while decoding: upstream-only fields (MindIE timings...) for the metrics layer.
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def response_model(self) -> str:

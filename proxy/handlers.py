@@ -1,11 +1,12 @@
-"""Endpoints: glue only — parse, route, translate, send, transform, respond.
+"""The inference endpoint: glue only — client spoke decodes, route, upstream session builds, send, pipeline turns
+the answer into hub events, client spoke encodes, respond. One class serves every client dialect (proxy/clients).
 
 The inference endpoints are raw ASGI callables (not Starlette Request/Response) because they own two things the
 framework does not do for us:
 - cancellation: a watcher task reads `http.disconnect` and cancels the request's task, so the upstream request is
   closed at once — while waiting for response headers, while reading a non-stream body, and mid-stream;
-- the stream relay: upstream bytes -> SSE events -> dialect -> translator -> SSE bytes, reading upstream only as
-  fast as the client takes it (uvicorn's `send` waits while the socket's write buffer is full).
+- the stream relay: upstream bytes -> pipeline (proxy/pipeline.py) -> hub events -> client encoder -> bytes, reading
+  upstream only as fast as the client takes it (uvicorn's `send` waits while the socket's write buffer is full).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .canonical import CHAT, RequestContext
+from .canonical import RequestContext
 from .errors import (
     ClientRequestError,
     ProxyError,
@@ -28,13 +29,13 @@ from .errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from .relay import StreamRelay, preview
-from .sse import DONE, KEEPALIVE, encode_data
-from .translate import ResponseTranslator
+from .events import Answer, Delta
+from .pipeline import Pipeline
 from .upstream import iter_stream, read_body, release
 
 if TYPE_CHECKING:
-    from .app import AppState
+    from .appstate import AppState
+    from .clients.base import ClientCall, ClientDialect, Encoder
     from .metrics import RequestObserver
 
 log = logging.getLogger("dialect_proxy")
@@ -43,7 +44,6 @@ access_log = logging.getLogger("dialect_proxy.access")
 Scope = dict[str, Any]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
@@ -52,9 +52,10 @@ SSE_HEADERS = [
 class _Disconnect:
     """Watches `receive()` for http.disconnect and cancels the request's task when the client goes away."""
 
-    __slots__ = ("_task", "_watcher", "committed", "complete", "disconnected")
+    __slots__ = ("_task", "_watcher", "committed", "complete", "disconnected", "encoder")
 
     def __init__(self, receive: Any) -> None:
+        self.encoder: Encoder | None = None  # the client encoder, once the answer is being encoded
         self.disconnected = False
         self.complete = False  # set just before the final send: uvicorn then answers receive() with a disconnect
         self.committed = False  # the 200 event-stream head has been sent
@@ -115,38 +116,17 @@ async def send_json(send: Any, status: int, payload: bytes, extra: list[tuple[by
     await send({"type": "http.response.body", "body": payload})
 
 
-def error_headers(err: ProxyError) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode(), v.encode("latin-1")) for k, v in err.response_headers().items()]
+class InferenceEndpoint:
+    """POST on a client dialect's path (proxy/clients): /v1/chat/completions, /v1/completions, /v1/responses ..."""
 
-
-def _substantive(chunk: dict[str, Any]) -> bool:
-    """A chunk worth committing the 200 for: it carries a token, a finish_reason, or the usage."""
-    choices = chunk["choices"]
-    return not choices or _carries_token(chunk) or any(c.get("finish_reason") for c in choices)
-
-
-def _carries_token(chunk: dict[str, Any]) -> bool:
-    for choice in chunk["choices"]:
-        delta = choice.get("delta")
-        if delta is None:
-            if choice.get("text"):
-                return True
-        elif delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or \
-                delta.get("tool_calls"):
-            return True
-    return False
-
-
-class CompletionsEndpoint:
-    """POST /v1/chat/completions (kind "chat") and POST /v1/completions (kind "completions")."""
-
-    def __init__(self, state: AppState, kind: str) -> None:
+    def __init__(self, state: AppState, client: ClientDialect) -> None:
         self.state = state
-        self.kind = kind
-        self.route = "/v1/chat/completions" if kind == CHAT else "/v1/completions"
+        self.client = client
+        self.route = client.path
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         state = self.state
+        client = self.client
         started = time.perf_counter()
         request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
         if len(request_id) > 200:
@@ -161,38 +141,46 @@ class CompletionsEndpoint:
                 body = await _read_request_body(scope, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
                     raise ProxyError("The proxy is shutting down.", 503, code="upstream_unavailable")
-                req = _parse(body)
-                ctx = self._context(req, request_id)
+                call = await client.decode(_parse(body), _headers(scope))
+                ctx = self._context(call, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
-                obs = state.metrics.request(self.route, ctx.upstream.name, ctx.client_model, ctx.stream,
-                                            started_at=started)
+                obs = state.metrics.request(
+                    self.route, ctx.upstream.name, ctx.client_model, ctx.stream, started_at=started
+                )
                 watch = _Disconnect(receive)
-                status = await self._serve(req, ctx, send, watch, obs, rid_header, info)
+                status = await self._serve(call, ctx, send, watch, obs, rid_header, info)
             except ProxyError as err:
                 status = err.status
                 info["error"] = err.code
                 if obs is None:  # refused before routing (bad JSON, 413, unknown model): still counted
-                    obs = state.metrics.request(self.route, info.get("upstream", ""), info.get("model", ""),
-                                                bool(info.get("stream")), started_at=started)
+                    obs = state.metrics.request(
+                        self.route,
+                        info.get("upstream", ""),
+                        info.get("model", ""),
+                        bool(info.get("stream")),
+                        started_at=started,
+                    )
                 if obs is not None and isinstance(err, UpstreamError | UpstreamUnreachable | UpstreamTimeout):
                     obs.upstream_error(info.get("dialect", "any"), err.upstream_code or err.code)
                 if watch is not None:
                     watch.complete = True
-                await send_json(send, err.status, err.body(), error_headers(err) + [rid_header])
+                err_status, err_headers, err_body = client.error_response(err)
+                status = err_status
+                await send_json(send, err_status, err_body, err_headers + [rid_header])
             except _ClientGone:
                 info["client_disconnected"] = True
                 status = 499
-            except Exception:  # a bug of ours: the client still gets an OpenAI error, never a stack trace
+            except Exception:  # a bug of ours: the client still gets an error in its dialect, never a stack trace
                 log.exception("unexpected error in %s (request %s)", self.route, request_id)
                 status = 500
                 info["error"] = "internal_error"
                 bug = ProxyError("Internal error in the proxy.", 500, type="server_error", code="internal_error")
                 if watch is None or not watch.complete:
-                    if watch is not None and watch.committed:
-                        await send({"type": "http.response.body", "body": encode_data(bug.body()),
-                                    "more_body": False})
+                    if watch is not None and watch.committed and watch.encoder is not None:
+                        await send({"type": "http.response.body", "body": watch.encoder.error(bug), "more_body": False})
                     else:
-                        await send_json(send, 500, bug.body(), [rid_header])
+                        err_status, err_headers, err_body = client.error_response(bug)
+                        await send_json(send, err_status, err_body, err_headers + [rid_header])
         except asyncio.CancelledError as cancelled:
             if watch is not None and watch.disconnected:
                 _uncancel()
@@ -202,19 +190,23 @@ class CompletionsEndpoint:
                 # The shutdown grace period is over: end the request with an error the client can see.
                 _uncancel()
                 drain_err = ProxyError(
-                    "The proxy is shutting down; the request was cut at the end of the grace period.", 503,
-                    code="shutting_down")
+                    "The proxy is shutting down; the request was cut at the end of the grace period.",
+                    503,
+                    code="shutting_down",
+                )
                 info["error"] = drain_err.code
                 status = 503
                 if obs is not None and watch.committed:
                     obs.truncated("shutdown")
                 watch.complete = True
                 with contextlib.suppress(Exception):
-                    if watch.committed:
-                        await send({"type": "http.response.body", "body": encode_data(drain_err.body()),
-                                    "more_body": False})
+                    if watch.committed and watch.encoder is not None:
+                        await send(
+                            {"type": "http.response.body", "body": watch.encoder.error(drain_err), "more_body": False}
+                        )
                     else:
-                        await send_json(send, 503, drain_err.body(), [rid_header])
+                        err_status, err_headers, err_body = client.error_response(drain_err)
+                        await send_json(send, err_status, err_body, err_headers + [rid_header])
             else:
                 raise
         finally:
@@ -232,37 +224,22 @@ class CompletionsEndpoint:
                 info["client_disconnected"] = disconnected
                 access_log.info(orjson.dumps(info).decode())
 
-    def _context(self, req: dict[str, Any], request_id: str) -> RequestContext:
-        state = self.state
-        model = req.get("model")
-        if not isinstance(model, str) or not model:
-            raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
-        if self.kind == CHAT:
-            messages = req.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ClientRequestError("`messages` must be a non-empty list.", param="messages")
-        elif "prompt" not in req:
-            raise ClientRequestError("`prompt` is required.", param="prompt")
-        route = state.router.resolve(model)
-        stream = req.get("stream") is True
-        opts = req.get("stream_options")
-        include_usage = stream and isinstance(opts, dict) and opts.get("include_usage") is True
-        prefix = "chatcmpl-" if self.kind == CHAT else "cmpl-"
+    def _context(self, call: ClientCall, request_id: str) -> RequestContext:
+        route = self.state.router.resolve(call.model)
         return RequestContext(
-            kind=self.kind,
+            kind=call.kind,
             request_id=request_id,
-            client_model=model,
+            client_model=call.model,
             upstream_model=route.upstream_model,
             upstream=route.upstream,
-            stream=stream,
-            include_usage=include_usage,
-            response_id=prefix + uuid.uuid4().hex[:24],
+            stream=call.stream,
+            response_id=self.client.id_prefix + uuid.uuid4().hex[:24],
             created=int(time.time()),
         )
 
     async def _serve(
         self,
-        req: dict[str, Any],
+        call: ClientCall,
         ctx: RequestContext,
         send: Any,
         watch: _Disconnect,
@@ -274,60 +251,81 @@ class CompletionsEndpoint:
         server = state.settings.server
         upstream = ctx.upstream
         dialect = state.dialects[upstream.name]
-        client = state.clients[upstream.name]
+        http = state.clients[upstream.name]
         info["dialect"] = dialect.name
+        if call.options.get("log"):
+            info.update(call.options["log"])
         path = dialect.path(ctx.kind)
         if path is None:
             raise ClientRequestError(
-                f"The upstream `{upstream.name}` ({dialect.name}) has no {self.route} equivalent.", 404,
+                f"The upstream `{upstream.name}` ({dialect.name}) has no {self.route} equivalent.",
+                404,
                 code="unsupported_endpoint",
             )
-        upstream_body = dialect.build_request(req, ctx)
+        session = dialect.session(ctx)
+        upstream_body = session.build_request(call.request)
         path = dialect.request_path(path, upstream_body, ctx)
         if server.log_bodies and log.isEnabledFor(logging.DEBUG):
-            log.debug(orjson.dumps({"request_id": ctx.request_id, "client_body": redact(req),
-                                    "upstream_body": redact(upstream_body)}).decode())
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if ctx.stream else
-                   "application/json"}
+            log.debug(
+                orjson.dumps(
+                    {
+                        "request_id": ctx.request_id,
+                        "client_body": redact(call.request),
+                        "upstream_body": redact(upstream_body),
+                    }
+                ).decode()
+            )
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if ctx.stream else "application/json",
+        }
         headers.update(dialect.request_headers(ctx))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + server.total_timeout
         obs.upstream_started()
         try:
-            resp = await client.open("POST", upstream.url + path, body=orjson.dumps(upstream_body),
-                                     headers=headers)
+            resp = await http.open("POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers)
         except (UpstreamUnreachable, UpstreamTimeout):
             state.metrics.upstream_up(upstream.name, False)
             raise
         state.metrics.upstream_up(upstream.name, True)
         reusable = False
+        answer = Answer()
+        pipeline = Pipeline(session, answer)
+        encoder = self.client.encoder(call, ctx, answer)
+        extra_headers = call.headers + [rid_header]
         try:
             obs.upstream_headers()
             t_up = time.perf_counter()
-            translator = ResponseTranslator(ctx, state.settings.client, dialect_reasoning_source(ctx, dialect))
             content_type = resp.headers.get("Content-Type", "")
             if not ctx.stream or resp.status >= 300 or "text/event-stream" not in content_type:
                 raw = await read_body(resp, min(server.idle_timeout, max(deadline - loop.time(), 0.001)))
                 obs.add_upstream_wait(time.perf_counter() - t_up)
                 if resp.status >= 300:
                     raise dialect.error_from_body(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
-                try:
-                    data = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    raise UpstreamError(
-                        "The upstream answered with a body that is not JSON: " + preview(raw), 502
-                    ) from None
                 if ctx.stream:
+                    try:
+                        data = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        data = None
                     err = dialect.error_in_json(data)
                     raise err or UpstreamError("The upstream answered a stream request without an event stream.")
-                result = translator.translate_completion(dialect.decode_response(data, ctx))
-                self._observe_usage(obs, translator, ctx, info)
-                info["finish_reason"] = _first_finish(result)
+                events: list[Delta] = []
+                try:
+                    pipeline.complete(raw, events)
+                finally:
+                    self._observe(obs, session, answer, info)
+                info["finish_reason"] = answer.finish_reason
+                for event in events:
+                    obs.chunk(event.has_token)
+                encoder.feed(events)
+                result = encoder.finish()
+                await self.client.completed(call, encoder)
                 watch.complete = True
-                await send_json(send, 200, orjson.dumps(result), [rid_header])
+                await send_json(send, 200, result, extra_headers)
                 reusable = True
                 return 200
-            status = await self._relay(resp, ctx, dialect, translator, send, watch, obs, rid_header, info, deadline)
+            status = await self._relay(resp, call, pipeline, encoder, send, watch, obs, extra_headers, info, deadline)
             reusable = status == 200
             return status
         finally:
@@ -336,79 +334,106 @@ class CompletionsEndpoint:
             else:  # an error or a client that left: close, so the upstream stops generating
                 resp.close()
 
-    async def _relay(self, resp: Any, ctx: RequestContext, dialect: Any, translator: ResponseTranslator, send: Any,
-                     watch: _Disconnect, obs: RequestObserver, rid_header: tuple[bytes, bytes],
-                     info: dict[str, Any], deadline: float) -> int:
+    async def _relay(
+        self,
+        resp: Any,
+        call: ClientCall,
+        pipeline: Pipeline,
+        encoder: Encoder,
+        send: Any,
+        watch: _Disconnect,
+        obs: RequestObserver,
+        extra_headers: list[tuple[bytes, bytes]],
+        info: dict[str, Any],
+        deadline: float,
+    ) -> int:
         """Upstream event stream -> client event stream.
 
-        The 200 head is sent lazily: with the first client chunk, or when the first keep-alive is due. So an error
-        that arrives as the stream's first event (a Siliconstorm `{"code": 701}` in an SSE line, MindIE's raw
-        `Engine callback timeout` before any token) still reaches the client as an HTTP error status; only a failure
-        after the head becomes an SSE error event (and the stream ends without [DONE]).
+        The 200 head is sent lazily: with the first generated token (or finish), or when the first keep-alive is
+        due. So an error that arrives as the stream's first event (a Siliconstorm `{"code": 701}` in an SSE line,
+        MindIE's raw `Engine callback timeout` before any token) still reaches the client as an HTTP error status;
+        only a failure after the head becomes the client dialect's in-stream error (never a clean end).
         """
         server = self.state.settings.server
-        relay = StreamRelay(ctx, dialect, translator)
-        dumps = orjson.dumps
-        out: list[dict[str, Any]] = []  # translated but not yet sent: still sent when a later event fails
+        session = pipeline.session
+        events: list[Delta] = []
+        pending: list[bytes] = []  # encoded but not yet sent: still sent when a later event fails
+        substantive = False  # a token or a finish is pending or sent: worth committing the 200 for
+        head = [(b"content-type", self.client.content_type), *SSE_HEADERS, *extra_headers]
 
-        async def commit() -> None:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + [rid_header]})
-            watch.committed = True
+        def encode() -> None:
+            nonlocal substantive
+            for event in events:
+                has_token = event.has_token
+                obs.chunk(has_token)
+                if has_token or event.finish_reason is not None:
+                    substantive = True
+            data = encoder.feed(events)
+            events.clear()
+            if data:
+                pending.append(data)
 
-        async def flush_out(final: bytes = b"", more: bool = True) -> None:
-            body = b"".join(encode_data(dumps(c)) for c in out) + final
-            for chunk in out:
-                obs.chunk(_carries_token(chunk))
-            out.clear()
+        async def flush(final: bytes = b"", more: bool = True) -> None:
             if not watch.committed:
-                await commit()
+                await send({"type": "http.response.start", "status": 200, "headers": head})
+                watch.committed = True
+                watch.encoder = encoder
+                pending.insert(0, encoder.head())
+            body = b"".join(pending) + final
+            pending.clear()
             await send({"type": "http.response.body", "body": body, "more_body": more})
 
         try:
             # aclosing: the silence timer is cancelled as soon as we stop reading (e.g. right after [DONE]).
             async with contextlib.aclosing(
-                    iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline)) as reads:
+                iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline)
+            ) as reads:
                 async for data in reads:
                     if data is None:
-                        if out or not watch.committed:
-                            await flush_out()
-                        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                        await flush(encoder.keepalive)
                         continue
-                    relay.feed(data, out)
-                    # Until the head is sent, role-only chunks wait for the first token (or finish), so that a failure
-                    # before any generated text is still an HTTP error.
-                    if out and (watch.committed or relay.done or any(map(_substantive, out))):
-                        await flush_out()
-                    if relay.done:
+                    pipeline.feed(data, events)
+                    if events:
+                        encode()
+                    # Until the head is sent, role-only chunks wait for the first token (or finish), so that a
+                    # failure before any generated text is still an HTTP error.
+                    if pending and (watch.committed or pipeline.done or substantive):
+                        await flush()
+                    if pipeline.done:
                         break
-            relay.finish(out)
-            self._observe_usage(obs, translator, ctx, info)
-            info["finish_reason"] = translator.last_finish_reason
+            pipeline.finish(events)
+            if events:
+                encode()
+            self._observe(obs, session, pipeline.answer, info)
+            info["finish_reason"] = pipeline.answer.finish_reason
+            tail = encoder.finish()
+            await self.client.completed(call, encoder)
             watch.complete = True
-            await flush_out(DONE, more=False)
+            await flush(tail, more=False)
             return 200
         except ProxyError as err:
+            if events:
+                encode()  # what arrived before the failure is still delivered, ahead of the error
             reason = err.reason if isinstance(err, StreamTruncated) else "upstream_error"
-            self._observe_usage(obs, translator, ctx, info)
-            if not watch.committed and not any(map(_substantive, out)):
+            self._observe(obs, session, pipeline.answer, info)
+            if not watch.committed and not substantive:
                 raise  # nothing generated reached the client yet: it gets the HTTP status and envelope
             obs.truncated(reason)
             if err.upstream_code:
-                obs.upstream_error(dialect.name, err.upstream_code)
+                obs.upstream_error(session.dialect.name, err.upstream_code)
             info["error"] = err.code
             info["truncated"] = reason
             watch.complete = True
-            await flush_out(encode_data(err.body()), more=False)  # what arrived before the failure, then the error
+            await flush(encoder.error(err), more=False)
             return max(err.status, 500)
 
     @staticmethod
-    def _observe_usage(obs: RequestObserver, translator: ResponseTranslator, ctx: RequestContext,
-                       info: dict[str, Any]) -> None:
-        if translator.usage is not None:
-            obs.usage(translator.usage)
-            info["prompt_tokens"] = translator.usage.get("prompt_tokens")
-            info["completion_tokens"] = translator.usage.get("completion_tokens")
-        extras = {**translator.usage_extras, **ctx.extras}
+    def _observe(obs: RequestObserver, session: Any, answer: Answer, info: dict[str, Any]) -> None:
+        if answer.usage is not None:
+            obs.usage(answer.usage)
+            info["prompt_tokens"] = answer.usage.get("prompt_tokens")
+            info["completion_tokens"] = answer.usage.get("completion_tokens")
+        extras = {**answer.usage_extras, **session.extras}
         if extras:
             obs.upstream_timings(extras)
 
@@ -419,8 +444,12 @@ _SECRET_KEYS = ("authorization", "api_key", "apikey", "api-key", "password", "se
 def redact(value: Any) -> Any:
     """A copy of a JSON value with credential-looking fields replaced (for --log-bodies)."""
     if isinstance(value, dict):
-        return {k: "[redacted]" if isinstance(k, str) and any(s in k.lower() for s in _SECRET_KEYS)
-                and not k.endswith("_tokens") else redact(v) for k, v in value.items()}
+        return {
+            k: "[redacted]"
+            if isinstance(k, str) and any(s in k.lower() for s in _SECRET_KEYS) and not k.endswith("_tokens")
+            else redact(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [redact(v) for v in value]
     return value
@@ -441,10 +470,6 @@ def _is_shutdown_cancel(exc: asyncio.CancelledError) -> bool:
     return any(isinstance(a, str) and SHUTDOWN_CANCEL_MSG in a for a in exc.args)
 
 
-def dialect_reasoning_source(ctx: RequestContext, dialect: Any) -> str:
-    return ctx.upstream.reasoning_source or dialect.default_reasoning_source
-
-
 def _parse(body: bytes) -> dict[str, Any]:
     try:
         req = orjson.loads(body)
@@ -455,6 +480,6 @@ def _parse(body: bytes) -> dict[str, Any]:
     return req
 
 
-def _first_finish(result: dict[str, Any]) -> str | None:
-    choices = result.get("choices") or ()
-    return choices[0].get("finish_reason") if choices else None
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request headers, lower-case names (the last of repeated ones), for client spokes."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}

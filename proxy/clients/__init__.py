@@ -1,0 +1,13 @@
+"""Client-dialect registry: name -> implementation (the APIs clients speak to us; proxy/clients/base.py)."""
+
+from __future__ import annotations
+
+from .base import ClientCall, ClientDialect, Encoder
+from .chat import ChatClient, CompletionsClient
+
+CLIENT_DIALECTS: dict[str, type[ClientDialect]] = {
+    "chat": ChatClient,
+    "completions": CompletionsClient,
+}
+
+__all__ = ["CLIENT_DIALECTS", "ClientCall", "ClientDialect", "Encoder"]

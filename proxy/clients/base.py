@@ -87,3 +87,9 @@ class ClientDialect:
 
     async def completed(self, call: ClientCall, encoder: Encoder) -> None:
         """A complete answer, before its last bytes go to the client (store what must outlive the request)."""
+
+
+def openai_error_response(err: ProxyError) -> tuple[int, Headers, bytes]:
+    """The OpenAI error envelope (Chat Completions, Completions, Responses)."""
+    headers = [(k.lower().encode(), v.encode("latin-1", "replace")) for k, v in err.response_headers().items()]
+    return err.status, headers, err.body()

@@ -1,27 +1,62 @@
 """The Dialect protocol, and the behaviour shared by OpenAI-like dialects.
 
 A dialect is a spoke of the hub: it turns a canonical (OpenAI) request into the upstream's body, and the upstream's
-answers — JSON bodies, stream events, errors in any shape — into canonical ones. It holds no per-request state;
-per-request stream state lives in `proxy.translate.ResponseTranslator`.
+answers — JSON bodies, stream events, errors in any shape — into canonical ones. The `Dialect` is built once per
+upstream and holds no per-request state; `Dialect.session(ctx)` makes an `UpstreamSession` per request, which owns
+the dialect's stateful quirks (MindIE's cumulative text, error finish reasons, whether the model starts inside a
+thinking block) and hands canonical chunks — true deltas — to the shared normalizer (proxy/normalize.py).
 
 Subclasses override only what differs; the data that differs lives in mappings/<name>.yaml.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import orjson
 
-from ..canonical import CHAT, ChatChunk, ChatCompletion, ChatRequest, RequestContext
+from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from ..errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamError, error_type_for
 from ..mapping import DialectMapping, load_mapping
 
 MAX_ERROR_TEXT = 500
 
+# DECISIONS.md "Reasoning": upstream model names whose template opens the thinking block in the prompt (R1 family).
+THINKING_MODEL_RE = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
+
+# Finish reasons that say the upstream broke the generation off, not that the answer is complete
+# (docs/deepseek-engine.md): a retryable error instead of a finish_reason — the whole answer for non-stream
+# requests; for streams an error event after the partial content, without [DONE]. Any dialect may report them.
+ERROR_FINISH_REASONS: dict[str, tuple[int, str]] = {
+    "insufficient_system_resource": (
+        503,
+        (
+            "The upstream interrupted the generation for lack of system resources "
+            "(finish_reason `insufficient_system_resource`)"
+        ),
+    ),
+}
+
+
+def finish_error(finish: str, stream: bool) -> UpstreamError:
+    status, text = ERROR_FINISH_REASONS[finish]
+    if stream:
+        return StreamTruncated(
+            text + "; the answer streamed so far is incomplete. Retry the request.",
+            reason="upstream_error",
+            status=status,
+            code=finish,
+            upstream_code=finish,
+        )
+    return UpstreamError(
+        text + "; the partial answer was discarded. Retry the request.", status, code=finish, upstream_code=finish
+    )
+
 
 class Dialect:
     name: ClassVar[str] = "openai"
+    session_class: ClassVar[type[UpstreamSession]]
     # Where the upstream keeps reasoning unless the config says otherwise (DECISIONS.md "Reasoning").
     default_reasoning_source: ClassVar[str] = "auto"
     # Ask the upstream for usage on streams even when the client did not (metrics need tokens).
@@ -91,37 +126,11 @@ class Dialect:
         return None
 
     # -- responses --------------------------------------------------------------------------------------------
-    def decode_response(self, data: Any, ctx: RequestContext) -> ChatCompletion:
-        err = self.error_in_json(data)
-        if err is not None:
-            raise err
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-            raise UpstreamError("The upstream answered with JSON that is not a completion.", 502)
-        for key in self.mapping.strip:
-            if key in data:
-                ctx.extras[key] = data.pop(key)
-        self._map_finish(data["choices"])
-        return data
+    def session(self, ctx: RequestContext) -> UpstreamSession:
+        """The per-request decoding session (the dialect's own stream state lives there)."""
+        return self.session_class(self, ctx)
 
-    def decode_chunk(self, data: Any, ctx: RequestContext) -> ChatChunk | None:
-        err = self.error_in_json(data)
-        if err is not None:
-            raise StreamTruncated(err.message, reason="upstream_error", status=err.status, type=err.type,
-                                  code=err.code, upstream_code=err.upstream_code)
-        if not isinstance(data, dict):
-            raise StreamTruncated("The upstream sent a stream event that is not a JSON object.",
-                                  reason="invalid_data")
-        strip = self.mapping.strip
-        if strip:
-            for key in strip:
-                if key in data:
-                    ctx.extras[key] = data.pop(key)
-        choices = data.get("choices")
-        if choices:
-            self._map_finish(choices)
-        return data
-
-    def _map_finish(self, choices: list[dict[str, Any]]) -> None:
+    def map_finish(self, choices: list[dict[str, Any]]) -> None:
         fmap = self.mapping.finish_reason
         if not fmap:
             return
@@ -136,11 +145,118 @@ class Dialect:
         return []
 
 
+class UpstreamSession:
+    """One request's view of its upstream: builds the body and turns each upstream answer into canonical chunks.
+
+    Canonical chunks are OpenAI chat (or completions) chunks whose text fields are true deltas; a non-stream answer
+    becomes one chunk whose choices carry the message as their `delta` and their finish_reason, so that the rest of
+    the pipeline is the same for both (DESIGN.md "Streaming and non-streaming share one path").
+    """
+
+    def __init__(self, dialect: Dialect, ctx: RequestContext) -> None:
+        self.dialect = dialect
+        self.ctx = ctx
+        self.extras: dict[str, Any] = {}  # upstream-only fields (MindIE timings ...) for the metrics layer
+        self.reasoning_source = ctx.upstream.reasoning_source or dialect.default_reasoning_source
+        self.thinking_off = False  # the request switched thinking off (set by a dialect's build_request)
+        self._pending: UpstreamError | None = None  # an error finish reason, raised after its partial content
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def build_request(self, body: ChatRequest) -> dict[str, Any]:
+        return self.dialect.build_request(body, self.ctx)
+
+    @property
+    def starts_in_reasoning(self) -> bool:
+        """The model's answer starts inside a `<think>` block whose opening tag is in the prompt template."""
+        if self.reasoning_source not in ("auto", "tags"):
+            return False
+        model = self.ctx.upstream_model
+        if THINKING_MODEL_RE.search(model):
+            return True  # R1-family templates always open <think>: they have no switch to turn thinking off
+        # A listed (often hybrid) model does not open the block when the request switched thinking off.
+        return model in self.ctx.upstream.thinking_models and not self.thinking_off
+
+    # -- answers ----------------------------------------------------------------------------------------------
+    def response(self, data: Any) -> ChatChunk:
+        """A non-stream JSON answer -> one final canonical chunk."""
+        dialect = self.dialect
+        err = dialect.error_in_json(data)
+        if err is not None:
+            raise err
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise UpstreamError("The upstream answered with JSON that is not a completion.", 502)
+        self._strip(data)
+        choices = []
+        for choice in data["choices"]:
+            if not isinstance(choice, dict):
+                continue
+            finish = choice.get("finish_reason")
+            if finish in ERROR_FINISH_REASONS:
+                raise finish_error(finish, stream=False)
+            out = {k: v for k, v in choice.items() if k != "message"}
+            if self.ctx.kind == CHAT:
+                message = choice.get("message")
+                out["delta"] = message if isinstance(message, dict) else {}
+            choices.append(out)
+        dialect.map_finish(choices)
+        data["choices"] = choices
+        return data
+
+    def chunk(self, data: Any) -> ChatChunk | None:
+        """One parsed stream event -> a canonical chunk (None: nothing for the client). Raises StreamTruncated for an
+        error the upstream reports in the stream."""
+        if self._pending is not None:
+            raise self._pending
+        dialect = self.dialect
+        err = dialect.error_in_json(data)
+        if err is not None:
+            raise StreamTruncated(
+                err.message,
+                reason="upstream_error",
+                status=err.status,
+                type=err.type,
+                code=err.code,
+                upstream_code=err.upstream_code,
+            )
+        if not isinstance(data, dict):
+            raise StreamTruncated("The upstream sent a stream event that is not a JSON object.", reason="invalid_data")
+        self._strip(data)
+        choices = data.get("choices")
+        if choices:
+            dialect.map_finish(choices)
+            for choice in choices:
+                finish = choice.get("finish_reason")
+                if finish in ERROR_FINISH_REASONS:
+                    # The partial content of this chunk still reaches the client; the error follows it.
+                    choice["finish_reason"] = None
+                    if self._pending is None:
+                        self._pending = finish_error(finish, stream=True)
+        return data
+
+    def end(self) -> None:
+        """The upstream stream is over: raise what the dialect knows is wrong with the answer."""
+        if self._pending is not None:
+            raise self._pending
+
+    def _strip(self, data: dict[str, Any]) -> None:
+        strip = self.dialect.mapping.strip
+        if strip:
+            for key in strip:
+                if key in data:
+                    self.extras[key] = data.pop(key)
+
+
+Dialect.session_class = UpstreamSession
+
+
 def join_text_parts(content: Any) -> Any:
     """OpenAI content parts that are all text -> one string (joined with newlines, as chat templates do); any other
     content is returned unchanged. For upstreams whose messages take string content only."""
-    if isinstance(content, list) and content and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+    if (
+        isinstance(content, list)
+        and content
+        and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)
+    ):
         return "\n".join(p["text"] for p in content)
     return content
 

@@ -16,8 +16,8 @@ What differs from OpenAI, and where it is handled:
   `thinking`; a forced `tool_choice` (`required` or a named function) turns thinking off for that request, because
   DeepSeek refuses the combination;
 - DeepSeek-dialect clients: the assistant `prefix: true` continuation is sent to the `/beta` route it needs;
-- `insufficient_system_resource` is turned into a retryable 503 by the translator (proxy/translate.py), so that an
-  interrupted answer never looks like a normal `stop`.
+- `insufficient_system_resource` is turned into a retryable 503 by the upstream session (proxy/dialects/base.py),
+  so that an interrupted answer never looks like a normal `stop`.
 
 Responses are OpenAI-shaped already (`reasoning_content`, usage cache fields handled by proxy/stream/usage.py).
 """
@@ -28,13 +28,18 @@ from typing import Any
 
 from ..canonical import CHAT, ChatRequest, RequestContext
 from ..errors import ClientRequestError
-from ..translate import THINKING_MODEL_RE
-from .base import Dialect, join_text_parts
+from .base import THINKING_MODEL_RE, Dialect, UpstreamSession, join_text_parts
 
 RESPONSE_FORMATS = ("text", "json_object")
 # OpenAI `reasoning_effort` -> DeepSeek `thinking.type` (DeepSeek has an on/off switch, no effort levels).
-THINKING_BY_EFFORT = {"none": "disabled", "minimal": "disabled", "low": "enabled", "medium": "enabled",
-                      "high": "enabled", "xhigh": "enabled"}
+THINKING_BY_EFFORT = {
+    "none": "disabled",
+    "minimal": "disabled",
+    "low": "enabled",
+    "medium": "enabled",
+    "high": "enabled",
+    "xhigh": "enabled",
+}
 BETA = "/beta"
 
 
@@ -43,8 +48,17 @@ def is_r1(model: str) -> bool:
     return bool(THINKING_MODEL_RE.search(model))
 
 
+class DeepSeekSession(UpstreamSession):
+    def build_request(self, body: ChatRequest) -> dict[str, Any]:
+        out = super().build_request(body)
+        thinking = out.get("thinking")
+        self.thinking_off = isinstance(thinking, dict) and thinking.get("type") == "disabled"
+        return out
+
+
 class DeepSeekDialect(Dialect):
     name = "deepseek"
+    session_class = DeepSeekSession
     default_reasoning_source = "field"
     supports_prefix = True
 
@@ -63,8 +77,9 @@ class DeepSeekDialect(Dialect):
         _map_thinking(out, r1)
         thinking = _thinking_enabled(out)
         messages = [_split_inline_reasoning(_plain(m)) for m in out["messages"]]
-        messages = [_replay(m, ctx.upstream.reasoning_replay, i == len(messages) - 1, thinking)
-                    for i, m in enumerate(messages)]
+        messages = [
+            _replay(m, ctx.upstream.reasoning_replay, i == len(messages) - 1, thinking) for i, m in enumerate(messages)
+        ]
         if r1:
             messages = merge_successive(messages)
         out["messages"] = messages
@@ -76,19 +91,23 @@ class DeepSeekDialect(Dialect):
         if not beta and ctx.kind == CHAT and _has_prefix(body):
             path, beta = BETA + path, True
         if beta and ctx.upstream.url.endswith(BETA):
-            path = path[len(BETA):]
+            path = path[len(BETA) :]
         return path
 
 
 # -- request helpers (pure functions of the request) ---------------------------------------------------------
+
 
 def _check_n(out: dict[str, Any]) -> None:
     n = out.get("n")
     if n is None or n == 1:
         out.pop("n", None)
         return
-    raise ClientRequestError(f"`n` = {n!r} is not supported by DeepSeek, which returns one choice per request; "
-                             "send n = 1 (or omit it) and repeat the request for more answers.", param="n")
+    raise ClientRequestError(
+        f"`n` = {n!r} is not supported by DeepSeek, which returns one choice per request; "
+        "send n = 1 (or omit it) and repeat the request for more answers.",
+        param="n",
+    )
 
 
 def _check_response_format(out: dict[str, Any]) -> None:
@@ -97,11 +116,12 @@ def _check_response_format(out: dict[str, Any]) -> None:
         return
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind not in RESPONSE_FORMATS:
-        hint = " Use {\"type\": \"json_object\"} and describe the schema in the prompt." if kind == "json_schema" \
-            else ""
+        hint = ' Use {"type": "json_object"} and describe the schema in the prompt.' if kind == "json_schema" else ""
         raise ClientRequestError(
             f"`response_format` type {kind!r} is not supported by DeepSeek (it accepts `text` and `json_object`)."
-            + hint, param="response_format")
+            + hint,
+            param="response_format",
+        )
 
 
 def _refuse_logprobs(out: dict[str, Any], model: str) -> None:
@@ -109,7 +129,9 @@ def _refuse_logprobs(out: dict[str, Any], model: str) -> None:
         param = "logprobs" if out.get("logprobs") else "top_logprobs"
         raise ClientRequestError(
             f"`logprobs` and `top_logprobs` are not supported by the reasoning model `{model}` (DeepSeek R1 "
-            "models refuse them); remove them.", param=param)
+            "models refuse them); remove them.",
+            param=param,
+        )
     out.pop("logprobs", None)
     out.pop("top_logprobs", None)
 
@@ -167,8 +189,8 @@ def _split_inline_reasoning(message: Any) -> Any:
     if end < 0:
         return message
     out = dict(message)
-    reasoning = stripped[len("<think>"):end]
-    out["content"] = stripped[end + len("</think>"):].lstrip()
+    reasoning = stripped[len("<think>") : end]
+    out["content"] = stripped[end + len("</think>") :].lstrip()
     if out.get("reasoning_content") is None and out.get("reasoning") is None:
         out["reasoning_content"] = reasoning
     return out
@@ -203,8 +225,12 @@ def merge_successive(messages: list[Any]) -> list[Any]:
     merged: list[Any] = []
     for message in messages:
         prev = merged[-1] if merged else None
-        if (isinstance(message, dict) and isinstance(prev, dict) and message.get("role") == prev.get("role")
-                and message.get("role") in ("user", "assistant", "system")):
+        if (
+            isinstance(message, dict)
+            and isinstance(prev, dict)
+            and message.get("role") == prev.get("role")
+            and message.get("role") in ("user", "assistant", "system")
+        ):
             merged[-1] = _merge_two(prev, message)
         else:
             merged.append(message)

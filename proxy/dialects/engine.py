@@ -9,7 +9,7 @@
   `temperature: 0` and true otherwise, including when no temperature is given (OpenAI's default of 1 samples); a
   `do_sample` the client sets itself is kept.
   `stream_options` is sent only with `stream: true` (the document: "Only set this when you set stream: true").
-- Responses are filled to the OpenAI shape by the translator (our id, `object`, `created`, the client's model name);
+- Responses are filled to the OpenAI shape by the client encoder (our id, `object`, `created`, the client's model name);
   the document lists `role` and `logprobs` at the top level of the chat completion object, so those are moved into
   the (single) choice when the choice lacks them.
 """
@@ -18,14 +18,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..canonical import CHAT, ChatChunk, ChatCompletion, ChatRequest, RequestContext
-from .base import Dialect, join_text_parts
+from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
+from .base import Dialect, UpstreamSession, join_text_parts
 
 _MESSAGE_DROP = ("name", "reasoning_content", "reasoning")
 
 
+class EngineSession(UpstreamSession):
+    def response(self, data: Any) -> ChatChunk:
+        if isinstance(data, dict):
+            _hoist_into_choice(data, "message")
+        return super().response(data)
+
+    def chunk(self, data: Any) -> ChatChunk | None:
+        chunk = super().chunk(data)
+        if chunk is not None:
+            _hoist_into_choice(chunk, "delta")
+        return chunk
+
+
 class EngineDialect(Dialect):
     name = "engine"
+    session_class = EngineSession
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
@@ -38,18 +52,6 @@ class EngineDialect(Dialect):
         if ctx.kind == CHAT and isinstance(out.get("messages"), list):
             out["messages"] = [_clean_message(m) for m in out["messages"]]
         return out
-
-    # -- responses --------------------------------------------------------------------------------------------
-    def decode_response(self, data: Any, ctx: RequestContext) -> ChatCompletion:
-        result = super().decode_response(data, ctx)
-        _hoist_into_choice(result, "message")
-        return result
-
-    def decode_chunk(self, data: Any, ctx: RequestContext) -> ChatChunk | None:
-        chunk = super().decode_chunk(data, ctx)
-        if chunk is not None:
-            _hoist_into_choice(chunk, "delta")
-        return chunk
 
 
 def _clean_message(message: Any) -> Any:

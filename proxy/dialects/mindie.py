@@ -15,9 +15,12 @@ upstream 422:
 - legacy `functions`/`function_call` are refused (MindIE has only `tools`); `/v1/completions` takes one prompt.
 - a `req-id` header unique per upstream attempt (MindIE keys its requests on it).
 
-Responses need nothing here: MindIE's quirks (cumulative text, the repeated role, usage on the finish chunk,
-`tool_calls: []`, inline `<think>`) are handled by proxy.translate for every dialect; the fields MindIE adds
-(`full_text`, `prefill_time`, `decode_time_arr`) are stripped into `ctx.extras` as the mapping says.
+Responses: `MindIESession` turns `fullTextEnabled` streams (every chunk carries the whole text so far) into true
+deltas, checks them against the final chunk's `full_text`, and knows that a request with
+`chat_template_kwargs.enable_thinking: false` does not start inside a `<think>` block. The fields MindIE adds
+(`full_text`, `prefill_time`, `decode_time_arr`) are stripped as the mapping says (timings -> metrics). The rest of
+MindIE's quirks (the repeated role, usage on the finish chunk, `tool_calls: []`, inline `<think>`) are ordinary
+variations that the shared normalizer (proxy/normalize.py) evens out for every dialect.
 
 Errors: MindIE's `{"error": "<string>", "error_type": ...}` is parsed by the base class; here `Model not found`
 becomes a 404 and the parameter a validation message names is put in `param`.
@@ -25,13 +28,17 @@ becomes a 404 and the parameter a validation message names is put in `param`.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 from typing import Any, ClassVar
 
-from ..canonical import CHAT, ChatRequest, RequestContext
+from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from ..errors import ClientRequestError, ProxyError
-from .base import Dialect
+from ..stream.cumulative import CumulativeText
+from .base import Dialect, UpstreamSession
+
+log = logging.getLogger("dialect_proxy")
 
 MAX_STOP_ITEMS = 1024
 MAX_STOP_LEN = 1024
@@ -48,16 +55,101 @@ _MODEL_NOT_FOUND = re.compile(r"(?i)model not found|not found given model")
 # MindIE validation messages name the parameter: "Parameter temperature must be in ...", "Parameter [n] should be ...",
 # "Parameter 'repetition_penalty' must be ...", "length of `stop` must be ...", "Parameter top logprobs must be ...".
 _PARAM_IN_MESSAGE = re.compile(r"(?i)parameter\s+[\[\'`\"]?([a-z_]+(?: logprobs)?)|`([a-z_]+)`")
-_KNOWN_PARAMS = frozenset({
-    "model", "messages", "prompt", "stream", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-    "n", "best_of", "max_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
-    "top_logprobs", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "use_beam_search",
-    "tools", "tool_choice", "enable_thinking", "chat_template_kwargs",
-})
+_KNOWN_PARAMS = frozenset(
+    {
+        "model",
+        "messages",
+        "prompt",
+        "stream",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "n",
+        "best_of",
+        "max_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logprobs",
+        "top_logprobs",
+        "ignore_eos",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+        "use_beam_search",
+        "tools",
+        "tool_choice",
+        "enable_thinking",
+        "chat_template_kwargs",
+    }
+)
+
+
+class MindIESession(UpstreamSession):
+    """Per request: cumulative (`fullTextEnabled`) text -> true deltas, per choice; the thinking switch."""
+
+    def __init__(self, dialect: Dialect, ctx: RequestContext) -> None:
+        super().__init__(dialect, ctx)
+        self._cumulative: dict[int, CumulativeText] | None = {} if ctx.stream and ctx.upstream.full_text else None
+        self.rewrites = 0  # cumulative snapshots that revised text already sent
+        self.full_text_mismatch = False  # what the client got differs from the upstream's final full_text
+        self._warned = False
+
+    def build_request(self, body: ChatRequest) -> dict[str, Any]:
+        out = super().build_request(body)
+        kwargs = out.get("chat_template_kwargs")
+        self.thinking_off = isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False
+        return out
+
+    def chunk(self, data: Any) -> ChatChunk | None:
+        full_text = data.get("full_text") if isinstance(data, dict) else None  # rides on a choice's final chunk
+        out = super().chunk(data)
+        self.extras.pop("full_text", None)  # a check, not a metric
+        if out is None:
+            return None
+        cumulative = self._cumulative
+        if cumulative is None:
+            if full_text is not None and not self._warned:
+                self._warned = True
+                log.warning(
+                    "upstream %s sends full_text (MindIE fullTextEnabled) but is not configured with "
+                    "full_text: true; streamed text will repeat itself",
+                    self.ctx.upstream.name,
+                )
+            return out
+        field = "delta" if self.ctx.kind == CHAT else None
+        for choice in out.get("choices") or ():
+            index = choice.get("index") or 0
+            text = cumulative.get(index)
+            if text is None:
+                text = cumulative[index] = CumulativeText()
+            part = choice.get(field) if field else choice
+            if not isinstance(part, dict):
+                continue
+            key = "content" if field else "text"
+            snapshot = part.get(key)
+            delta = text.feed(snapshot) if snapshot else ""
+            if choice.get("finish_reason") is not None:
+                delta += text.flush(full_text if isinstance(full_text, str) else None)
+                self.rewrites += text.rewrites
+                if text.mismatch:
+                    self.full_text_mismatch = True
+                    log.warning(
+                        "upstream %s: streamed text differs from its final full_text (%d rewrites); the "
+                        "client keeps what it was sent",
+                        self.ctx.upstream.name,
+                        text.rewrites,
+                    )
+            if snapshot is not None or delta:
+                part[key] = delta
+        return out
 
 
 class MindIEDialect(Dialect):
     name = "mindie"
+    session_class = MindIESession
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
     stream_usage_option = False
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
@@ -67,8 +159,11 @@ class MindIEDialect(Dialect):
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
         body = dict(body)
         _refuse(body, "functions", "MindIE supports `tools`, not the legacy `functions`; send `tools` instead.")
-        _refuse(body, "function_call",
-                "MindIE supports `tool_choice`, not the legacy `function_call`; send `tool_choice` instead.")
+        _refuse(
+            body,
+            "function_call",
+            "MindIE supports `tool_choice`, not the legacy `function_call`; send `tool_choice` instead.",
+        )
         if ctx.kind == CHAT:
             body["messages"] = _messages(body.get("messages"))
         else:
@@ -79,10 +174,6 @@ class MindIEDialect(Dialect):
             kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
             kwargs.setdefault("enable_thinking", enable)
             body["chat_template_kwargs"] = kwargs
-        explicit = body.get("chat_template_kwargs")
-        if isinstance(explicit, dict) and explicit.get("enable_thinking") is False:
-            # The translator must not assume the model starts inside a <think> block (proxy.translate).
-            ctx.extras["enable_thinking"] = False
         out = super().build_request(body, ctx)
         _check_stop(out)
         self._check_top_k(out)
@@ -103,8 +194,7 @@ class MindIEDialect(Dialect):
         lowest = 0 if self.top_k_zero_ok else 1
         if not (top_k == -1 or lowest <= top_k <= MAX_INT32):
             span = f"[0, {MAX_INT32}]" if self.top_k_zero_ok else f"-1 or [1, {MAX_INT32}]"
-            raise ClientRequestError(f"`top_k` = {top_k} is outside {span} accepted by this upstream.",
-                                     param="top_k")
+            raise ClientRequestError(f"`top_k` = {top_k} is outside {span} accepted by this upstream.", param="top_k")
 
     # -- errors -----------------------------------------------------------------------------------------------
     def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
@@ -122,6 +212,7 @@ class MindIEDialect(Dialect):
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
+
 
 def _param_in(message: str) -> str | None:
     for match in _PARAM_IN_MESSAGE.finditer(message):
@@ -174,12 +265,16 @@ def _completion_prompt(body: dict[str, Any]) -> None:
     """MindIE's /v1/completions takes one prompt: a string or a list of token ids."""
     prompt = body.get("prompt")
     # A batch: strings, or lists of token ids. One of them is the prompt itself.
-    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt) or
-                                                all(isinstance(p, list) for p in prompt)):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt))
+    ):
         if len(prompt) > 1:
             raise ClientRequestError(
                 f"`prompt`: MindIE completes one prompt per request; got a batch of {len(prompt)} prompts.",
-                param="prompt")
+                param="prompt",
+            )
         body["prompt"] = prompt[0]
     if body.get("echo") is True:
         raise ClientRequestError("`echo`: MindIE cannot echo the prompt back.", param="echo")
@@ -198,7 +293,8 @@ def _enable_thinking(body: dict[str, Any]) -> bool | None:
         if kind in ("enabled", "disabled"):
             return bool(kind == "enabled")
         raise ClientRequestError(
-            f'`thinking` must be {{"type": "enabled"}} or {{"type": "disabled"}}, got {thinking!r}.', param="thinking")
+            f'`thinking` must be {{"type": "enabled"}} or {{"type": "disabled"}}, got {thinking!r}.', param="thinking"
+        )
     flag = body.get("enable_thinking")
     if flag is not None:
         if not isinstance(flag, bool):
@@ -212,8 +308,8 @@ def _enable_thinking(body: dict[str, Any]) -> bool | None:
     if effort in _EFFORT_ON:
         return True
     raise ClientRequestError(
-        f"`reasoning_effort` must be one of none, minimal, low, medium, high; got {effort!r}.",
-        param="reasoning_effort")
+        f"`reasoning_effort` must be one of none, minimal, low, medium, high; got {effort!r}.", param="reasoning_effort"
+    )
 
 
 def _check_stop(out: dict[str, Any]) -> None:
@@ -234,12 +330,15 @@ def _check_stop(out: dict[str, Any]) -> None:
         if not isinstance(s, str) or not 1 <= len(s) <= MAX_STOP_LEN:
             raise ClientRequestError(
                 f"`stop`: each stop sequence must be a string of 1 to {MAX_STOP_LEN} characters; got {s!r:.60}.",
-                param="stop")
+                param="stop",
+            )
         total += len(s)
     if total > MAX_STOP_TOTAL:
         raise ClientRequestError(
             f"`stop`: the stop sequences have {total} characters in all; this upstream accepts at most "
-            f"{MAX_STOP_TOTAL}.", param="stop")
+            f"{MAX_STOP_TOTAL}.",
+            param="stop",
+        )
 
 
 def _check_samples(out: dict[str, Any]) -> None:
@@ -255,4 +354,6 @@ def _check_samples(out: dict[str, Any]) -> None:
         key = "n" if (out.get("n") or 1) > 1 else "best_of"
         raise ClientRequestError(
             f"`{key}` = {count} needs a temperature > 0 on this upstream (MindIE does not sample several "
-            "answers greedily); raise `temperature` or ask for one answer.", param=key)
+            "answers greedily); raise `temperature` or ask for one answer.",
+            param=key,
+        )

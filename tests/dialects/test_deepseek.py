@@ -9,25 +9,36 @@ from typing import Any
 
 import orjson
 import pytest
+from hub_harness import Run, complete, request_context
+from hub_harness import relay as hub_relay
 
 from proxy.canonical import CHAT, COMPLETIONS, RequestContext
+from proxy.clients.chat import ChatEncoder
 from proxy.dialects.deepseek import DeepSeekDialect, merge_successive
 from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
-from proxy.relay import StreamRelay
+from proxy.events import Answer
+from proxy.normalize import Normalizer
 from proxy.settings import ClientSettings, UpstreamSettings
 from proxy.sse import SSEDecoder
-from proxy.translate import ResponseTranslator
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "deepseek"
 DS = DeepSeekDialect()
 TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
 
 
-def ctx(model: str = "deepseek-chat", *, kind: str = CHAT, stream: bool = False, include_usage: bool = False,
-        url: str = "http://127.0.0.1:9", **upstream: Any) -> RequestContext:
+def ctx(
+    model: str = "deepseek-chat",
+    *,
+    kind: str = CHAT,
+    stream: bool = False,
+    include_usage: bool = False,
+    url: str = "http://127.0.0.1:9",
+    **upstream: Any,
+) -> RequestContext:
     up = UpstreamSettings(name="ds", dialect="deepseek", url=url, **upstream)
-    return RequestContext(kind=kind, request_id="rid", client_model=model, upstream_model=model, upstream=up,
-                          stream=stream, include_usage=include_usage, response_id="chatcmpl-test", created=1)
+    return request_context(
+        kind, model, up, stream=stream, include_usage=include_usage, response_id="chatcmpl-test", created=1
+    )
 
 
 def build(body: dict[str, Any], c: RequestContext | None = None) -> dict[str, Any]:
@@ -38,17 +49,11 @@ def build(body: dict[str, Any], c: RequestContext | None = None) -> dict[str, An
     return out
 
 
-def relay(raw: bytes, c: RequestContext, cut: int | None = None, client: ClientSettings | None = None,
-          dialect: Any = DS) -> tuple[list[dict[str, Any]], ResponseTranslator]:
-    """Upstream bytes (cut in two at `cut`) -> the proxy's own StreamRelay -> client chunks (finish included)."""
-    tr = ResponseTranslator(c, client or ClientSettings(), c.upstream.reasoning_source or
-                            dialect.default_reasoning_source)
-    stream = StreamRelay(c, dialect, tr)
-    out: list[dict[str, Any]] = []
-    for piece in [raw] if cut is None else [raw[:cut], raw[cut:]]:
-        stream.feed(piece, out)
-    stream.finish(out)
-    return out, tr
+def relay(
+    raw: bytes, c: RequestContext, cut: int | None = None, client: ClientSettings | None = None, dialect: Any = DS
+) -> tuple[list[dict[str, Any]], Run]:
+    """Upstream bytes (cut in two at `cut`) -> the proxy's own pipeline and chat encoder -> client chunks."""
+    return hub_relay([raw] if cut is None else [raw[:cut], raw[cut:]], c, dialect, client)
 
 
 def texts(chunks: list[dict[str, Any]], key: str) -> str:
@@ -57,36 +62,45 @@ def texts(chunks: list[dict[str, Any]], key: str) -> str:
 
 # ----------------------------------------------------------------------------------------------- reasoning replay
 
+
 def history(assistant: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": "q1"}, assistant, {"role": "user", "content": "q2"}]
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 def test_auto_replay_strips_reasoning_on_turns_without_tool_calls(field: str) -> None:
-    out = build({"model": "deepseek-reasoner", "messages": history({"role": "assistant", "content": "a1",
-                                                                      field: "thought"})})
+    out = build(
+        {"model": "deepseek-reasoner", "messages": history({"role": "assistant", "content": "a1", field: "thought"})}
+    )
     assert out["messages"][1] == {"role": "assistant", "content": "a1"}
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 def test_auto_replay_keeps_reasoning_on_tool_call_turns_as_reasoning_content(field: str) -> None:
-    msgs = [{"role": "user", "content": "weather?"},
-            {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL], field: "need a tool"},
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    msgs = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL], field: "need a tool"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
     out = build({"model": "deepseek-chat", "messages": msgs, "thinking": {"type": "enabled"}})
-    assert out["messages"][1] == {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL],
-                                  "reasoning_content": "need a tool"}
+    assert out["messages"][1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [TOOL_CALL],
+        "reasoning_content": "need a tool",
+    }
     assert "reasoning" not in out["messages"][1]
 
 
 def test_replay_override_strip_and_keep() -> None:
-    msgs = [{"role": "user", "content": "q"},
-            {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL], "reasoning_content": "r1"},
-            {"role": "tool", "tool_call_id": "call_1", "content": "x"},
-            {"role": "assistant", "content": "a", "reasoning": "r2"},
-            {"role": "user", "content": "q2"}]
-    strip = build({"model": "deepseek-reasoner", "messages": msgs},
-                  ctx("deepseek-reasoner", reasoning_replay="strip"))
+    msgs = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL], "reasoning_content": "r1"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+        {"role": "assistant", "content": "a", "reasoning": "r2"},
+        {"role": "user", "content": "q2"},
+    ]
+    strip = build({"model": "deepseek-reasoner", "messages": msgs}, ctx("deepseek-reasoner", reasoning_replay="strip"))
     assert all("reasoning_content" not in m and "reasoning" not in m for m in strip["messages"])
     keep = build({"model": "deepseek-chat", "messages": msgs}, ctx(reasoning_replay="keep"))
     assert [m.get("reasoning_content") for m in keep["messages"]] == [None, "r1", None, "r2", None]
@@ -94,11 +108,13 @@ def test_replay_override_strip_and_keep() -> None:
 
 
 def test_think_tags_round_tripped_in_content_become_the_reasoning_field() -> None:
-    msgs = [{"role": "user", "content": "q"},
-            {"role": "assistant", "content": "<think>plan a call</think>\n\n", "tool_calls": [TOOL_CALL]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "x"},
-            {"role": "assistant", "content": "  <think>why</think>\n\nThe answer."},
-            {"role": "user", "content": "q2"}]
+    msgs = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<think>plan a call</think>\n\n", "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+        {"role": "assistant", "content": "  <think>why</think>\n\nThe answer."},
+        {"role": "user", "content": "q2"},
+    ]
     out = build({"model": "deepseek-chat", "messages": msgs, "thinking": {"type": "enabled"}})
     assert out["messages"][1]["reasoning_content"] == "plan a call"
     assert out["messages"][1]["content"] == ""
@@ -106,8 +122,11 @@ def test_think_tags_round_tripped_in_content_become_the_reasoning_field() -> Non
 
 
 def test_thinking_tool_turn_without_any_reasoning_gets_an_empty_one() -> None:
-    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "x"}]
+    msgs = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+    ]
     out = build({"model": "deepseek-chat", "messages": msgs, "thinking": {"type": "enabled"}})
     assert out["messages"][1]["reasoning_content"] == ""
     # Not in non-thinking requests (nothing requires it there).
@@ -116,8 +135,10 @@ def test_thinking_tool_turn_without_any_reasoning_gets_an_empty_one() -> None:
 
 
 def test_prefix_continuation_keeps_its_reasoning_and_goes_to_beta() -> None:
-    msgs = [{"role": "user", "content": "Write a poem"},
-            {"role": "assistant", "content": "Roses", "reasoning_content": "a poem", "prefix": True}]
+    msgs = [
+        {"role": "user", "content": "Write a poem"},
+        {"role": "assistant", "content": "Roses", "reasoning_content": "a poem", "prefix": True},
+    ]
     c = ctx("deepseek-reasoner")
     out = build({"model": "deepseek-reasoner", "messages": msgs}, c)
     assert out["messages"][1] == msgs[1]
@@ -131,17 +152,25 @@ def test_prefix_continuation_keeps_its_reasoning_and_goes_to_beta() -> None:
 
 # ----------------------------------------------------------------------------------------------------- R1 rules
 
+
 def test_r1_merges_successive_same_role_messages() -> None:
-    msgs = [{"role": "system", "content": "s1"}, {"role": "system", "content": "s2"},
-            {"role": "user", "content": "u1"}, {"role": "user", "content": [{"type": "text", "text": "u2"}]},
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]},
-            {"role": "assistant", "content": "a1", "reasoning_content": "r"}, {"role": "assistant", "content": "a2"},
-            {"role": "user", "content": "u3"}]
+    msgs = [
+        {"role": "system", "content": "s1"},
+        {"role": "system", "content": "s2"},
+        {"role": "user", "content": "u1"},
+        {"role": "user", "content": [{"type": "text", "text": "u2"}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]},
+        {"role": "assistant", "content": "a1", "reasoning_content": "r"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "u3"},
+    ]
     out = build({"model": "deepseek-reasoner", "messages": msgs})
     assert out["messages"] == [
         {"role": "system", "content": "s1\n\ns2"},
-        {"role": "user", "content": [{"type": "text", "text": "u1\n\nu2"},
-                                     {"type": "image_url", "image_url": {"url": "data:,"}}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "u1\n\nu2"}, {"type": "image_url", "image_url": {"url": "data:,"}}],
+        },
         {"role": "assistant", "content": "a1\n\na2"},
         {"role": "user", "content": "u3"},
     ]
@@ -150,17 +179,21 @@ def test_r1_merges_successive_same_role_messages() -> None:
 
 
 def test_developer_role_and_text_parts_become_deepseek_messages() -> None:
-    msgs = [{"role": "developer", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief"}]},
-            {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    msgs = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
     out = build({"model": "deepseek-chat", "messages": msgs})
     assert out["messages"] == [{"role": "system", "content": "Be\nbrief"}, {"role": "user", "content": "hi"}]
 
 
 def test_merge_keeps_tool_messages_apart_and_joins_tool_calls() -> None:
-    msgs = [{"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
-            {"role": "assistant", "content": None, "tool_calls": [{**TOOL_CALL, "id": "call_2"}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "a"},
-            {"role": "tool", "tool_call_id": "call_2", "content": "b"}]
+    msgs = [
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+        {"role": "assistant", "content": None, "tool_calls": [{**TOOL_CALL, "id": "call_2"}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "b"},
+    ]
     merged = merge_successive(msgs)
     assert len(merged) == 3
     assert [c["id"] for c in merged[0]["tool_calls"]] == ["call_1", "call_2"]
@@ -175,38 +208,61 @@ def test_r1_refuses_logprobs_clearly(extra: dict[str, Any]) -> None:
     assert "deepseek-reasoner" in e.value.message
     out = build({"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "q"}], "logprobs": False})
     assert "logprobs" not in out
-    out = build({"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}], "logprobs": True,
-                 "top_logprobs": 3})
+    out = build(
+        {"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}], "logprobs": True, "top_logprobs": 3}
+    )
     assert out["logprobs"] is True and out["top_logprobs"] == 3
 
 
 # ---------------------------------------------------------------------------------------------------- thinking
 
-@pytest.mark.parametrize(("effort", "thinking"), [("high", "enabled"), ("low", "enabled"), ("none", "disabled"),
-                                                  ("minimal", "disabled")])
+
+@pytest.mark.parametrize(
+    ("effort", "thinking"), [("high", "enabled"), ("low", "enabled"), ("none", "disabled"), ("minimal", "disabled")]
+)
 def test_reasoning_effort_maps_to_thinking(effort: str, thinking: str) -> None:
-    out = build({"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}],
-                 "reasoning_effort": effort})
+    out = build({"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}], "reasoning_effort": effort})
     assert out["thinking"] == {"type": thinking} and "reasoning_effort" not in out
 
 
 def test_explicit_thinking_wins_and_r1_gets_no_switch() -> None:
-    out = build({"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}],
-                 "reasoning_effort": "high", "thinking": {"type": "disabled"}})
+    out = build(
+        {
+            "model": "deepseek-chat",
+            "messages": [{"role": "user", "content": "q"}],
+            "reasoning_effort": "high",
+            "thinking": {"type": "disabled"},
+        }
+    )
     assert out["thinking"] == {"type": "disabled"}
-    out = build({"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "q"}],
-                 "reasoning_effort": "high"})
+    out = build(
+        {"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "q"}], "reasoning_effort": "high"}
+    )
     assert "thinking" not in out and "reasoning_effort" not in out
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_tool_choice_disables_thinking(choice: Any) -> None:
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
-    out = build({"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}], "tools": tools,
-                 "tool_choice": choice, "thinking": {"type": "enabled"}})
+    out = build(
+        {
+            "model": "deepseek-chat",
+            "messages": [{"role": "user", "content": "q"}],
+            "tools": tools,
+            "tool_choice": choice,
+            "thinking": {"type": "enabled"},
+        }
+    )
     assert out["thinking"] == {"type": "disabled"} and out["tool_choice"] == choice
-    out = build({"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}], "tools": tools,
-                 "tool_choice": "auto", "thinking": {"type": "enabled"}})
+    out = build(
+        {
+            "model": "deepseek-chat",
+            "messages": [{"role": "user", "content": "q"}],
+            "tools": tools,
+            "tool_choice": "auto",
+            "thinking": {"type": "enabled"},
+        }
+    )
     assert out["thinking"] == {"type": "enabled"}
 
 
@@ -218,8 +274,9 @@ MSG = [{"role": "user", "content": "q"}]
 def test_max_tokens_bounds() -> None:
     assert build({"model": "deepseek-chat", "messages": MSG, "max_tokens": 16000})["max_tokens"] == 8192
     assert build({"model": "deepseek-chat", "messages": MSG, "max_completion_tokens": 100})["max_tokens"] == 100
-    assert "max_completion_tokens" not in build({"model": "deepseek-chat", "messages": MSG,
-                                                 "max_completion_tokens": 100})
+    assert "max_completion_tokens" not in build(
+        {"model": "deepseek-chat", "messages": MSG, "max_completion_tokens": 100}
+    )
     for bad in (0, -1, 1.5):
         with pytest.raises(ClientRequestError) as e:
             build({"model": "deepseek-chat", "messages": MSG, "max_tokens": bad})
@@ -230,10 +287,14 @@ def test_list_limits_and_formats() -> None:
     assert len(build({"model": "deepseek-chat", "messages": MSG, "stop": ["x"] * 16})["stop"]) == 16
     tool = {"type": "function", "function": {"name": "f"}}
     assert len(build({"model": "deepseek-chat", "messages": MSG, "tools": [tool] * 128})["tools"]) == 128
-    cases = [({"stop": ["x"] * 17}, "stop"), ({"tools": [tool] * 129}, "tools"),
-             ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-              "response_format"), ({"n": 2}, "n"), ({"temperature": 2.5}, "temperature"),
-             ({"top_logprobs": 21, "logprobs": True}, "top_logprobs")]
+    cases = [
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"tools": [tool] * 129}, "tools"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ({"n": 2}, "n"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ]
     for extra, param in cases:
         with pytest.raises(ClientRequestError) as e:
             build({"model": "deepseek-chat", "messages": MSG, **extra})
@@ -268,9 +329,13 @@ def test_reasoner_stream_is_cut_invariant_role_once_and_without_junk_chunks() ->
     assert all(d.get("content") or d.get("reasoning_content") for d in deltas[1:-1])
     assert want[-1]["choices"][0]["finish_reason"] == "stop" and deltas[-1] == {}
     assert all("usage" not in c for c in want)
-    assert tr.usage == {"prompt_tokens": 13, "completion_tokens": 25, "total_tokens": 38,
-                        "prompt_tokens_details": {"cached_tokens": 0},
-                        "completion_tokens_details": {"reasoning_tokens": 12}}
+    assert tr.usage == {
+        "prompt_tokens": 13,
+        "completion_tokens": 25,
+        "total_tokens": 38,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 12},
+    }
     for cut in range(len(REASONER) + 1):
         got, _ = relay(REASONER, ctx("deepseek-reasoner", stream=True), cut)
         assert got == want, cut
@@ -281,8 +346,11 @@ def test_usage_chunk_with_choices_follows_include_usage() -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 38
     assert all(c["usage"] is None for c in chunks[:-1])
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
-    chunks, _ = relay(REASONER, ctx("deepseek-reasoner", stream=True, include_usage=True),
-                      client=ClientSettings(usage_fields="deepseek"))
+    chunks, _ = relay(
+        REASONER,
+        ctx("deepseek-reasoner", stream=True, include_usage=True),
+        client=ClientSettings(usage_fields="deepseek"),
+    )
     assert chunks[-1]["usage"]["prompt_cache_hit_tokens"] == 0
     assert chunks[-1]["usage"]["prompt_cache_miss_tokens"] == 13
 
@@ -308,21 +376,27 @@ def test_insufficient_system_resource_stream_is_an_error_after_the_partial_conte
     assert e.value.type == "service_unavailable"
     # What was sent before the error: the partial answer, never a finish_reason.
     c = ctx(stream=True)
-    tr = ResponseTranslator(c, ClientSettings(), "field")
-    dec = SSEDecoder()
-    sent = []
-    for event in dec.feed(raw):
+    session = DS.session(c)
+    answer = Answer()
+    normalizer = Normalizer(c.kind, session.reasoning_source, session.starts_in_reasoning, answer)
+    encoder = ChatEncoder(c, answer, True, False, "reasoning_content", False, True)
+    sent = b""
+    for event in SSEDecoder().feed(raw):
         if event.data != "[DONE]":
-            sent += tr.feed(DS.decode_chunk(orjson.loads(event.data), c) or {})
-    assert texts(sent, "content") == "The answer is 4"
-    assert all(ch["finish_reason"] is None for s in sent for ch in s["choices"])
-    assert tr.usage is not None and tr.usage["prompt_tokens_details"] == {"cached_tokens": 64}
+            try:
+                sent += encoder.feed(normalizer.feed(session.chunk(orjson.loads(event.data)) or {}))
+            except StreamTruncated:
+                break
+    chunks = [orjson.loads(e.data) for e in SSEDecoder().feed(sent)]
+    assert texts(chunks, "content") == "The answer is 4"
+    assert all(ch["finish_reason"] is None for s in chunks for ch in s["choices"])
+    assert answer.usage is not None and answer.usage["prompt_tokens_details"] == {"cached_tokens": 64}
 
 
 def test_non_stream_reasoner_with_leading_blank_lines_and_cache_fields() -> None:
     data = orjson.loads((FIXTURES / "reasoner.json").read_bytes())
     c = ctx("deepseek-reasoner")
-    out = ResponseTranslator(c, ClientSettings(), "field").translate_completion(DS.decode_response(data, c))
+    out = complete(data, c, DS)
     msg = out["choices"][0]["message"]
     assert msg["content"] == "Hello! How can I help you today?" and msg["reasoning_content"] == "The user says hi."
     assert out["usage"]["prompt_tokens_details"] == {"cached_tokens": 8}
@@ -330,8 +404,7 @@ def test_non_stream_reasoner_with_leading_blank_lines_and_cache_fields() -> None
     assert "prompt_cache_hit_tokens" not in out["usage"]
     assert out["id"] == "chatcmpl-test" and out["model"] == "deepseek-reasoner"
     data = orjson.loads((FIXTURES / "reasoner.json").read_bytes())
-    out = ResponseTranslator(c, ClientSettings(usage_fields="deepseek"), "field").translate_completion(
-        DS.decode_response(data, c))
+    out = complete(data, c, DS, ClientSettings(usage_fields="deepseek"))
     assert out["usage"]["prompt_cache_hit_tokens"] == 8 and out["usage"]["prompt_cache_miss_tokens"] == 8
 
 
@@ -339,7 +412,7 @@ def test_nested_cached_tokens_win_over_the_top_level_field() -> None:
     data = json.loads((FIXTURES / "reasoner.json").read_text())
     data["usage"]["prompt_tokens_details"] = {"cached_tokens": 4}
     c = ctx("deepseek-reasoner")
-    out = ResponseTranslator(c, ClientSettings(), "field").translate_completion(DS.decode_response(data, c))
+    out = complete(data, c, DS)
     assert out["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
 
 
@@ -348,17 +421,33 @@ def test_insufficient_system_resource_non_stream_is_a_retryable_503() -> None:
     data["choices"][0]["finish_reason"] = "insufficient_system_resource"
     c = ctx("deepseek-reasoner")
     with pytest.raises(UpstreamError) as e:
-        ResponseTranslator(c, ClientSettings(), "field").translate_completion(DS.decode_response(data, c))
+        complete(data, c, DS)
     assert e.value.status == 503 and e.value.code == "insufficient_system_resource"
     assert "x-should-retry" not in e.value.response_headers()
 
 
-@pytest.mark.parametrize(("status", "ours", "type_"), [
-    (402, 402, "insufficient_quota"), (429, 429, "rate_limit_error"), (401, 401, "authentication_error"),
-    (422, 400, "invalid_request_error"), (500, 502, "upstream_error"), (503, 503, "service_unavailable")])
+@pytest.mark.parametrize(
+    ("status", "ours", "type_"),
+    [
+        (402, 402, "insufficient_quota"),
+        (429, 429, "rate_limit_error"),
+        (401, 401, "authentication_error"),
+        (422, 400, "invalid_request_error"),
+        (500, 502, "upstream_error"),
+        (503, 503, "service_unavailable"),
+    ],
+)
 def test_openai_shaped_errors_keep_status_and_message(status: int, ours: int, type_: str) -> None:
-    raw = orjson.dumps({"error": {"message": "Insufficient Balance", "type": "unknown_error", "param": None,
-                                  "code": "invalid_request_error"}})
+    raw = orjson.dumps(
+        {
+            "error": {
+                "message": "Insufficient Balance",
+                "type": "unknown_error",
+                "param": None,
+                "code": "invalid_request_error",
+            }
+        }
+    )
     err = DS.error_from_body(status, raw, {"retry-after": "7"})
     assert (err.status, err.type, err.message) == (ours, type_, "Insufficient Balance")
     assert err.response_headers().get("Retry-After") == ("7" if status == 429 else None)

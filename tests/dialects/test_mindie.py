@@ -1,5 +1,5 @@
 """MindIE and Siliconstorm dialects, in process: request mapping, error mapping, and the whole response path
-(upstream bytes -> SSEDecoder -> dialect.decode_chunk -> ResponseTranslator) on the spec's own transcripts."""
+(upstream bytes -> SSEDecoder -> upstream session -> normaliser -> chat encoder) on the spec's own transcripts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hub_harness import Run, complete, complete_run, request_context
+from hub_harness import relay as hub_relay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,10 +21,8 @@ from proxy.dialects import get_dialect
 from proxy.dialects.mindie import MindIEDialect
 from proxy.dialects.siliconstorm import SiliconstormDialect
 from proxy.errors import ClientRequestError, StreamTruncated
-from proxy.relay import StreamRelay
 from proxy.settings import ClientSettings, UpstreamSettings
 from proxy.sse import SSEDecoder
-from proxy.translate import ResponseTranslator
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MINDIE = MindIEDialect()
@@ -35,11 +35,17 @@ def fixture(name: str) -> bytes:
     return (FIXTURES / name).read_bytes()
 
 
-def ctx(model: str = "qwen", *, kind: str = CHAT, stream: bool = False, include_usage: bool = False,
-        dialect: str = "mindie", **upstream: Any) -> RequestContext:
+def ctx(
+    model: str = "qwen",
+    *,
+    kind: str = CHAT,
+    stream: bool = False,
+    include_usage: bool = False,
+    dialect: str = "mindie",
+    **upstream: Any,
+) -> RequestContext:
     up = UpstreamSettings(name="m", dialect=dialect, url="http://127.0.0.1:9", **upstream)
-    return RequestContext(kind=kind, request_id="rid", client_model=model, upstream_model=model, upstream=up,
-                          stream=stream, include_usage=include_usage, response_id="chatcmpl-ours", created=7)
+    return request_context(kind, model, up, stream=stream, include_usage=include_usage)
 
 
 def build(body: dict[str, Any], c: RequestContext | None = None, dialect: MindIEDialect = MINDIE) -> dict[str, Any]:
@@ -51,30 +57,20 @@ def build(body: dict[str, Any], c: RequestContext | None = None, dialect: MindIE
     return out
 
 
-def refused(body: dict[str, Any], dialect: MindIEDialect = MINDIE,
-            c: RequestContext | None = None) -> ClientRequestError:
+def refused(
+    body: dict[str, Any], dialect: MindIEDialect = MINDIE, c: RequestContext | None = None
+) -> ClientRequestError:
     with pytest.raises(ClientRequestError) as e:
         build(body, c, dialect)
     assert e.value.status == 400 and e.value.type == "invalid_request_error"
     return e.value
 
 
-def translator(c: RequestContext, client: ClientSettings | None = None,
-               dialect: MindIEDialect = MINDIE) -> ResponseTranslator:
-    return ResponseTranslator(c, client or ClientSettings(), c.upstream.reasoning_source or
-                              dialect.default_reasoning_source)
-
-
-def relay(pieces: list[bytes], c: RequestContext, client: ClientSettings | None = None,
-          dialect: MindIEDialect = MINDIE) -> tuple[list[dict[str, Any]], ResponseTranslator]:
-    """Upstream bytes, in the given pieces -> the proxy's own StreamRelay -> client chunks (finish included)."""
-    tr = translator(c, client, dialect)
-    stream = StreamRelay(c, dialect, tr)
-    out: list[dict[str, Any]] = []
-    for piece in pieces:
-        stream.feed(piece, out)
-    stream.finish(out)
-    return out, tr
+def relay(
+    pieces: list[bytes], c: RequestContext, client: ClientSettings | None = None, dialect: MindIEDialect = MINDIE
+) -> tuple[list[dict[str, Any]], Run]:
+    """Upstream bytes, in the given pieces -> the proxy's own pipeline and chat encoder -> client chunks."""
+    return hub_relay(pieces, c, dialect, client)
 
 
 def visible(chunks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -85,8 +81,7 @@ def visible(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         if chunk.get("usage"):
             usage = chunk["usage"]
         for ch in chunk["choices"]:
-            s = seen.setdefault(ch["index"], {"role": "", "content": "", "reasoning": "", "tools": {},
-                                              "finish": None})
+            s = seen.setdefault(ch["index"], {"role": "", "content": "", "reasoning": "", "tools": {}, "finish": None})
             d = ch.get("delta", {})
             s["role"] += d.get("role") or ""
             s["content"] += d.get("content") or ch.get("text") or ""
@@ -113,21 +108,48 @@ def chunk(content: str | None = None, finish: str | None = None, index: int = 0,
     for key in ("reasoning_content", "tool_calls"):
         if key in top:
             delta[key] = top.pop(key)
-    return {"id": "endpoint_common_3", "object": "chat.completion.chunk", "created": 1, "model": "qwen",
-            "choices": [{"index": index, "delta": delta, "finish_reason": finish}], **top}
+    return {
+        "id": "endpoint_common_3",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "qwen",
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish}],
+        **top,
+    }
 
 
 # ================================================================================================ requests
 
+
 def test_openai_only_fields_are_renamed_dropped_or_translated() -> None:
-    out = build({"max_completion_tokens": 64, "stream": True, "stream_options": {"include_usage": True},
-                 "user": "u", "store": True, "metadata": {"a": "b"}, "parallel_tool_calls": False,
-                 "response_format": {"type": "json_object"}, "logit_bias": {"1": 2}, "service_tier": "auto",
-                 "top_k": 5, "repetition_penalty": 1.1},
-                c=ctx("qwen", stream=True))
+    out = build(
+        {
+            "max_completion_tokens": 64,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": "u",
+            "store": True,
+            "metadata": {"a": "b"},
+            "parallel_tool_calls": False,
+            "response_format": {"type": "json_object"},
+            "logit_bias": {"1": 2},
+            "service_tier": "auto",
+            "top_k": 5,
+            "repetition_penalty": 1.1,
+        },
+        c=ctx("qwen", stream=True),
+    )
     assert out["max_tokens"] == 64 and "max_completion_tokens" not in out
-    for key in ("stream_options", "user", "store", "metadata", "parallel_tool_calls", "response_format",
-                "logit_bias", "service_tier"):
+    for key in (
+        "stream_options",
+        "user",
+        "store",
+        "metadata",
+        "parallel_tool_calls",
+        "response_format",
+        "logit_bias",
+        "service_tier",
+    ):
         assert key not in out, key
     assert out["top_k"] == 5 and out["repetition_penalty"] == 1.1 and out["stream"] is True  # MindIE's own
 
@@ -145,12 +167,15 @@ def test_model_is_the_upstream_name_after_alias_resolution() -> None:
 def test_developer_becomes_system_and_media_parts_become_bare_urls() -> None:
     messages = [
         {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "high"}},
-            {"type": "video_url", "video_url": {"url": "file:///data/multimodal_inputs/v.mp4"}},
-            {"type": "image_url", "image_url": "/already/bare.png"},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "high"}},
+                {"type": "video_url", "video_url": {"url": "file:///data/multimodal_inputs/v.mp4"}},
+                {"type": "image_url", "image_url": "/already/bare.png"},
+            ],
+        },
     ]
     out = build({"messages": messages, "tools": [{"type": "function", "function": {"name": "f"}}]})
     assert out["messages"][0] == {"role": "system", "content": "Be brief."}
@@ -162,16 +187,19 @@ def test_developer_becomes_system_and_media_parts_become_bare_urls() -> None:
     ]
 
 
-@pytest.mark.parametrize(("extra", "enabled"), [
-    ({"reasoning_effort": "high"}, True),
-    ({"reasoning_effort": "low"}, True),
-    ({"reasoning_effort": "none"}, False),
-    ({"reasoning_effort": "minimal"}, False),
-    ({"thinking": {"type": "enabled"}}, True),
-    ({"thinking": {"type": "disabled"}}, False),
-    ({"enable_thinking": False}, False),
-    ({"thinking": {"type": "disabled"}, "reasoning_effort": "high"}, False),  # DeepSeek-style wins
-])
+@pytest.mark.parametrize(
+    ("extra", "enabled"),
+    [
+        ({"reasoning_effort": "high"}, True),
+        ({"reasoning_effort": "low"}, True),
+        ({"reasoning_effort": "none"}, False),
+        ({"reasoning_effort": "minimal"}, False),
+        ({"thinking": {"type": "enabled"}}, True),
+        ({"thinking": {"type": "disabled"}}, False),
+        ({"enable_thinking": False}, False),
+        ({"thinking": {"type": "disabled"}, "reasoning_effort": "high"}, False),  # DeepSeek-style wins
+    ],
+)
 def test_thinking_switches_become_chat_template_kwargs(extra: dict[str, Any], enabled: bool) -> None:
     out = build({**extra, "chat_template_kwargs": {"other": 1}})
     assert out["chat_template_kwargs"] == {"other": 1, "enable_thinking": enabled}
@@ -179,68 +207,100 @@ def test_thinking_switches_become_chat_template_kwargs(extra: dict[str, Any], en
 
 
 def test_explicit_chat_template_kwargs_win_and_disabled_thinking_is_recorded() -> None:
-    c = ctx("DeepSeek-R1")
-    out = build({"model": "DeepSeek-R1", "reasoning_effort": "high",
-                 "chat_template_kwargs": {"enable_thinking": False}}, c)
+    session = MINDIE.session(ctx("DeepSeek-R1"))
+    out = session.build_request(
+        {
+            "model": "DeepSeek-R1",
+            "messages": [{"role": "user", "content": "hi"}],
+            "reasoning_effort": "high",
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
     assert out["chat_template_kwargs"] == {"enable_thinking": False}
-    assert c.extras["enable_thinking"] is False  # the translator then does not start inside <think>
+    assert session.thinking_off is True  # a listed hybrid model then does not start inside <think>
     assert "chat_template_kwargs" not in build({})
 
 
-@pytest.mark.parametrize(("model", "listed", "effort", "reasoning"), [
-    ("DeepSeek-R1", False, None, "Thinking."),
-    ("DeepSeek-R1", False, "none", "Thinking."),  # R1 templates always open <think>: no switch to honour
-    ("hybrid-v3", True, None, "Thinking."),
-    ("hybrid-v3", True, "none", ""),  # switched off: no block, the text (tag and all) is the answer
-    ("qwen", False, None, ""),
-])
+@pytest.mark.parametrize(
+    ("model", "listed", "effort", "reasoning"),
+    [
+        ("DeepSeek-R1", False, None, "Thinking."),
+        ("DeepSeek-R1", False, "none", "Thinking."),  # R1 templates always open <think>: no switch to honour
+        ("hybrid-v3", True, None, "Thinking."),
+        ("hybrid-v3", True, "none", ""),  # switched off: no block, the text (tag and all) is the answer
+        ("qwen", False, None, ""),
+    ],
+)
 def test_starting_inside_the_thinking_block(model: str, listed: bool, effort: str | None, reasoning: str) -> None:
-    c = ctx(model, stream=True, thinking_models=(model,) if listed else ())
-    build({"model": model, **({"reasoning_effort": effort} if effort else {})}, c)
-    out, _ = relay([sse(chunk("Thinking.</think>\n\nHi", "stop"))], c)
+    session = MINDIE.session(ctx(model, stream=True, thinking_models=(model,) if listed else ()))
+    session.build_request(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            **({"reasoning_effort": effort} if effort else {}),
+        }
+    )
+    out, _ = hub_relay([sse(chunk("Thinking.</think>\n\nHi", "stop"))], session.ctx, MINDIE, session=session)
     v = visible(out)["choices"][0]
     assert v["reasoning"] == reasoning
     assert v["content"] == ("Hi" if reasoning else "Thinking.</think>\n\nHi")
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
-    ({"thinking": {"type": "auto"}}, "thinking"),
-    ({"enable_thinking": "yes"}, "enable_thinking"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"thinking": {"type": "auto"}}, "thinking"),
+        ({"enable_thinking": "yes"}, "enable_thinking"),
+    ],
+)
 def test_bad_thinking_switches_are_refused(extra: dict[str, Any], param: str) -> None:
     assert refused(extra).param == param
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"temperature": 2.5}, "temperature"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_p": -0.5}, "top_p"),
-    ({"presence_penalty": 2.5}, "presence_penalty"),
-    ({"frequency_penalty": -3}, "frequency_penalty"),
-    ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_completion_tokens": 0}, "max_tokens"),
-    ({"max_tokens": 2**31}, "max_tokens"),
-    ({"max_tokens": 1.5}, "max_tokens"),
-    ({"n": 0}, "n"),
-    ({"n": 129, "temperature": 1}, "n"),
-    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
-    ({"seed": -1}, "seed"),
-    ({"seed": 2**64}, "seed"),
-    ({"top_k": 0}, "top_k"),
-    ({"top_k": 2**31}, "top_k"),
-    ({"temperature": "hot"}, "temperature"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": -0.5}, "top_p"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2**31}, "max_tokens"),
+        ({"max_tokens": 1.5}, "max_tokens"),
+        ({"n": 0}, "n"),
+        ({"n": 129, "temperature": 1}, "n"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"temperature": "hot"}, "temperature"),
+    ],
+)
 def test_values_mindie_would_refuse_get_a_400_naming_the_parameter(extra: dict[str, Any], param: str) -> None:
     err = refused(extra)
     assert err.param == param and f"`{param}`" in err.message
 
 
 def test_values_at_the_edges_pass() -> None:
-    out = build({"temperature": 0, "top_p": 1, "max_tokens": 2**31 - 1, "seed": 2**64 - 1, "top_k": -1,
-                 "presence_penalty": -2, "frequency_penalty": 2, "repetition_penalty": 2, "n": 1})
+    out = build(
+        {
+            "temperature": 0,
+            "top_p": 1,
+            "max_tokens": 2**31 - 1,
+            "seed": 2**64 - 1,
+            "top_k": -1,
+            "presence_penalty": -2,
+            "frequency_penalty": 2,
+            "repetition_penalty": 2,
+            "n": 1,
+        }
+    )
     assert (out["temperature"], out["top_p"], out["max_tokens"], out["top_k"]) == (0, 1, 2**31 - 1, -1)
 
 
@@ -287,10 +347,15 @@ def test_completions_prompt_shapes() -> None:
     assert out == {"model": "qwen", "prompt": "Once upon", "max_tokens": 5}
     assert MINDIE.build_request({"model": "qwen", "prompt": [[1, 2, 3]]}, c)["prompt"] == [1, 2, 3]
     assert MINDIE.build_request({"model": "qwen", "prompt": [1, 2, 3]}, c)["prompt"] == [1, 2, 3]
-    assert MINDIE.build_request({"model": "qwen", "prompt": "x", "echo": False, "suffix": None}, c) == \
-        {"model": "qwen", "prompt": "x"}
-    for bad, param in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "x", "echo": True}, "echo"),
-                       ({"prompt": "x", "suffix": "end"}, "suffix")):
+    assert MINDIE.build_request({"model": "qwen", "prompt": "x", "echo": False, "suffix": None}, c) == {
+        "model": "qwen",
+        "prompt": "x",
+    }
+    for bad, param in (
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "suffix": "end"}, "suffix"),
+    ):
         with pytest.raises(ClientRequestError) as e:
             MINDIE.build_request({"model": "qwen", **bad}, c)
         assert e.value.param == param
@@ -314,26 +379,64 @@ def test_mappings_are_registered() -> None:
 
 # ================================================================================================== errors
 
-@pytest.mark.parametrize(("status", "body", "ours", "type_", "code"), [
-    (422, {"error": "Parameter temperature must be in (0.0,2], got 3.", "error_type": "Input Validation Error"},
-     400, "invalid_request_error", "invalid_parameter"),
-    (422, {"error": "Model not found", "error_type": "Input Validation Error"}, 404, "not_found_error",
-     "model_not_found"),
-    (422, {"error": "Not found given model, please check modelName in config file.",
-           "error_type": "Input Validation Error"}, 404, "not_found_error", "model_not_found"),
-    (404, {"error": "Not Found", "error_type": "NotFoundError"}, 404, "not_found_error", "not_found"),
-    (400, {"error": "Bad Request", "error_type": "Bad Request"}, 400, "invalid_request_error", "invalid_parameter"),
-    (424, {"error": "Generation failed", "error_type": "Generation Error"}, 502, "upstream_error", "bad_gateway"),
-    (500, {"error": "Engine callback timeout: server tokenTimeout", "error_type": "Incomplete Generation"}, 502,
-     "upstream_error", "bad_gateway"),
-    (503, {"error": "Service Unavailable", "error_type": "Service Unavailable"}, 503, "service_unavailable",
-     "upstream_unavailable"),
-    (413, {"message": "Request body too large. Maximum allowed size is 40MB."}, 413, "invalid_request_error",
-     "request_too_large"),
-])
+
+@pytest.mark.parametrize(
+    ("status", "body", "ours", "type_", "code"),
+    [
+        (
+            422,
+            {"error": "Parameter temperature must be in (0.0,2], got 3.", "error_type": "Input Validation Error"},
+            400,
+            "invalid_request_error",
+            "invalid_parameter",
+        ),
+        (
+            422,
+            {"error": "Model not found", "error_type": "Input Validation Error"},
+            404,
+            "not_found_error",
+            "model_not_found",
+        ),
+        (
+            422,
+            {
+                "error": "Not found given model, please check modelName in config file.",
+                "error_type": "Input Validation Error",
+            },
+            404,
+            "not_found_error",
+            "model_not_found",
+        ),
+        (404, {"error": "Not Found", "error_type": "NotFoundError"}, 404, "not_found_error", "not_found"),
+        (400, {"error": "Bad Request", "error_type": "Bad Request"}, 400, "invalid_request_error", "invalid_parameter"),
+        (424, {"error": "Generation failed", "error_type": "Generation Error"}, 502, "upstream_error", "bad_gateway"),
+        (
+            500,
+            {"error": "Engine callback timeout: server tokenTimeout", "error_type": "Incomplete Generation"},
+            502,
+            "upstream_error",
+            "bad_gateway",
+        ),
+        (
+            503,
+            {"error": "Service Unavailable", "error_type": "Service Unavailable"},
+            503,
+            "service_unavailable",
+            "upstream_unavailable",
+        ),
+        (
+            413,
+            {"message": "Request body too large. Maximum allowed size is 40MB."},
+            413,
+            "invalid_request_error",
+            "request_too_large",
+        ),
+    ],
+)
 @pytest.mark.parametrize("dialect", [MINDIE, SILICON], ids=["mindie", "siliconstorm"])
-def test_mindie_error_bodies_become_openai_envelopes(status: int, body: dict[str, Any], ours: int, type_: str,
-                                                     code: str, dialect: MindIEDialect) -> None:
+def test_mindie_error_bodies_become_openai_envelopes(
+    status: int, body: dict[str, Any], ours: int, type_: str, code: str, dialect: MindIEDialect
+) -> None:
     err = dialect.error_from_body(status, orjson.dumps(body))
     assert (err.status, err.type, err.code) == (ours, type_, code)
     upstream_message = body.get("error") or body["message"]
@@ -365,17 +468,21 @@ def test_empty_503_and_raw_text_500() -> None:
     assert (err.status, err.message) == (502, "Server internal error")
 
 
-@pytest.mark.parametrize(("code", "status", "type_", "err_code"), [
-    (701, 402, "insufficient_quota", "insufficient_quota"),
-    (702, 403, "permission_error", "permission_denied"),
-    (801, 401, "authentication_error", "invalid_api_key"),
-    (802, 504, "timeout_error", "upstream_timeout"),
-    (9999, 502, "upstream_error", "bad_gateway"),
-    (1234, 502, "upstream_error", "bad_gateway"),
-])
+@pytest.mark.parametrize(
+    ("code", "status", "type_", "err_code"),
+    [
+        (701, 402, "insufficient_quota", "insufficient_quota"),
+        (702, 403, "permission_error", "permission_denied"),
+        (801, 401, "authentication_error", "invalid_api_key"),
+        (802, 504, "timeout_error", "upstream_timeout"),
+        (9999, 502, "upstream_error", "bad_gateway"),
+        (1234, 502, "upstream_error", "bad_gateway"),
+    ],
+)
 @pytest.mark.parametrize("http_status", [200, 400, 500])
-def test_siliconstorm_codes_whatever_the_http_status(code: int, status: int, type_: str, err_code: str,
-                                                      http_status: int) -> None:
+def test_siliconstorm_codes_whatever_the_http_status(
+    code: int, status: int, type_: str, err_code: str, http_status: int
+) -> None:
     body = {"code": code, "result": None, "message": f"message for {code}"}
     if http_status == 200:
         err = SILICON.error_in_json(body)
@@ -392,12 +499,15 @@ def test_siliconstorm_codes_whatever_the_http_status(code: int, status: int, typ
 def test_siliconstorm_code_in_a_completion_or_a_stream_event() -> None:
     body = {"code": 701, "result": None, "message": "Insufficient balance"}
     with pytest.raises(Exception) as e:
-        SILICON.decode_response(body, ctx(dialect="siliconstorm"))
+        SILICON.session(ctx(dialect="siliconstorm")).response(body)
     assert getattr(e.value, "status", None) == 402
     with pytest.raises(StreamTruncated) as t:
-        SILICON.decode_chunk(dict(body), ctx(dialect="siliconstorm", stream=True))
-    assert (t.value.status, t.value.type, t.value.message) == (402, "insufficient_quota",
-                                                               "Insufficient balance (Siliconstorm code 701)")
+        SILICON.session(ctx(dialect="siliconstorm", stream=True)).chunk(dict(body))
+    assert (t.value.status, t.value.type, t.value.message) == (
+        402,
+        "insufficient_quota",
+        "Insufficient balance (Siliconstorm code 701)",
+    )
     # Not errors: completions, and a success code.
     assert SILICON.error_in_json({"code": 0, "result": {}, "message": "ok"}) is None
     assert SILICON.error_in_json({"id": "x", "choices": [], "code": 5}) is None
@@ -408,11 +518,15 @@ def test_siliconstorm_code_in_a_completion_or_a_stream_event() -> None:
 def test_siliconstorm_document_example_is_read_although_it_is_not_json() -> None:
     raw = fixture("siliconstorm/error-701-spec.txt")  # verbatim: "message": 'Insufficient balance'
     err = SILICON.error_from_body(402, raw)
-    assert (err.status, err.type, err.message) == (402, "insufficient_quota",
-                                                   "Insufficient balance (Siliconstorm code 701)")
+    assert (err.status, err.type, err.message) == (
+        402,
+        "insufficient_quota",
+        "Insufficient balance (Siliconstorm code 701)",
+    )
 
 
 # ============================================================================ responses: the spec transcripts
+
 
 @pytest.mark.parametrize("name", ["stream-deltas.sse", "stream-deltas-en.sse"])
 def test_spec_delta_stream(name: str) -> None:
@@ -446,14 +560,18 @@ def test_spec_fulltext_stream(name: str) -> None:
     assert "usage" not in out[-1]  # no include_usage: no usage key at all
     assert tr.usage is not None and tr.usage["total_tokens"] == 41  # still known for metrics
     assert (tr.rewrites, tr.full_text_mismatch) == (0, False)
-    assert "full_text" not in c.extras and "full_text" not in orjson.dumps(out).decode()
+    assert "full_text" not in tr.usage_extras and "full_text" not in orjson.dumps(out).decode()
 
 
 def test_fulltext_stream_ending_in_an_empty_delta_gets_its_tail_from_full_text() -> None:
     # The document: "the last response is empty". The half-decoded character is held back; full_text resolves it.
     c = ctx("qwen", stream=True, full_text=True)
-    raw = sse(chunk("", None), chunk("Café au l"), chunk("Café au lait " + FFFD),
-              chunk("", "stop", full_text="Café au lait ☕", usage={"prompt_tokens": 3, "completion_tokens": 5}))
+    raw = sse(
+        chunk("", None),
+        chunk("Café au l"),
+        chunk("Café au lait " + FFFD),
+        chunk("", "stop", full_text="Café au lait ☕", usage={"prompt_tokens": 3, "completion_tokens": 5}),
+    )
     out, tr = relay([raw], c)
     text = visible(out)["choices"][0]["content"]
     assert text == "Café au lait ☕" and FFFD not in text
@@ -470,8 +588,12 @@ def test_fulltext_mismatch_is_reported_not_forwarded() -> None:
 
 def test_full_text_of_one_choice_is_not_used_for_the_next() -> None:
     c = ctx("qwen", stream=True, full_text=True)
-    raw = sse(chunk("ab", index=0), chunk("xy", index=1), chunk("abc", "stop", index=0, full_text="abc"),
-              chunk("xyz", "stop", index=1))
+    raw = sse(
+        chunk("ab", index=0),
+        chunk("xy", index=1),
+        chunk("abc", "stop", index=0, full_text="abc"),
+        chunk("xyz", "stop", index=1),
+    )
     out, _ = relay([raw], c)
     choices = visible(out)["choices"]
     assert (choices[0]["content"], choices[1]["content"]) == ("abc", "xyz")
@@ -479,8 +601,12 @@ def test_full_text_of_one_choice_is_not_used_for_the_next() -> None:
 
 def test_reasoning_content_is_a_true_delta_in_fulltext_mode() -> None:
     c = ctx("qwen", stream=True, full_text=True)
-    raw = sse(chunk("", reasoning_content="Think"), chunk(None, reasoning_content="ing."), chunk("An"),
-              chunk("Answer", "stop", full_text="Answer"))
+    raw = sse(
+        chunk("", reasoning_content="Think"),
+        chunk(None, reasoning_content="ing."),
+        chunk("An"),
+        chunk("Answer", "stop", full_text="Answer"),
+    )
     out, _ = relay([raw], c)
     v = visible(out)["choices"][0]
     assert (v["reasoning"], v["content"]) == ("Thinking.", "Answer")
@@ -494,27 +620,35 @@ def test_upstream_id_kept_only_when_configured() -> None:
     assert {o["id"] for o in out} == {"endpoint_common_8"}
     data = json.loads(fixture("mindie/nonstream-multi-turn-1.json"))
     c = ctx(keep_upstream_id=True)
-    assert translator(c).translate_completion(MINDIE.decode_response(data, c))["id"] == "endpoint_common_16"
+    assert complete(data, c, MINDIE)["id"] == "endpoint_common_16"
 
 
-def completion(name: str, spoke: MindIEDialect = MINDIE, **kw: Any) -> tuple[dict[str, Any], RequestContext]:
+def completion(name: str, spoke: MindIEDialect = MINDIE, **kw: Any) -> tuple[dict[str, Any], Run]:
     c = ctx(**kw)
     data = json.loads(fixture(name))
-    return translator(c, dialect=spoke).translate_completion(spoke.decode_response(data, c)), c
+    return complete_run(data, c, spoke)
 
 
 def test_spec_non_stream_answers() -> None:
-    out, c = completion("mindie/nonstream-multi-turn-1.json")
+    out, run = completion("mindie/nonstream-multi-turn-1.json")
     message = out["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": (
-        "The best city in China is subjective and depends on personal preferences, but **Shanghai** is often "
-        "considered one of the most vibrant and dynamic cities in the country.")}  # tool_calls: [] dropped
-    assert out["usage"] == {"prompt_tokens": 45, "completion_tokens": 54, "total_tokens": 78,
-                            "prompt_tokens_details": {"cached_tokens": 0}}
+    assert message == {
+        "role": "assistant",
+        "content": (
+            "The best city in China is subjective and depends on personal preferences, but **Shanghai** is often "
+            "considered one of the most vibrant and dynamic cities in the country."
+        ),
+    }  # tool_calls: [] dropped
+    assert out["usage"] == {
+        "prompt_tokens": 45,
+        "completion_tokens": 54,
+        "total_tokens": 78,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert out["id"] == "chatcmpl-ours" and out["model"] == "qwen"
     raw = orjson.dumps(out).decode()
     assert not any(key in raw for key in MINDIE_ONLY)
-    assert c.extras["prefill_time"] == 39 and len(c.extras["decode_time_arr"]) == 33
+    assert run.usage_extras["prefill_time"] == 39 and len(run.usage_extras["decode_time_arr"]) == 33
 
     out, _ = completion("mindie/nonstream-single-turn.json")
     assert out["choices"][0]["message"]["content"] == "\n\nHello there, how may I assist you today?"
@@ -527,23 +661,45 @@ def test_spec_tool_call_answers() -> None:
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["content"] is None  # "" with tool calls -> null, as OpenAI does
-    assert choice["message"]["tool_calls"] == [{"function": {"arguments": "{\"order_id\": \"12345\"}",
-                                                             "name": "get_delivery_date"},
-                                                "id": "call_JwmTNF3O", "type": "function"}]
+    assert choice["message"]["tool_calls"] == [
+        {
+            "function": {"arguments": '{"order_id": "12345"}', "name": "get_delivery_date"},
+            "id": "call_JwmTNF3O",
+            "type": "function",
+        }
+    ]
     out, _ = completion("siliconstorm/nonstream-tool-calls-null.json", SILICON, dialect="siliconstorm")
     assert "tool_calls" not in out["choices"][0]["message"]
 
 
 def test_non_stream_usage_keeps_cached_and_reasoning_tokens() -> None:
     c = ctx()
-    data = {"id": "endpoint_common_1", "object": "chat.completion", "created": 1, "model": "qwen",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "<think>hmm</think>\n\nok",
-                                                 "tool_calls": []}, "logprobs": None, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}, "completion_tokens": 5,
-                      "completion_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 14,
-                      "batch_size": [1] * 5, "queue_wait_time": [9] * 5},
-            "prefill_time": 1, "decode_time_arr": [1] * 4}
-    out = translator(c).translate_completion(MINDIE.decode_response(data, c))
+    data = {
+        "id": "endpoint_common_1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "qwen",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "<think>hmm</think>\n\nok", "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 9,
+            "prompt_tokens_details": {"cached_tokens": 4},
+            "completion_tokens": 5,
+            "completion_tokens_details": {"reasoning_tokens": 2},
+            "total_tokens": 14,
+            "batch_size": [1] * 5,
+            "queue_wait_time": [9] * 5,
+        },
+        "prefill_time": 1,
+        "decode_time_arr": [1] * 4,
+    }
+    out = complete(data, c, MINDIE)
     assert out["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
     assert out["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
     assert "batch_size" not in out["usage"] and "queue_wait_time" not in out["usage"]
@@ -553,18 +709,24 @@ def test_non_stream_usage_keeps_cached_and_reasoning_tokens() -> None:
 def test_streamed_tool_calls_without_index() -> None:
     c = ctx(stream=True)
     first = {"id": "call_a", "type": "function", "function": {"name": "get_weather"}}
-    raw = sse(chunk(""), chunk(tool_calls=[first]), chunk(tool_calls=[{"function": {"arguments": '{"city": '}}]),
-              chunk(tool_calls=[{"function": {"arguments": '"Paris"}'}}]),
-              chunk(tool_calls=[{"id": "call_b", "type": "function", "function": {"name": "get_time"}}]),
-              chunk(None, "tool_calls", tool_calls=[{"function": {"arguments": "{}"}}]))
+    raw = sse(
+        chunk(""),
+        chunk(tool_calls=[first]),
+        chunk(tool_calls=[{"function": {"arguments": '{"city": '}}]),
+        chunk(tool_calls=[{"function": {"arguments": '"Paris"}'}}]),
+        chunk(tool_calls=[{"id": "call_b", "type": "function", "function": {"name": "get_time"}}]),
+        chunk(None, "tool_calls", tool_calls=[{"function": {"arguments": "{}"}}]),
+    )
     out, _ = relay([raw], c)
     for o in out:
         for ch in o["choices"]:
             for tc in ch["delta"].get("tool_calls") or ():
                 assert isinstance(tc["index"], int)
     v = visible(out)["choices"][0]
-    assert v["tools"] == {0: {"id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-                          1: {"id": "call_b", "name": "get_time", "arguments": "{}"}}
+    assert v["tools"] == {
+        0: {"id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        1: {"id": "call_b", "name": "get_time", "arguments": "{}"},
+    }
     assert v["finish"] == "tool_calls" and v["role"] == "assistant"
 
 
@@ -586,8 +748,9 @@ REASONING = "Let me think: 2+2. 先想一想 🤔 <b>ok</b>"
 ANSWER = "The answer is 4. 你好, 世界 🌍."
 
 
-def mindie_transcript(reasoning: str, content: str, cuts: list[int], *, full_text: bool, inline: str,
-                      fffd_at: set[int]) -> bytes:
+def mindie_transcript(
+    reasoning: str, content: str, cuts: list[int], *, full_text: bool, inline: str, fffd_at: set[int]
+) -> bytes:
     """A MindIE stream as the server writes it: role repeated in every delta, usage on the finish chunk, `full_text`
     on it in full-text mode. inline: "think" (<think>…</think>), "close_only" (…</think>), "field"
     (reasoning_content deltas) or "none". `fffd_at`: snapshot indices that end in a half-decoded character."""
@@ -608,7 +771,7 @@ def mindie_transcript(reasoning: str, content: str, cuts: list[int], *, full_tex
         if full_text:
             snapshot = text[:end]
             if i in fffd_at and end < len(text):
-                snapshot = text[:end - 1] + FFFD if end - 1 > previous else text[:end]
+                snapshot = text[: end - 1] + FFFD if end - 1 > previous else text[:end]
                 chunks.append(chunk(snapshot))
                 snapshot = text[:end]
             chunks.append(chunk(snapshot))
@@ -616,8 +779,11 @@ def mindie_transcript(reasoning: str, content: str, cuts: list[int], *, full_tex
         else:
             chunks.append(chunk(text[previous:end]))
         previous = end
-    last = chunk(text if full_text else "", "stop",
-                 usage={"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12, "batch_size": [1] * 9})
+    last = chunk(
+        text if full_text else "",
+        "stop",
+        usage={"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12, "batch_size": [1] * 9},
+    )
     if full_text:
         last = {**last, "full_text": text}
     chunks.append(last)
@@ -648,7 +814,11 @@ def client_view(raw: bytes, cuts: list[int], c: RequestContext) -> dict[str, Any
     st.sets(st.integers(0, 12), max_size=4),
 )
 def test_cutting_the_upstream_bytes_anywhere_gives_the_same_client_text(
-    text_cuts: list[int], byte_cuts: list[int], full_text: bool, inline: str, fffd_at: set[int],
+    text_cuts: list[int],
+    byte_cuts: list[int],
+    full_text: bool,
+    inline: str,
+    fffd_at: set[int],
 ) -> None:
     model = "DeepSeek-R1-Distill" if inline == "close_only" else "Qwen3-32B"
     raw = mindie_transcript(REASONING, ANSWER, text_cuts, full_text=full_text, inline=inline, fffd_at=fffd_at)
@@ -664,8 +834,12 @@ def test_cutting_the_upstream_bytes_anywhere_gives_the_same_client_text(
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 3000), max_size=20))
 def test_spec_transcripts_are_cut_invariant(byte_cuts: list[int]) -> None:
-    for name, full in (("stream-fulltext.sse", True), ("stream-fulltext-en.sse", True),
-                       ("stream-deltas.sse", False), ("stream-deltas-en.sse", False)):
+    for name, full in (
+        ("stream-fulltext.sse", True),
+        ("stream-fulltext-en.sse", True),
+        ("stream-deltas.sse", False),
+        ("stream-deltas-en.sse", False),
+    ):
         raw = fixture(f"mindie/{name}")
         c = {"stream": True, "include_usage": True, "full_text": full}
         assert client_view(raw, byte_cuts, ctx(**c)) == client_view(raw, [], ctx(**c)), name

@@ -1,0 +1,302 @@
+"""OpenAI Chat Completions (`/v1/chat/completions`) and legacy Completions (`/v1/completions`): the client spokes
+closest to the hub. The request already is the canonical form; the encoder puts the hub's events back into chunks:
+
+- the first chunk of each choice carries `role: "assistant"` (content "" when it carries nothing else);
+- reasoning goes where `client.reasoning` says: `reasoning_content`, `reasoning`, re-inlined `<think>` tags, or
+  nowhere (DECISIONS.md "Reasoning");
+- usage follows `stream_options.include_usage` (the one place that knows it): `usage: null` on every chunk and a
+  final `choices: []` chunk with the usage — zeros if the upstream reported none; no `usage` key without it;
+  `client.usage_fields: deepseek` adds DeepSeek's cache fields;
+- fields the hub does not know pass through (lossless for an OpenAI upstream);
+- non-streaming, the same events are folded into one `chat.completion` / `text_completion`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..canonical import CHAT, COMPLETIONS, RequestContext
+from ..errors import ClientRequestError, ProxyError
+from ..events import Answer, Delta
+from ..sse import DONE, KEEPALIVE, encode_data
+from ..stream.usage import deepseek_usage_fields
+from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+
+_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+class ChatClient(ClientDialect):
+    name = "chat"
+    path = "/v1/chat/completions"
+    id_prefix = "chatcmpl-"
+    kind = CHAT
+
+    async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
+        self._check(body)
+        stream = body.get("stream") is True
+        opts = body.get("stream_options")
+        include_usage = stream and isinstance(opts, dict) and opts.get("include_usage") is True
+        return ClientCall(body, self.kind, model, stream, {"include_usage": include_usage})
+
+    def _check(self, body: dict[str, Any]) -> None:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ClientRequestError("`messages` must be a non-empty list.", param="messages")
+
+    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
+        client = self.settings.client
+        return ChatEncoder(
+            ctx,
+            answer,
+            call.stream,
+            call.options["include_usage"],
+            client.reasoning,
+            client.usage_fields == "deepseek",
+            self.kind == CHAT,
+        )
+
+    def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
+        return openai_error_response(err)
+
+
+class CompletionsClient(ChatClient):
+    name = "completions"
+    path = "/v1/completions"
+    id_prefix = "cmpl-"
+    kind = COMPLETIONS
+
+    def _check(self, body: dict[str, Any]) -> None:
+        if "prompt" not in body:
+            raise ClientRequestError("`prompt` is required.", param="prompt")
+
+
+class _Fold:
+    """One choice of a non-stream answer, accumulated."""
+
+    __slots__ = ("choice_extra", "content", "extra", "finish_reason", "logprobs", "reasoning", "tool_calls")
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.logprobs: Any = None
+        self.extra: dict[str, Any] = {}
+        self.choice_extra: dict[str, Any] = {}
+
+
+class ChatEncoder:
+    keepalive = KEEPALIVE
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        answer: Answer,
+        stream: bool,
+        include_usage: bool,
+        reasoning: str,
+        deepseek_usage: bool,
+        chat: bool,
+    ) -> None:
+        self.ctx = ctx
+        self.answer = answer
+        self.stream = stream
+        self.include_usage = include_usage
+        self.reasoning = reasoning
+        self.deepseek_usage = deepseek_usage
+        self.chat = chat
+        self._object = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
+        self._id: str | None = None
+        self._think_open: set[int] = set()  # think_tags: choices whose "<think>" was sent, "</think>" not yet
+        self._folds: dict[int, _Fold] = {}
+
+    # -- the Encoder protocol -----------------------------------------------------------------------------------
+    def head(self) -> bytes:
+        return b""
+
+    def feed(self, deltas: list[Delta]) -> bytes:
+        if not self.stream:
+            for d in deltas:
+                self._fold(d)
+            return b""
+        # One chunk per event: choices of one upstream chunk go out one by one, as OpenAI sends n > 1 streams.
+        make = self._chat_choice if self.chat else self._text_choice
+        dumps = orjson.dumps
+        return b"".join([encode_data(dumps(self._envelope([make(d)]))) for d in deltas])
+
+    def finish(self) -> bytes:
+        if not self.stream:
+            return orjson.dumps(self._folded())
+        if not self.include_usage:
+            return DONE
+        final = self._envelope([])
+        final["usage"] = self._usage() or dict(_ZERO_USAGE)
+        return encode_data(orjson.dumps(final)) + DONE
+
+    def error(self, err: ProxyError) -> bytes:
+        return encode_data(err.body())
+
+    # -- streams --------------------------------------------------------------------------------------------------
+    def _chat_choice(self, d: Delta) -> dict[str, Any]:
+        out_delta: dict[str, Any] = {"role": "assistant"} if d.first else {}
+        content = self._format(d, out_delta)
+        if content:
+            out_delta["content"] = content
+        elif d.first and len(out_delta) == 1:
+            out_delta["content"] = ""
+        if d.tool_calls:
+            out_delta["tool_calls"] = d.tool_calls
+        if d.extra:
+            out_delta.update(d.extra)
+        out: dict[str, Any] = {"index": d.index, "delta": out_delta}
+        if d.choice_extra:
+            out.update(d.choice_extra)
+        out["logprobs"] = d.logprobs
+        out["finish_reason"] = d.finish_reason
+        return out
+
+    def _text_choice(self, d: Delta) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": d.index, "text": d.content}
+        if d.choice_extra:
+            out.update(d.choice_extra)
+        out["logprobs"] = d.logprobs
+        out["finish_reason"] = d.finish_reason
+        return out
+
+    def _format(self, d: Delta, out: dict[str, Any]) -> str:
+        """Put reasoning where the client wants it; returns the (maybe re-inlined) content."""
+        mode = self.reasoning
+        if mode == "think_tags":
+            prefix = ""
+            is_open = d.index in self._think_open
+            if d.reasoning:
+                prefix = d.reasoning if is_open else "<think>" + d.reasoning
+                self._think_open.add(d.index)
+                is_open = True
+            if is_open and (d.content or d.finish_reason is not None):
+                prefix += "</think>\n\n"
+                self._think_open.discard(d.index)
+            return prefix + d.content
+        if d.reasoning:
+            if mode == "reasoning_content":
+                out["reasoning_content"] = d.reasoning
+            elif mode == "reasoning":
+                out["reasoning"] = d.reasoning
+        return d.content
+
+    def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self._response_id(),
+            "object": self._object,
+            "created": self.ctx.created,
+            "model": self.ctx.response_model,
+            "choices": choices,
+        }
+        if self.answer.envelope_extra:
+            out.update(self.answer.envelope_extra)
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def _response_id(self) -> str:
+        if self._id is None:
+            upstream_id = self.answer.upstream_id
+            self._id = upstream_id if upstream_id and self.ctx.upstream.keep_upstream_id else self.ctx.response_id
+        return self._id
+
+    def _usage(self) -> dict[str, Any] | None:
+        usage = self.answer.usage
+        if usage is not None and self.deepseek_usage:
+            return deepseek_usage_fields(usage)
+        return usage
+
+    # -- non-stream: the same events, folded --------------------------------------------------------------------
+    def _fold(self, d: Delta) -> None:
+        f = self._folds.get(d.index)
+        if f is None:
+            f = self._folds[d.index] = _Fold()
+        if self.chat:
+            out: dict[str, Any] = {}
+            content = self._format(d, out)
+            reasoning = out.get("reasoning_content") or out.get("reasoning")
+            if reasoning:
+                f.reasoning.append(reasoning)
+        else:
+            content = d.content
+        if content:
+            f.content.append(content)
+        for call in d.tool_calls or ():
+            slot = f.tool_calls.get(call["index"])
+            fn = call.get("function") or {}
+            if slot is None:
+                f.tool_calls[call["index"]] = {
+                    "id": call.get("id"),
+                    "type": call.get("type", "function"),
+                    "function": {"name": fn.get("name") or "", "arguments": fn.get("arguments") or ""},
+                }
+            else:
+                slot["function"]["arguments"] += fn.get("arguments") or ""
+        if d.extra:
+            f.extra.update(d.extra)
+        if d.choice_extra:
+            f.choice_extra.update(d.choice_extra)
+        if d.logprobs is not None:
+            f.logprobs = _merge_logprobs(f.logprobs, d.logprobs)
+        if d.finish_reason is not None:
+            f.finish_reason = d.finish_reason
+
+    def _folded(self) -> dict[str, Any]:
+        choices = []
+        for index in sorted(self._folds):
+            f = self._folds[index]
+            text = "".join(f.content)
+            if self.chat:
+                calls = [f.tool_calls[i] for i in sorted(f.tool_calls)]
+                message: dict[str, Any] = {"role": "assistant"}
+                message["content"] = text if text else (None if calls or f.extra.get("refusal") else "")
+                if f.reasoning:
+                    key = "reasoning" if self.reasoning == "reasoning" else "reasoning_content"
+                    message[key] = "".join(f.reasoning)
+                if calls:
+                    message["tool_calls"] = calls
+                for key, value in f.extra.items():
+                    message.setdefault(key, value)
+                choice: dict[str, Any] = {"index": index, "message": message}
+            else:
+                choice = {"index": index, "text": text}
+            choice.update(f.choice_extra)
+            choice["logprobs"] = f.logprobs
+            choice["finish_reason"] = f.finish_reason
+            choices.append(choice)
+        result: dict[str, Any] = {
+            "id": self._response_id(),
+            "object": self._object,
+            "created": self.ctx.created,
+            "model": self.ctx.response_model,
+            "choices": choices,
+        }
+        result.update(self.answer.envelope_extra)
+        usage = self._usage()
+        if usage is not None:
+            result["usage"] = usage
+        return result
+
+
+def _merge_logprobs(a: Any, b: Any) -> Any:
+    """Chat logprobs objects of several events -> one (their `content` lists joined)."""
+    if a is None:
+        return b
+    if isinstance(a, dict) and isinstance(b, dict):
+        merged = dict(a)
+        for key, value in b.items():
+            if isinstance(value, list) and isinstance(merged.get(key), list):
+                merged[key] = merged[key] + value
+            elif value is not None:
+                merged[key] = value
+        return merged
+    return b

@@ -1,0 +1,166 @@
+"""Canonical upstream chunks -> hub events (`proxy.events.Delta`), per request.
+
+The normaliser evens out what any upstream may vary, whatever its dialect, and applies no client format:
+
+    content ─▶ ThinkSplitter (inline <think>, per reasoning_source) ─┐
+    reasoning_content / reasoning (field) ───────────────────────────┼▶ Delta(reasoning, content, tool_calls, ...)
+    tool_calls ─▶ ToolCallNormalizer ────────────────────────────────┘
+    usage ─▶ normalize_usage ─▶ Answer.usage (+ upstream-only fields ─▶ Answer.usage_extras)
+
+Dialect quirks are undone before this (proxy/dialects, the upstream session: cumulative text, error finish reasons);
+client formats are applied after it (proxy/clients). A non-stream answer is one final chunk through the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .canonical import CHAT, ChatChunk
+from .errors import StreamTruncated
+from .events import Answer, Delta
+from .stream.think import ThinkSplitter
+from .stream.tool_calls import ToolCallNormalizer
+from .stream.usage import normalize_usage
+
+# What the hub understands; anything else is passed on in Delta.extra / choice_extra / Answer.envelope_extra.
+_DELTA_OWN = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
+_CHOICE_OWN = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
+_CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
+
+
+class _Choice:
+    __slots__ = ("field_mode", "finished", "splitter", "started", "tools")
+
+    def __init__(self, splitter: ThinkSplitter | None) -> None:
+        self.splitter = splitter
+        self.tools: ToolCallNormalizer | None = None
+        self.started = False
+        self.finished = False
+        self.field_mode = False
+
+
+class Normalizer:
+    """One request's canonical chunks -> Delta events. `reasoning_source` and `starts_in_reasoning` come from the
+    upstream session (proxy/dialects/base.py)."""
+
+    def __init__(self, kind: str, reasoning_source: str, starts_in_reasoning: bool, answer: Answer) -> None:
+        self.chat = kind == CHAT
+        self.source = reasoning_source
+        self.split = self.chat and reasoning_source in ("auto", "tags")
+        self.starts_in_reasoning = starts_in_reasoning and self.split
+        self.answer = answer
+        self._choices: dict[int, _Choice] = {}
+
+    def feed(self, chunk: ChatChunk, final: bool = False) -> list[Delta]:
+        """The events of one canonical chunk. `final`: the whole answer (a non-stream body) — every choice ends here,
+        with or without a finish_reason."""
+        answer = self.answer
+        if answer.upstream_id is None:
+            upstream_id = chunk.get("id")
+            if isinstance(upstream_id, str) and upstream_id:
+                answer.upstream_id = upstream_id
+        usage = chunk.get("usage")
+        if usage:
+            normalized, extras = normalize_usage(usage)
+            if extras:
+                answer.usage_extras.update(extras)
+            answer.usage = normalized
+        if not _CHUNK_OWN.issuperset(chunk):  # system_fingerprint, vendor extras
+            for key, value in chunk.items():
+                if key not in _CHUNK_OWN:
+                    answer.envelope_extra[key] = value
+        out = []
+        for choice in chunk.get("choices") or ():
+            delta = self._choice(choice, final)
+            if delta is not None:
+                out.append(delta)
+        return out
+
+    def finish(self, saw_done: bool) -> None:
+        """End of the upstream answer: raise StreamTruncated unless every choice has finished."""
+        if self._choices and all(st.finished for st in self._choices.values()):
+            return
+        if not saw_done:
+            raise StreamTruncated(
+                "The upstream closed the stream before the answer was complete.", reason="upstream_closed"
+            )
+        raise StreamTruncated(
+            "The upstream ended the stream without a finish_reason; the answer may be incomplete.",
+            reason="upstream_closed",
+        )
+
+    # -----------------------------------------------------------------------------------------------------------
+    def _state(self, index: int) -> _Choice:
+        st = self._choices.get(index)
+        if st is None:
+            st = self._choices[index] = _Choice(ThinkSplitter(self.starts_in_reasoning) if self.split else None)
+        return st
+
+    def _choice(self, choice: dict[str, Any], whole: bool) -> Delta | None:
+        index = choice.get("index") or 0
+        st = self._state(index)
+        if st.finished:
+            return None
+        finish = choice.get("finish_reason")
+        final = whole or finish is not None
+        logprobs = choice.get("logprobs")
+        extra = choice_extra = None
+        tool_calls = None
+        if self.chat:
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content")
+            if reasoning is None:
+                reasoning = delta.get("reasoning")
+            r, c = self._text(st, delta.get("content"), reasoning, final)
+            calls = delta.get("tool_calls")
+            if calls or (final and st.tools is not None):
+                if st.tools is None:
+                    st.tools = ToolCallNormalizer()
+                normalized = st.tools.feed(calls) if calls else []
+                if final:
+                    normalized += st.tools.flush()
+                tool_calls = normalized or None
+            if not _DELTA_OWN.issuperset(delta):  # refusal, audio, annotations, vendor extras
+                extra = {k: v for k, v in delta.items() if k not in _DELTA_OWN}
+        else:
+            r, c = self._text(st, choice.get("text"), None, final)
+        if not _CHOICE_OWN.issuperset(choice):
+            choice_extra = {k: v for k, v in choice.items() if k not in _CHOICE_OWN}
+        first = not st.started
+        if not (
+            r or c or tool_calls or extra or final or logprobs is not None or choice_extra or (first and self.chat)
+        ):  # the chat client's role chunk: sent before any token
+            return None
+        st.started = True
+        if final:
+            st.finished = True
+            self.answer.finish_reason = finish
+        return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
+
+    def _text(self, st: _Choice, content: str | None, reasoning: str | None, final: bool) -> tuple[str, str]:
+        """New (reasoning, content) text of one choice: inline tags -> reasoning (DECISIONS.md "Reasoning")."""
+        held = ""
+        held_reasoning = ""
+        if reasoning is not None and self.source == "auto" and not st.field_mode:
+            st.field_mode = True  # a reasoning field puts the response in field mode: content is not parsed
+            if st.splitter is not None:
+                for kind, s in st.splitter.flush():
+                    if kind == "reasoning":
+                        held_reasoning += s
+                    else:
+                        held += s
+                st.splitter = None
+        splitter = st.splitter
+        if splitter is None:
+            return held_reasoning + (reasoning or ""), held + (content or "")
+        pieces = splitter.feed(content) if content else []
+        if final:
+            pieces = pieces + splitter.flush()
+        r = reasoning or ""
+        c = ""
+        for kind, s in pieces:
+            if kind == "reasoning":
+                r += s
+            else:
+                c += s
+        return r, c

@@ -1,0 +1,85 @@
+"""One request's answer pipeline, without I/O: upstream bytes (or a JSON body) in, hub events out.
+
+    bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (streams)
+    JSON  ─────────────────────────▶ UpstreamSession.response ─▶ Normalizer ─▶ [Delta]  (non-stream: one chunk)
+
+The handler feeds it what it reads and gives the events to the client encoder; tests drive the very same object
+in-process (cutting the upstream bytes anywhere). Failures raise `StreamTruncated` (or the dialect's error); events
+produced before the failure are already in `out`, so the caller can still deliver them ahead of the error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .dialects.base import UpstreamSession
+from .errors import StreamTruncated, UpstreamError
+from .events import Answer, Delta
+from .normalize import Normalizer
+from .sse import SSEDecoder, SSEEvent
+
+
+class Pipeline:
+    __slots__ = ("_chunk", "_decoder", "_feed", "answer", "done", "normalizer", "session")
+
+    def __init__(self, session: UpstreamSession, answer: Answer) -> None:
+        self.session = session
+        self.answer = answer
+        self.normalizer = Normalizer(session.ctx.kind, session.reasoning_source, session.starts_in_reasoning, answer)
+        self._decoder = SSEDecoder()
+        self._chunk = session.chunk
+        self._feed = self.normalizer.feed
+        self.done = False  # [DONE] was seen
+
+    def feed(self, data: bytes, out: list[Delta]) -> None:
+        """Append the events that `data` completes to `out`."""
+        self._take(self._decoder.feed(data), out)
+
+    def finish(self, out: list[Delta]) -> None:
+        """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
+        if not self.done:
+            self._take(self._decoder.flush(), out)
+        self.session.end()
+        self.normalizer.finish(self.done)
+
+    def complete(self, raw: bytes, out: list[Delta]) -> None:
+        """A whole non-stream JSON body -> its events (the same normaliser, one final chunk)."""
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamError("The upstream answered with a body that is not JSON: " + preview(raw), 502) from None
+        out.extend(self._feed(self.session.response(data), True))
+
+    def _take(self, events: list[SSEEvent], out: list[Delta]) -> None:
+        for event in events:
+            if self.done:
+                return
+            if event.garbage is not None:
+                raise StreamTruncated(
+                    "The upstream sent data that is not an event stream: " + preview(event.garbage),
+                    reason="invalid_data",
+                )
+            if event.data == "[DONE]":
+                self.done = True
+                return
+            try:
+                parsed: Any = orjson.loads(event.data)
+            except orjson.JSONDecodeError:
+                raise StreamTruncated(
+                    "The upstream sent an event that is not valid JSON: " + preview(event.data),
+                    reason="invalid_data",
+                ) from None
+            if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
+                parsed = {"error": parsed}
+            chunk = self._chunk(parsed)
+            if chunk is not None:
+                out.extend(self._feed(chunk))
+
+
+def preview(data: bytes | str, limit: int = 200) -> str:
+    """A short, quoted sample of what the upstream sent, for error messages."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    text = text.strip()
+    return repr(text[:limit] + ("…" if len(text) > limit else ""))

@@ -1,0 +1,140 @@
+"""The proxy's own answer path, in-process, for dialect tests: upstream bytes (or a JSON body) -> upstream session ->
+pipeline -> normaliser -> the Chat Completions client encoder -> what a chat client receives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.canonical import RequestContext
+from proxy.clients.chat import ChatEncoder
+from proxy.dialects.base import Dialect, UpstreamSession
+from proxy.events import Answer, Delta
+from proxy.pipeline import Pipeline
+from proxy.settings import ClientSettings, UpstreamSettings
+from proxy.sse import SSEDecoder
+
+
+@dataclass(slots=True)
+class TestContext(RequestContext):
+    include_usage: bool = False  # the client's stream_options.include_usage (a chat-client option)
+
+
+def request_context(
+    kind: str,
+    model: str,
+    upstream: UpstreamSettings,
+    *,
+    stream: bool = False,
+    include_usage: bool = False,
+    client_model: str | None = None,
+    response_id: str = "chatcmpl-ours",
+    created: int = 7,
+) -> TestContext:
+    return TestContext(
+        kind=kind,
+        request_id="rid",
+        client_model=client_model or model,
+        upstream_model=model,
+        upstream=upstream,
+        stream=stream,
+        response_id=response_id,
+        created=created,
+        include_usage=include_usage,
+    )
+
+
+class Run:
+    """What one answer left behind besides the client's bytes (for assertions about metrics inputs)."""
+
+    def __init__(self, session: UpstreamSession, answer: Answer) -> None:
+        self.session = session
+        self.answer = answer
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.answer.usage
+
+    @property
+    def usage_extras(self) -> dict[str, Any]:
+        return {**self.answer.usage_extras, **self.session.extras}
+
+    @property
+    def rewrites(self) -> int:
+        return int(getattr(self.session, "rewrites", 0))
+
+    @property
+    def full_text_mismatch(self) -> bool:
+        return bool(getattr(self.session, "full_text_mismatch", False))
+
+
+def _encoder(c: RequestContext, answer: Answer, client: ClientSettings | None, stream: bool) -> ChatEncoder:
+    client = client or ClientSettings()
+    return ChatEncoder(
+        c,
+        answer,
+        stream,
+        bool(getattr(c, "include_usage", False)),
+        client.reasoning,
+        client.usage_fields == "deepseek",
+        c.kind == "chat",
+    )
+
+
+def chunks_of(raw: bytes) -> list[dict[str, Any]]:
+    events = SSEDecoder().feed(raw)
+    return [orjson.loads(e.data) for e in events if e.data != "[DONE]"]
+
+
+def relay(
+    pieces: list[bytes],
+    c: RequestContext,
+    dialect: Dialect,
+    client: ClientSettings | None = None,
+    session: UpstreamSession | None = None,
+) -> tuple[list[dict[str, Any]], Run]:
+    """Upstream stream bytes, in the given pieces -> client chunks (usage chunk included). Raises what the proxy
+    would turn into an error (the chunks before it are lost to the caller, as they are sent before the error).
+    `session`: one that already built the request (its state, e.g. the thinking switch, matters)."""
+    session = session or dialect.session(c)
+    answer = Answer()
+    pipeline = Pipeline(session, answer)
+    encoder = _encoder(c, answer, client, True)
+    out = b""
+    events: list[Delta] = []
+    for piece in pieces:
+        pipeline.feed(piece, events)
+        out += encoder.feed(events)
+        events.clear()
+    pipeline.finish(events)
+    out += encoder.feed(events) + encoder.finish()
+    return chunks_of(out), Run(session, answer)
+
+
+def complete(
+    data: Any,
+    c: RequestContext,
+    dialect: Dialect,
+    client: ClientSettings | None = None,
+) -> dict[str, Any]:
+    """A non-stream upstream JSON answer -> the client's JSON answer."""
+    return complete_run(data, c, dialect, client)[0]
+
+
+def complete_run(
+    data: Any,
+    c: RequestContext,
+    dialect: Dialect,
+    client: ClientSettings | None = None,
+) -> tuple[dict[str, Any], Run]:
+    session = dialect.session(c)
+    answer = Answer()
+    pipeline = Pipeline(session, answer)
+    encoder = _encoder(c, answer, client, False)
+    events: list[Delta] = []
+    pipeline.complete(orjson.dumps(data), events)
+    encoder.feed(events)
+    result: dict[str, Any] = orjson.loads(encoder.finish())
+    return result, Run(session, answer)
