@@ -177,10 +177,15 @@ async def _model_list(state: AppState) -> list[dict[str, Any]]:
             if m != "*":
                 seen.setdefault(m, _model_obj(m, u.name))
     # Upstreams that take any name (default route, no configured names): list what the upstream itself serves.
+    # One without a model listing (the engine API), or that does not answer: its name, which routes there through
+    # "*", so that model pickers (Open WebUI, Dify) show something.
     for u in state.settings.upstreams:
         if "*" in u.models and not (set(u.models) - {"*"}) and not u.aliases:
-            for listed in await _upstream_models(state, u):
-                seen.setdefault(listed["id"], _model_obj(listed["id"], u.name))
+            listed = await _upstream_models(state, u)
+            for card in listed:
+                seen.setdefault(card["id"], _model_obj(card["id"], u.name))
+            if not listed:
+                seen.setdefault(u.name, _model_obj(u.name, u.name))
     return list(seen.values())
 
 
