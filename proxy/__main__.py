@@ -25,6 +25,8 @@ from .settings import (
     ConfigError,
     Settings,
     build_settings,
+    dialect_name,
+    env_var_name,
     load_config_file,
 )
 
@@ -107,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG.",
     )
     p.add_argument("--version", action="version", version=f"dialect-proxy {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{serve,mock,demo}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,mock,demo,probe}")
 
     serve = sub.add_parser("serve", help="run the proxy", description=(
         "Run the proxy. Either one upstream from flags (--upstream-url and --upstream-dialect), or many from a "
@@ -137,7 +139,64 @@ def parser() -> argparse.ArgumentParser:
                       help=f"mock upstream port (default: a free port) [env {_env_name('mock-port')}]")
     demo.add_argument("--dialect", default=None, choices=DIALECT_NAMES,
                       help=f"mock dialect (default mindie) [env {_env_name('dialect')}]")
+    probe = sub.add_parser("probe", help="find out what an upstream speaks and print the config block for it",
+                           description=(
+        "Talk to an upstream the way the proxy would (a few tiny requests, each bounded in time) and report: "
+        "reachable, TLS / client certificate needed, the dialect it speaks (paths that answer, error shapes), its "
+        "models, cumulative text (MindIE fullTextEnabled), where reasoning and usage come, streamed tool calls; "
+        "then print the config block to use."),
+        epilog="example: dialect-proxy probe https://10.0.0.5:1025 --tls-ca-file ca.pem --tls-cert-file client.pem "
+               "--tls-key-file client.key")
+    probe.add_argument("url", help="the upstream's base URL (with or without /v1)")
+    probe.add_argument("--dialect", default=None, help="skip detection: the upstream speaks this dialect "
+                       f"({', '.join(DIALECT_NAMES)})")
+    probe.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    probe.add_argument("--api-key-env", default=None,
+                       help="name of the environment variable holding the upstream's API key")
+    probe.add_argument("--tls-ca-file", default=None, help="CA bundle to verify an https upstream")
+    probe.add_argument("--tls-cert-file", default=None, help="client certificate for mutual TLS")
+    probe.add_argument("--tls-key-file", default=None, help="private key of that client certificate")
+    probe.add_argument("--tls-verify", nargs="?", const="true", default=None, metavar="BOOL",
+                       help="verify the server's certificate (default true)")
+    probe.add_argument("--model", default=None, help="model name for the test requests (default: the first listed)")
+    probe.add_argument("--prompt", default=None, help="the user message of the test request")
+    probe.add_argument("--timeout", default=None, help="seconds each request may take (default 10)")
     return p
+
+
+def probe_command(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> int:
+    from .probe import ProbeOptions, probe
+    from .settings import coerce_value
+
+    opts = ProbeOptions(url=args.url)
+    if args.dialect:
+        opts.dialect = dialect_name("--dialect", args.dialect)
+    if args.api_key_env:
+        opts.api_key_env = env_var_name("--api-key-env", args.api_key_env)
+        opts.api_key = environ.get(opts.api_key_env) or None
+        if opts.api_key is None:
+            raise ConfigError(f"--api-key-env: environment variable {opts.api_key_env} is not set")
+    for flag in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        path = getattr(args, flag)
+        if path:
+            if not os.path.isfile(path):
+                raise ConfigError(f"--{flag.replace('_', '-')}: no such file: {path}")
+            setattr(opts, flag, path)
+    if bool(opts.tls_cert_file) != bool(opts.tls_key_file):
+        raise ConfigError("--tls-cert-file and --tls-key-file go together")
+    if args.tls_verify is not None:
+        opts.tls_verify = coerce_value("--tls-verify", args.tls_verify, bool)
+    if args.timeout is not None:
+        opts.timeout = coerce_value("--timeout", args.timeout, float)
+    opts.model = args.model
+    if args.prompt:
+        opts.prompt = args.prompt
+    report = asyncio.run(probe(opts))
+    if args.json:
+        print(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+    else:
+        print(report.render())
+    return 0 if report.reachable and report.dialect and report.chat == "ok" and not report.problems else 1
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Settings:
@@ -320,15 +379,19 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = parser()
-    args = p.parse_args(argv or ["demo"])
-    command = args.command or "demo"
+    args = p.parse_args(argv)
+    if not args.command:  # bare `dialect-proxy`: help, not servers
+        p.print_help()
+        return 0
     try:
-        if command == "serve":
+        if args.command == "serve":
             settings = settings_from_args(args, os.environ)
             os.environ[_ARGS_ENV] = json.dumps(argv)
             serve(settings)
-        elif command == "mock":
+        elif args.command == "mock":
             mock(args, os.environ)
+        elif args.command == "probe":
+            return probe_command(args, os.environ)
         else:
             demo(args)
     except ConfigError as e:

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -34,9 +35,13 @@ def create_app(settings: Settings) -> ProxyApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # In the background: start-up is not held up by a slow upstream (each check is bounded by
+        # readiness_timeout anyway).
+        checks = asyncio.create_task(log_upstream_checks(state))
         try:
             yield
         finally:
+            checks.cancel()
             state.shutting_down = True
             await state.close()
 
@@ -45,14 +50,18 @@ def create_app(settings: Settings) -> ProxyApp:
 
     async def readyz(request: Request) -> Response:
         results = await asyncio.gather(*(_probe(state, u) for u in settings.upstreams))
-        upstreams = {u.name: ok for u, ok in zip(settings.upstreams, results, strict=True)}
-        for name, ok in upstreams.items():
-            state.metrics.upstream_up(name, ok == "up")
+        for u, result in zip(settings.upstreams, results, strict=True):
+            state.metrics.upstream_up(u.name, result.ready)
         check = all if settings.server.ready_when == "all" else any
-        ready = check(v == "up" for v in upstreams.values()) and not state.shutting_down
-        return JSONResponse(
-            {"status": "ready" if ready else "not ready", "upstreams": upstreams}, 200 if ready else 503
-        )
+        ready = check(r.ready for r in results) and not state.shutting_down
+        body: dict[str, Any] = {
+            "status": "ready" if ready else "not ready",
+            "upstreams": {u.name: r.summary() for u, r in zip(settings.upstreams, results, strict=True)},
+            "checks": {u.name: r.as_json() for u, r in zip(settings.upstreams, results, strict=True)},
+        }
+        if state.shutting_down:
+            body["reason"] = "shutting down"
+        return JSONResponse(body, 200 if ready else 503)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": await _model_list(state)})
@@ -152,10 +161,15 @@ async def _model_list(state: AppState) -> list[dict[str, Any]]:
             if m != "*":
                 seen.setdefault(m, _model_obj(m, u.name))
     # Upstreams that take any name (default route, no configured names): list what the upstream itself serves.
+    # One without a model listing (the engine API), or that does not answer: its name, which routes there through
+    # "*", so that model pickers (Open WebUI, Dify) show something.
     for u in state.settings.upstreams:
         if "*" in u.models and not (set(u.models) - {"*"}) and not u.aliases:
-            for listed in await _upstream_models(state, u):
-                seen.setdefault(listed["id"], _model_obj(listed["id"], u.name))
+            listed = await _upstream_models(state, u)
+            for card in listed:
+                seen.setdefault(card["id"], _model_obj(card["id"], u.name))
+            if not listed:
+                seen.setdefault(u.name, _model_obj(u.name, u.name))
     return list(seen.values())
 
 
@@ -182,17 +196,60 @@ async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[st
         return []
 
 
-async def _probe(state: AppState, u: UpstreamSettings) -> str:
-    """'up' when the upstream answers its health URL with a non-5xx status within readiness_timeout."""
-    url = u.health_url
-    if url is None:
-        path = state.dialects[u.name].path("health")
-        url = u.url + (path or "/")
+@dataclass(frozen=True, slots=True)
+class UpstreamCheck:
+    """One readiness check of one upstream: what was asked, what came back, and why it is (not) ready."""
+
+    url: str
+    ready: bool
+    reachable: bool
+    status: int | None
+    reason: str
+
+    def summary(self) -> str:
+        return "up" if self.ready else "down: " + self.reason
+
+    def as_json(self) -> dict[str, Any]:
+        return {"url": self.url, "ready": self.ready, "reachable": self.reachable, "status": self.status,
+                "reason": self.reason}
+
+
+async def _probe(state: AppState, u: UpstreamSettings) -> UpstreamCheck:
+    """Ready when the upstream answers its health URL, or its dialect's model/health path, with 2xx within
+    readiness_timeout. A 404 on the dialect's path means a wrong URL or dialect, not a live upstream; 401/403 a
+    wrong key. An upstream whose dialect has no such path (the engine API) is ready when it answers at all."""
+    path = state.dialects[u.name].path("health")
+    url = u.health_url or u.url + (path or "/")
     headers = {"Authorization": f"Bearer {u.api_key}"} if u.api_key and u.health_url is None else {}
     timeout = state.settings.server.readiness_timeout
     try:
         resp = await state.clients[u.name].open("GET", url, headers=headers, timeout=timeout)
         resp.close()
     except ProxyError as err:
-        return "down: " + err.message
-    return "up" if resp.status < 500 else f"down: HTTP {resp.status}"
+        return UpstreamCheck(url, False, False, None, err.message)
+    status = resp.status
+    if u.health_url is None and not path:
+        if status < 500:
+            return UpstreamCheck(url, True, True, status, f"answered HTTP {status} (the {u.dialect} dialect has no "
+                                                         "health path: reachable is all that can be checked)")
+        return UpstreamCheck(url, False, True, status, f"GET {url} answered HTTP {status}")
+    if 200 <= status < 300:
+        return UpstreamCheck(url, True, True, status, f"GET {url} answered HTTP {status}")
+    if status == 404 and u.health_url is None:
+        reason = (f"GET {url} answered 404: the URL (host, port, path prefix) or the dialect ({u.dialect}) is "
+                  f"wrong; `dialect-proxy probe {u.url}` tells what the upstream speaks")
+    elif status in (401, 403) and u.health_url is None:
+        reason = (f"GET {url} answered {status}: the upstream refused the API key "
+                  + ("(check the variable named by api_key_env)" if u.api_key else "(set api_key_env)"))
+    else:
+        reason = f"GET {url} answered HTTP {status} (expected 2xx)"
+    return UpstreamCheck(url, False, True, status, reason)
+
+
+async def log_upstream_checks(state: AppState) -> None:
+    """At start-up: one log line per upstream saying whether it was reachable and ready."""
+    checks = await asyncio.gather(*(_probe(state, u) for u in state.settings.upstreams))
+    for u, check in zip(state.settings.upstreams, checks, strict=True):
+        line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": u.url,
+                "reachable": check.reachable, "ready": check.ready, "status": check.status, "detail": check.reason}
+        (log.info if check.ready else log.warning)(orjson.dumps(line).decode())

@@ -7,7 +7,9 @@ that one line and exits 2. No stack trace.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -161,6 +163,29 @@ _UPSTREAM_KEYS = (
 )
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_var_name(key: str, value: Any) -> str:
+    """The name of an environment variable. A value that is no such name is most likely the secret itself, pasted
+    where its variable's name belongs: the message says so and never shows it."""
+    name: str = coerce_value(key, value, str)
+    if not _ENV_NAME.fullmatch(name):
+        raise ConfigError(f"{key}: expects the NAME of an environment variable (e.g. MINDIE_API_KEY), not the key "
+                          f"itself; the value given ({len(name)} characters) is not shown")
+    return name
+
+
+def dialect_name(key: str, value: Any) -> str:
+    """A dialect name, case-insensitive; a near miss gets a "did you mean"."""
+    name: str = coerce_value(key, value, str).strip().lower()
+    if name in DIALECT_NAMES:
+        return name
+    close = difflib.get_close_matches(name, DIALECT_NAMES, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"{key}: {value!r} is not one of {', '.join(DIALECT_NAMES)}{hint}")
+
+
 def _unknown(prefix: str, data: Mapping[str, Any], known: tuple[str, ...] | Mapping[str, Any]) -> None:
     for key in data:
         if key not in known:
@@ -184,7 +209,7 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
     for required in ("dialect", "url"):
         if required not in data:
             raise ConfigError(f"{prefix}{required}: missing (required for every upstream)")
-    dialect = coerce_value(prefix + "dialect", data["dialect"], str, DIALECT_NAMES)
+    dialect = dialect_name(prefix + "dialect", data["dialect"])
     url = normalize_url(prefix + "url", coerce_value(prefix + "url", data["url"], str))
     name = coerce_value(prefix + "name", data.get("name", dialect), str)
     models = _str_list(prefix + "models", data.get("models", ["*"]))
@@ -196,7 +221,7 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
     api_key_env = data.get("api_key_env")
     api_key = None
     if api_key_env is not None:
-        api_key_env = coerce_value(prefix + "api_key_env", api_key_env, str)
+        api_key_env = env_var_name(prefix + "api_key_env", api_key_env)
         api_key = environ.get(api_key_env)
         if not api_key:
             raise ConfigError(f"{prefix}api_key_env: environment variable {api_key_env} is not set")
@@ -304,6 +329,7 @@ def build_settings(
             client_values[k] = coerce_value(k.replace("_", "-"), v, *_CLIENT_KINDS[k])
     keys_env = server_values.get("api_keys_env")
     if keys_env:
+        keys_env = env_var_name("server.api_keys_env", keys_env)
         raw_keys = environ.get(keys_env, "")
         keys = tuple(k.strip() for k in raw_keys.split(",") if k.strip())
         if not keys:

@@ -84,16 +84,47 @@ class UpstreamClient:
             ) from None
         except aiohttp.ClientConnectorError as e:
             raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` could not be reached ({_reason(e)})."
+                f"The upstream `{self.upstream.name}` could not be reached ({_reason(e)}).{self._hint(url, e)}"
             ) from None
-        except aiohttp.ServerDisconnectedError:
+        except aiohttp.ServerDisconnectedError as e:
             raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` closed the connection without answering."
+                f"The upstream `{self.upstream.name}` closed the connection without answering.{self._hint(url, e)}"
             ) from None
         except aiohttp.ClientError as e:
             raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` failed: {_reason(e)}."
+                f"The upstream `{self.upstream.name}` failed: {_reason(e)}.{self._hint(url, e)}"
             ) from None
+
+    def _hint(self, url: str, e: BaseException) -> str:
+        hint = connection_hint(url, e, bool(self.upstream.tls_cert_file))
+        return f" {hint[0].upper()}{hint[1:]}." if hint else ""
+
+
+def connection_hint(url: str, e: BaseException, client_cert: bool) -> str | None:
+    """The setting to change for a TLS mistake, or None. Resets are ambiguous, so those hints say "if"."""
+    https = url.startswith("https://")
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        return ("the upstream's TLS certificate is not trusted: set tls_ca_file to the CA that signed it "
+                "(tls_verify: false accepts any certificate, for testing only)")
+    text = _reason(e).lower()
+    if isinstance(e, aiohttp.ClientSSLError) or isinstance(getattr(e, "os_error", None), ssl.SSLError):
+        if https and ("wrong version number" in text or "record layer failure" in text or "packet length" in text):
+            return "the upstream does not speak TLS on this port: use an http:// URL"
+        if "certificate required" in text or "handshake failure" in text or "bad certificate" in text \
+                or "unknown ca" in text:
+            return ("the upstream refused the TLS handshake, most likely for want of a client certificate it "
+                    "trusts (mutual TLS): set tls_cert_file and tls_key_file")
+        return None
+    if isinstance(e, aiohttp.ClientConnectorError):  # refused, DNS, unreachable: not a TLS matter
+        return None
+    reset = isinstance(e, aiohttp.ServerDisconnectedError) or "reset by peer" in text or "broken pipe" in text
+    if reset and not https:
+        return ("if the upstream serves https (MindIE with httpsEnabled: true), use an https:// URL with "
+                "tls_ca_file")
+    if reset and https and not client_cert:
+        return ("if the upstream requires mutual TLS (MindIE with httpsEnabled: true), set tls_cert_file and "
+                "tls_key_file")
+    return None
 
 
 def tls_context(upstream: UpstreamSettings) -> ssl.SSLContext | bool:

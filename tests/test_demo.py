@@ -15,8 +15,8 @@ import pytest
 
 def test_demo_prints_snippets_that_work_as_printed(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
-    proc = subprocess.Popen([sys.executable, "-m", "proxy"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # no arguments = demo
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "demo"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     try:
         printed = []
         deadline = time.monotonic() + 30

@@ -77,10 +77,22 @@ def from_chat(body: Any) -> Scenario:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return EMPTY
+    sc = EMPTY
     for message in reversed(messages):
         if isinstance(message, dict) and message.get("role") == "user":
-            return parse(content_text(message.get("content")))
-    return EMPTY
+            sc = parse(content_text(message.get("content")))
+            break
+    return _forced_tool_choice(body, sc)
+
+
+def _forced_tool_choice(body: dict[str, Any], sc: Scenario) -> Scenario:
+    """`tool_choice: "required"` (or a named function) with `tools`: a real server must call a tool, so the mock
+    does, as `[mock:tool_calls]` would."""
+    choice = body.get("tool_choice")
+    forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
+    if not forced or not body.get("tools") or sc.has("tool_calls") or sc.has("tool_calls_noindex"):
+        return sc
+    return Scenario({**sc.flags, "tool_calls": ""})
 
 
 def from_prompt(body: Any) -> Scenario:

@@ -101,6 +101,10 @@ def call_id() -> str:
 
 
 def tool_names(body: dict[str, Any]) -> list[str]:
+    choice = body.get("tool_choice")
+    named = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(named, dict) and isinstance(named.get("name"), str):
+        return [named["name"]]  # a named tool_choice: that tool is the one called
     names: list[str] = []
     tools = body.get("tools")
     if isinstance(tools, list):

@@ -1,0 +1,576 @@
+"""`dialect-proxy probe URL`: what an upstream is, found out the way the proxy would talk to it.
+
+A handful of tiny requests, each bounded in time and size, with aiohttp directly (nothing of the proxy's request
+path, so a probe works even where that path has a bug):
+
+1. `GET /v1/models` (and `GET /models`): is it reachable, does it need TLS / a client certificate / a CA file / an
+   API key, which paths answer, in which error shape, which models it serves;
+2. only when neither answered: `POST /chat` (the engine API has no model listing);
+3. one small streamed chat request: cumulative text (MindIE `fullTextEnabled`), reasoning as a field, as `<think>`
+   tags or as R1's lone `</think>`, where usage comes;
+4. one small streamed request with a tool and `tool_choice: required`: are tool calls streamed, with `index`?
+
+The result is a `Report`: a short table for people, one JSON object for scripts (`--json`), and the config block
+to paste into the proxy's YAML file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+
+from .mapping import load_mapping
+from .sse import SSEDecoder
+from .upstream import connection_hint
+
+DIALECT_GUESS_ORDER = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
+# DECISIONS.md "Reasoning": these upstream names start inside the thinking block (same pattern as proxy/translate.py).
+R1_NAME = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
+# Dialects that read `stream_options` (MindIE does not; it sends usage on its finish chunk anyway).
+_STREAM_OPTIONS = ("openai", "deepseek", "engine")
+_NO_MODEL = ("engine",)  # the engine API never takes `model`
+_BODY_LIMIT = 2**20
+_MAX_EVENTS = 2000
+TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@dataclass
+class ProbeOptions:
+    url: str
+    dialect: str | None = None
+    api_key: str | None = None
+    api_key_env: str | None = None  # only its name goes into the config block
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify: bool = True
+    timeout: float = 10.0
+    model: str | None = None
+    prompt: str = "Say hello in five words."
+    max_tokens: int = 48
+
+
+@dataclass
+class Report:
+    url: str
+    reachable: bool = False
+    tls: str = "none"            # none | tls | mutual_tls
+    dialect: str | None = None
+    dialect_evidence: list[str] = field(default_factory=list)
+    paths: dict[str, int] = field(default_factory=dict)          # "GET /v1/models" -> HTTP status
+    error_shapes: dict[str, str] = field(default_factory=dict)   # "GET /models" -> openai | mindie | siliconstorm...
+    api_key_required: bool = False
+    models: list[str] = field(default_factory=list)
+    model_used: str | None = None
+    full_text: bool = False
+    reasoning: str = "none"      # field | tags | close_only | none
+    usage: str = "none"          # final_chunk | finish_chunk | every_chunk | none
+    tool_calls: str = "untested"  # streamed | streamed_without_index | one_piece | not_called | refused | untested
+    chat: str = "untested"       # ok | HTTP <status>: <message> | ...
+    problems: list[dict[str, str]] = field(default_factory=list)  # {"problem", "hint"}
+    requests: int = 0
+    config: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def problem(self, problem: str, hint: str = "") -> None:
+        self.problems.append({"problem": problem, "hint": hint})
+
+    def render(self) -> str:
+        rows = [
+            ("upstream", self.url),
+            ("reachable", "yes" if self.reachable else "no"),
+            ("tls", self.tls),
+            ("dialect", f"{self.dialect or 'unknown'}" + (f"  ({'; '.join(self.dialect_evidence)})"
+                                                         if self.dialect_evidence else "")),
+            ("paths", ", ".join(f"{k} -> {v}" for k, v in self.paths.items()) or "-"),
+            ("error shapes", ", ".join(f"{k}: {v}" for k, v in self.error_shapes.items()) or "-"),
+            ("api key", "required" if self.api_key_required else "not required (or accepted)"),
+            ("models", ", ".join(self.models) or "- (no model listing)"),
+            ("chat request", f"{self.chat}" + (f" (model {self.model_used})" if self.model_used else "")),
+            ("full text", "yes (cumulative stream text: full_text: true)" if self.full_text else "no"),
+            ("reasoning", self.reasoning),
+            ("usage", self.usage),
+            ("tool calls", self.tool_calls),
+        ]
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+        for p in self.problems:
+            lines.append(f"problem: {p['problem']}" + (f"\n  fix: {p['hint']}" if p["hint"] else ""))
+        lines += ["", f"config block ({self.requests} requests sent):", self.config.rstrip()]
+        return "\n".join(lines)
+
+
+class _Failed(Exception):
+    """A request that got no HTTP answer."""
+
+    def __init__(self, exc: BaseException, problem: str) -> None:
+        super().__init__(problem)
+        self.exc = exc
+        self.problem = problem
+
+
+@dataclass
+class _Answer:
+    status: int
+    content_type: str
+    body: bytes
+
+
+def ssl_context(opts: ProbeOptions, verify: bool | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=opts.tls_ca_file)
+    if opts.tls_cert_file and opts.tls_key_file:
+        ctx.load_cert_chain(opts.tls_cert_file, opts.tls_key_file)
+    if not (opts.tls_verify if verify is None else verify):
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def base_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url[:-3] if url.endswith("/v1") else url
+
+
+class Prober:
+    def __init__(self, opts: ProbeOptions) -> None:
+        self.opts = opts
+        self.base = base_url(opts.url)
+        self.report = Report(url=self.base)
+        self._session: aiohttp.ClientSession | None = None
+        self._first: tuple[str, _Answer] = ("", _Answer(0, "", b""))
+        self._engine_events: list[dict[str, Any]] | None = None
+        self._untrusted = False
+
+    # -- plumbing -------------------------------------------------------------------------------------------------
+    def _open_session(self, verify: bool | None = None) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=ssl_context(self.opts, verify), limit=4)
+        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=self.opts.timeout), skip_auto_headers=("User-Agent",))
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "User-Agent": "dialect-proxy-probe"}
+        if self.opts.api_key:
+            headers["Authorization"] = f"Bearer {self.opts.api_key}"
+        return headers
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                       base: str | None = None, session: aiohttp.ClientSession | None = None,
+                       stream: bool = False) -> tuple[_Answer, list[dict[str, Any]] | None]:
+        """One request, bounded by opts.timeout in all. Returns the answer and, for an event stream, its events."""
+        session = session or self._session
+        assert session is not None
+        url = (base or self.base) + path
+        self.report.requests += 1
+        try:
+            async with asyncio.timeout(self.opts.timeout):
+                data = orjson.dumps(body) if body is not None else None
+                async with session.request(method, url, data=data, headers=self._headers(),
+                                           allow_redirects=False) as resp:
+                    ctype = resp.headers.get("Content-Type", "")
+                    if stream and resp.status == 200 and ctype.startswith("text/event-stream"):
+                        events = await _read_events(resp)
+                        return _Answer(resp.status, ctype, b""), events
+                    raw = await resp.content.read(_BODY_LIMIT)
+                    return _Answer(resp.status, ctype, raw), None
+        except TimeoutError as e:
+            raise _Failed(e, f"no answer within {self.opts.timeout:g} s") from None
+        except aiohttp.ClientError as e:
+            hint = connection_hint(url, e, bool(self.opts.tls_cert_file))
+            raise _Failed(e, _reason(e) + (f" — {hint}" if hint else "")) from None
+
+    def _record(self, label: str, answer: _Answer) -> None:
+        self.report.paths[label] = answer.status
+        if answer.status >= 400 or _error_shape(answer.body) in ("siliconstorm",):
+            self.report.error_shapes[label] = _error_shape(answer.body)
+        if answer.status in (401, 403) or _error_shape(answer.body) == "siliconstorm" and b"801" in answer.body:
+            self.report.api_key_required = True
+
+    # -- the probe ------------------------------------------------------------------------------------------------
+    async def run(self) -> Report:
+        r = self.report
+        r.tls = "none" if self.base.startswith("http://") else (
+            "mutual_tls" if self.opts.tls_cert_file else "tls")
+        try:
+            async with self._open_session() as self._session:
+                if not await self._connect():
+                    if not self._untrusted:
+                        return self._finish()
+                    # Only the CA is missing: learn the rest without verification (the problem stays reported).
+                    async with self._open_session(verify=False) as self._session:
+                        if not await self._connect():
+                            return self._finish()
+                        await self._rest()
+                    return self._finish()
+                await self._rest()
+        finally:
+            self._session = None
+        return self._finish()
+
+    async def _rest(self) -> None:
+        r = self.report
+        r.reachable = True
+        await self._detect()
+        if r.dialect is not None:
+            await self._chat()
+            if r.chat == "ok":
+                await self._tools()
+
+    async def _connect(self) -> bool:
+        """The first request: on a connection failure, find out what is wrong with the TLS settings."""
+        path = self._models_path(self.opts.dialect) or "/v1/models"
+        try:
+            answer, _ = await self._request("GET", path)
+        except _Failed as f:
+            await self._diagnose(f)
+            return False
+        self._first = (path, answer)
+        return True
+
+    async def _diagnose(self, f: _Failed) -> None:
+        r = self.report
+        exc = f.exc
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            r.tls = "mutual_tls" if self.opts.tls_cert_file else "tls"
+            self._untrusted = True
+            r.problem(f"the server's TLS certificate is not trusted ({_reason(exc)})",
+                      "set tls_ca_file (probe: --tls-ca-file) to the CA that signed it; tls_verify: false only "
+                      "for testing")
+        elif isinstance(exc, aiohttp.ClientConnectorSSLError) and self.base.startswith("https://"):
+            r.tls = "none"
+            r.problem(f"the port does not speak TLS ({_reason(exc)})", "use an http:// URL")
+        elif self.base.startswith("http://") and _reset(exc):
+            https = "https://" + self.base[len("http://"):]
+            try:
+                async with self._open_session(verify=False) as s:
+                    await self._request("GET", "/v1/models", base=https, session=s)
+                speaks_tls = True
+            except _Failed as again:
+                speaks_tls = not isinstance(again.exc, aiohttp.ClientConnectorSSLError | aiohttp.ClientConnectorError)
+            if speaks_tls:
+                r.tls = "tls"
+                r.problem("plain HTTP to a port that speaks TLS (MindIE httpsEnabled: true)",
+                          f"use an https:// URL ({https}), with tls_ca_file, and tls_cert_file/tls_key_file for "
+                          "MindIE's mutual TLS")
+            else:
+                r.problem(f.problem)
+        elif self.base.startswith("https://") and not self.opts.tls_cert_file and _reset(exc):
+            r.tls = "mutual_tls"
+            r.problem("the server closed the TLS connection: it needs a client certificate (mutual TLS, MindIE "
+                      "httpsEnabled)", "set tls_cert_file and tls_key_file (probe: --tls-cert-file/--tls-key-file)")
+        else:
+            r.problem(f"not reachable: {f.problem}")
+
+    def _models_path(self, dialect: str | None) -> str | None:
+        return load_mapping(dialect).paths.get("models") if dialect else None
+
+    async def _detect(self) -> None:
+        r = self.report
+        path, first = self._first
+        self._record(f"GET {path}", first)
+        listed = _model_cards(first.body) if first.status == 200 else None
+        if self.opts.dialect:
+            r.dialect = self.opts.dialect
+            r.dialect_evidence.append("given with --dialect")
+            if listed is not None:
+                r.models = [c["id"] for c in listed]
+            self._auth_problem(first)
+            return
+        other, plain = None, None
+        if path != "/models":
+            try:
+                plain, _ = await self._request("GET", "/models")
+                self._record("GET /models", plain)
+            except _Failed as f:
+                r.problem(f"GET /models: {f.problem}")
+        owners = {str(c.get("owned_by")) for c in listed or ()}
+        shape = _error_shape(first.body) if first.status >= 400 else None
+        if listed is not None:
+            r.models = [c["id"] for c in listed]
+        if "MindIE Server" in owners or shape == "mindie":
+            r.dialect = "mindie"
+            r.dialect_evidence.append("MindIE-shaped model list" if listed is not None else "MindIE error shape")
+        elif shape == "siliconstorm":
+            r.dialect = "siliconstorm"
+            r.dialect_evidence.append("Siliconstorm {code, message} error body")
+        elif plain is not None and plain.status == 200 and _model_cards(plain.body) is not None:
+            r.dialect = "deepseek"
+            r.dialect_evidence.append("serves /models without /v1")
+            if listed is None:
+                r.models = [c["id"] for c in _model_cards(plain.body) or ()]
+        elif listed is not None or shape == "openai":
+            r.dialect = "openai"
+            r.dialect_evidence.append("OpenAI model list at /v1/models" if listed is not None else
+                                      "OpenAI error shape")
+        else:
+            other = await self._try_engine()
+            if other is not None:
+                r.dialect = "engine"
+                r.dialect_evidence.append(other)
+        self._auth_problem(first)
+        if r.dialect is None:
+            r.problem("no dialect recognised: no model listing at /v1/models or /models and no engine /chat",
+                      "check the URL (host, port, path prefix) or give --dialect")
+
+    def _auth_problem(self, answer: _Answer) -> None:
+        if self.report.api_key_required:
+            given = "the API key given was refused" if self.opts.api_key else "it needs an API key"
+            self.report.problem(f"{given} (HTTP {answer.status})",
+                                "put the key in an environment variable and name it in api_key_env "
+                                "(probe: --api-key-env)")
+
+    async def _try_engine(self) -> str | None:
+        try:
+            answer, events = await self._request("POST", "/chat", self._chat_body("engine"), stream=True)
+        except _Failed as f:
+            self.report.problem(f"POST /chat: {f.problem}")
+            return None
+        self._record("POST /chat", answer)
+        if events is not None:
+            self._engine_events = events
+            return "POST /chat streams completions; no model listing"
+        if answer.status in (400, 422) and _error_shape(answer.body) == "openai":
+            return "POST /chat answers with OpenAI-shaped errors"
+        return None
+
+    def _chat_body(self, dialect: str, tools: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": self.opts.prompt}], "stream": True,
+                                "max_tokens": self.opts.max_tokens}
+        if dialect not in _NO_MODEL:
+            body["model"] = self._model()
+        if dialect in _STREAM_OPTIONS:
+            body["stream_options"] = {"include_usage": True}
+        if tools:
+            body["tools"] = [TOOL]
+            body["tool_choice"] = "required"
+            body["messages"] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+        return body
+
+    def _model(self) -> str:
+        return self.opts.model or (self.report.models[0] if self.report.models else "default")
+
+    async def _chat(self) -> None:
+        r = self.report
+        dialect = r.dialect
+        assert dialect is not None
+        path = load_mapping(dialect).paths.get("chat") or "/v1/chat/completions"
+        events = self._engine_events
+        if events is None:
+            try:
+                answer, events = await self._request("POST", path, self._chat_body(dialect), stream=True)
+            except _Failed as f:
+                r.chat = f"failed: {f.problem}"
+                return
+            self._record(f"POST {path}", answer)
+            if events is None:
+                r.chat = f"HTTP {answer.status}: {_message(answer.body)}"
+                r.problem(f"the streamed chat request failed: {r.chat}",
+                          "check the model name (--model) and the API key" if answer.status in (401, 403, 404, 422)
+                          else "")
+                return
+        r.model_used = None if dialect in _NO_MODEL else self._model()
+        r.chat = "ok"
+        _analyse(r, events, r.model_used or "")
+        if dialect == "mindie" and not any(_usage_has(e, "batch_size") for e in events) and r.usage != "none" \
+                and not self.opts.dialect:
+            r.dialect = "siliconstorm"
+            r.dialect_evidence.append("MindIE wire without MindIE's batch_size usage (hosted MindIE)")
+
+    async def _tools(self) -> None:
+        r = self.report
+        assert r.dialect is not None
+        path = load_mapping(r.dialect).paths.get("chat") or "/v1/chat/completions"
+        try:
+            answer, events = await self._request("POST", path, self._chat_body(r.dialect, tools=True), stream=True)
+        except _Failed as f:
+            r.tool_calls = f"failed: {f.problem}"
+            return
+        if events is None:
+            r.tool_calls = f"refused: HTTP {answer.status}: {_message(answer.body)}"
+            return
+        calls = [tc for e in events for ch in e.get("choices") or () if isinstance(ch, dict)
+                 for tc in ((ch.get("delta") or {}).get("tool_calls") or ()) if isinstance(tc, dict)]
+        if not calls:
+            r.tool_calls = "not_called"
+        elif len(calls) == 1:
+            r.tool_calls = "one_piece"
+        elif all("index" in c for c in calls):
+            r.tool_calls = "streamed"
+        else:
+            r.tool_calls = "streamed_without_index"
+
+    def _finish(self) -> Report:
+        self.report.config = config_block(self.report, self.opts)
+        return self.report
+
+
+async def _read_events(resp: aiohttp.ClientResponse) -> list[dict[str, Any]]:
+    decoder = SSEDecoder()
+    events: list[dict[str, Any]] = []
+    size = 0
+    while len(events) < _MAX_EVENTS and size < _BODY_LIMIT:
+        data = await resp.content.readany()
+        if not data:
+            break
+        size += len(data)
+        for ev in decoder.feed(data):
+            if ev.data and ev.data != "[DONE]":
+                try:
+                    parsed = orjson.loads(ev.data)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(parsed, dict):
+                    events.append(parsed)
+    return events
+
+
+def _analyse(r: Report, events: list[dict[str, Any]], model: str) -> None:
+    """Cumulative text, reasoning form and usage placement from the events of one streamed answer."""
+    contents: list[str] = []
+    field_reasoning = False
+    usage_places: set[str] = set()
+    for e in events:
+        choices = e.get("choices")
+        if "full_text" in e:
+            r.full_text = True
+        if isinstance(e.get("usage"), dict):
+            usage_places.add("final_chunk" if choices == [] else (
+                "finish_chunk" if any(isinstance(c, dict) and c.get("finish_reason") for c in choices or ())
+                else "every_chunk"))
+        for ch in choices or ():
+            delta = ch.get("delta") if isinstance(ch, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            if delta.get("reasoning_content") or delta.get("reasoning"):
+                field_reasoning = True
+            if isinstance(delta.get("content"), str) and delta["content"]:
+                contents.append(delta["content"])
+    growing = [b for a, b in zip(contents, contents[1:], strict=False) if b != a]
+    if len(contents) >= 3 and growing and all(b.startswith(a) for a, b in zip(contents, contents[1:], strict=False)):
+        r.full_text = True
+    text = contents[-1] if r.full_text and contents else "".join(contents)
+    if field_reasoning:
+        r.reasoning = "field"
+    elif text.lstrip().startswith("<think>"):
+        r.reasoning = "tags"
+    elif "</think>" in text:
+        r.reasoning = "close_only"
+    elif R1_NAME.search(model):
+        r.reasoning = "close_only"  # R1 names start inside the block even when no </think> came within max_tokens
+    for place in ("final_chunk", "finish_chunk", "every_chunk"):
+        if place in usage_places:
+            r.usage = place
+            break
+
+
+def _reset(exc: BaseException) -> bool:
+    """The connection was made and then closed or reset (not refused, not a failed handshake)."""
+    return isinstance(exc, aiohttp.ClientOSError | aiohttp.ServerDisconnectedError) and \
+        not isinstance(exc, aiohttp.ClientConnectorError)
+
+
+def _usage_has(event: dict[str, Any], key: str) -> bool:
+    usage = event.get("usage")
+    return isinstance(usage, dict) and key in usage
+
+
+def _model_cards(raw: bytes) -> list[dict[str, Any]] | None:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        return [m for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    return None
+
+
+def _error_shape(raw: bytes) -> str:
+    if not raw.strip():
+        return "empty"
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return "text"
+    if isinstance(data, dict):
+        if isinstance(data.get("error"), dict):
+            return "openai"
+        if isinstance(data.get("error"), str):
+            return "mindie"
+        if "code" in data and ("message" in data or "result" in data) and "choices" not in data:
+            return "siliconstorm"
+        if "detail" in data:
+            return "fastapi"
+        if "message" in data:
+            return "message"
+    return "json"
+
+
+def _message(raw: bytes) -> str:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace").strip()[:200] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            err = err.get("message")
+        for value in (err, data.get("message"), data.get("detail")):
+            if isinstance(value, str):
+                return value[:200]
+    return raw.decode("utf-8", "replace")[:200]
+
+
+def _reason(e: BaseException) -> str:
+    os_error = getattr(e, "os_error", None)
+    if isinstance(os_error, OSError) and (os_error.strerror or os_error.args):
+        return str(os_error.strerror or os_error.args[-1])[:200]
+    return (str(e) or type(e).__name__)[:200]
+
+
+def config_block(r: Report, opts: ProbeOptions) -> str:
+    """The upstream entry for the proxy's YAML config file, from what the probe found."""
+    dialect = r.dialect or opts.dialect or "openai"
+    unknown = r.dialect is None
+    url = r.url
+    if r.problems and r.tls != "none" and url.startswith("http://") and any(
+            "https://" in p["hint"] for p in r.problems):
+        url = "https://" + url[len("http://"):]
+    entry: dict[str, Any] = {"name": dialect, "dialect": dialect, "url": url}
+    if r.full_text and dialect in ("mindie", "siliconstorm"):
+        entry["full_text"] = True
+    if opts.api_key_env or r.api_key_required:
+        entry["api_key_env"] = opts.api_key_env or "UPSTREAM_API_KEY"
+    if r.reasoning == "close_only" and r.model_used and not R1_NAME.search(r.model_used):
+        entry["thinking_models"] = [r.model_used]
+    if r.tls != "none" or url.startswith("https://"):
+        if opts.tls_ca_file or any("tls_ca_file" in p["hint"] for p in r.problems):
+            entry["tls_ca_file"] = opts.tls_ca_file or "/path/to/ca.pem"
+        if opts.tls_cert_file or r.tls == "mutual_tls" or any("tls_cert_file" in p["hint"] for p in r.problems):
+            entry["tls_cert_file"] = opts.tls_cert_file or "/path/to/client.pem"
+            entry["tls_key_file"] = opts.tls_key_file or "/path/to/client.key"
+        if not opts.tls_verify:
+            entry["tls_verify"] = False
+    item = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=120, default_flow_style=False)
+    lines = ["upstreams:", *("  " + line for line in item.splitlines())]
+    if unknown:
+        lines[2] += "   # the dialect is unknown until the problems above are fixed"
+    if r.models:
+        lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
+                     "name here)")
+    return "\n".join(lines) + "\n"
+
+
+async def probe(opts: ProbeOptions) -> Report:
+    return await Prober(opts).run()
