@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import scenario as scenarios
+from . import toolcall
 from .asgi import SLEEP, Noop, Plan, PlanResponse, Stats, drop_before_plan, hang_plan, json_plan
 from .scenario import Scenario
 
@@ -65,7 +66,7 @@ Handler = Callable[[Call], Plan]
 
 
 def inference(cfg: MockConfig, stats: Stats, handler: Handler,
-              scenario_of: Callable[[Any], Scenario] = scenarios.from_chat) -> Callable[[Request], Any]:
+              scenario_of: Callable[[Any], Scenario] = toolcall.chat_scenario) -> Callable[[Request], Any]:
     """A Starlette endpoint that records the request, lets `handler` build the plan, and runs it."""
 
     async def endpoint(request: Request) -> Any:

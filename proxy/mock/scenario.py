@@ -3,22 +3,34 @@
 The text of the last user message (or the `prompt` of a completion request) may carry directives such as
 `[mock:chunks=8]`, `[mock:think]` or `[mock:code=701,status=402]`. Several may appear, in one bracket separated by
 commas or in several brackets. Keys are case-insensitive; unknown keys are ignored. See README.md for the table.
+`call_tool` may carry JSON arguments after the tool name (`[mock:call_tool=shell {"command": ["ls"]}]`): the JSON
+object is read whole, commas and brackets included.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_DIRECTIVE = re.compile(r"\[mock:([^\]]*)\]", re.IGNORECASE)
+_OPEN = re.compile(r"\[mock:", re.IGNORECASE)
+_CALL_TOOL = re.compile(r"\s*call_tool\s*(?:=\s*([^\s,\]{]*))?\s*", re.IGNORECASE)
+_JSON = json.JSONDecoder()
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """The directives of one request: key -> value ("" for a bare flag such as `[mock:think]`)."""
+    """The directives of one request: key -> value ("" for a bare flag such as `[mock:think]`).
+
+    tool_call and reply are not typed by the client: they are what `call_tool` resolves to against the request
+    (toolcall.py). tool_call: answer with one call to this tool, (name, arguments as a JSON text). reply: answer with
+    this text instead of the default reply.
+    """
 
     flags: dict[str, str] = field(default_factory=dict)
+    tool_call: tuple[str, str] | None = None
+    reply: str | None = None
 
     def has(self, key: str) -> bool:
         return key in self.flags
@@ -47,17 +59,55 @@ EMPTY = Scenario()
 
 
 def parse(text: str) -> Scenario:
-    """All `[mock:...]` directives in `text`."""
+    """All `[mock:...]` directives in `text` (a bracket that is never closed counts for nothing)."""
     if "[mock:" not in text.lower():
         return EMPTY
     flags: dict[str, str] = {}
-    for match in _DIRECTIVE.finditer(text):
-        for part in match.group(1).split(","):
-            key, _, value = part.strip().partition("=")
+    pos = 0
+    while (match := _OPEN.search(text, pos)) is not None:
+        bracket, pos = _bracket(text, match.end())
+        flags.update(bracket or {})
+    return Scenario(flags) if flags else EMPTY
+
+
+def _bracket(text: str, pos: int) -> tuple[dict[str, str] | None, int]:
+    """The directives of one bracket whose contents start at `pos`, and the position after its `]`
+    (None and the end of the text when it is never closed)."""
+    flags: dict[str, str] = {}
+    end = len(text)
+    while pos < end:
+        call = _CALL_TOOL.match(text, pos)
+        if call is not None and (call.end() == end or text[call.end()] in ",]{" or call.group(1) is not None):
+            value, pos = call.group(1) or "", call.end()
+            if pos < end and text[pos] == "{":
+                try:
+                    args, stop = _JSON.raw_decode(text, pos)
+                except ValueError:
+                    args, stop = None, pos
+                if isinstance(args, dict):
+                    value = f"{value} {text[pos:stop]}"
+                pos = stop
+            flags["call_tool"] = value
+            stop = _next_separator(text, pos)  # anything else up to the next `,` or `]` is ignored
+        else:
+            stop = _next_separator(text, pos)
+            key, _, value = text[pos:stop].strip().partition("=")
             key = key.strip().lower()
             if key:
                 flags[key] = value.strip()
-    return Scenario(flags)
+        if stop >= end:
+            return None, end
+        pos = stop + 1
+        if text[stop] == "]":
+            return flags, pos
+    return None, end
+
+
+def _next_separator(text: str, pos: int) -> int:
+    """Index of the next `,` or `]` at or after `pos` (len(text) when there is none)."""
+    comma, close = text.find(",", pos), text.find("]", pos)
+    found = [i for i in (comma, close) if i >= 0]
+    return min(found) if found else len(text)
 
 
 def content_text(content: Any) -> str:
@@ -71,18 +121,31 @@ def content_text(content: Any) -> str:
 
 
 def from_chat(body: Any) -> Scenario:
-    """Directives of a chat request: the last message with role `user`."""
+    """Directives of a chat request: those of the last message with role `user`; when it has none, those of the
+    latest earlier user message of the same turn that has some (clients such as Codex put context messages around
+    the prompt). A turn ends at an assistant message without tool calls, so a new question without directives after
+    a finished answer gets the plain default reply."""
     if not isinstance(body, dict):
         return EMPTY
     messages = body.get("messages")
     if not isinstance(messages, list):
         return EMPTY
-    sc = EMPTY
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            sc = parse(content_text(message.get("content")))
+    last_user = next((i for i in range(len(messages) - 1, -1, -1)
+                      if isinstance(messages[i], dict) and messages[i].get("role") == "user"), None)
+    if last_user is None:
+        return _forced_tool_choice(body, EMPTY)
+    sc = parse(content_text(messages[last_user].get("content")))
+    if sc.flags:
+        return _forced_tool_choice(body, sc)
+    for message in reversed(messages[:last_user]):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "assistant" and not message.get("tool_calls"):
             break
-    return _forced_tool_choice(body, sc)
+        if role == "user" and (sc := parse(content_text(message.get("content")))).flags:
+            return _forced_tool_choice(body, sc)
+    return _forced_tool_choice(body, EMPTY)
 
 
 def _forced_tool_choice(body: dict[str, Any], sc: Scenario) -> Scenario:
@@ -90,7 +153,7 @@ def _forced_tool_choice(body: dict[str, Any], sc: Scenario) -> Scenario:
     does, as `[mock:tool_calls]` would."""
     choice = body.get("tool_choice")
     forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
-    if not forced or not body.get("tools") or sc.has("tool_calls") or sc.has("tool_calls_noindex"):
+    if not forced or not body.get("tools") or any(sc.has(f) for f in ("tool_calls", "tool_calls_noindex", "call_tool")):
         return sc
     return Scenario({**sc.flags, "tool_calls": ""})
 

@@ -100,6 +100,12 @@ def call_id() -> str:
     return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(8))
 
 
+def fragments(text: str, parts: int = 4) -> list[str]:
+    """`text` cut into at most `parts` consecutive non-empty pieces (one piece when it is short)."""
+    size = max(1, -(-len(text) // parts))
+    return [text[i:i + size] for i in range(0, len(text), size)] or [text]
+
+
 def tool_names(body: dict[str, Any]) -> list[str]:
     choice = body.get("tool_choice")
     named = choice.get("function") if isinstance(choice, dict) else None
@@ -123,7 +129,7 @@ def generate(sc: Scenario, *, dialect: str, max_tokens: int | None = None, reaso
       otherwise `reasoning_field`, `think`, `think_close_only` and `think_unclosed` decide.
     cut_reason: cut the generation halfway with this finish_reason (DeepSeek `insufficient_system_resource`).
     """
-    if sc.has("tool_calls") or sc.has("tool_calls_noindex"):  # fresh call ids every time
+    if sc.has("tool_calls") or sc.has("tool_calls_noindex") or sc.has("call_tool"):  # fresh ids, request text
         return _generate(sc, dialect, max_tokens, reasoning_field, tools, id_factory, cut_reason)
     key = (tuple(sorted(sc.flags.items())), dialect, max_tokens, reasoning_field, cut_reason)
     gen = _CACHE.get(key)
@@ -159,6 +165,13 @@ def _generate(sc: Scenario, dialect: str, max_tokens: int | None, reasoning_fiel
     # answer part
     if unclosed:
         finish = "length"
+    elif sc.tool_call is not None:
+        name, arguments = sc.tool_call
+        toks.append(_Tok("tool", tool={"index": 0, "id": id_factory(), "name": name}))
+        toks += [_Tok("tool", tool={"index": 0, "arguments": frag}) for frag in fragments(arguments)]
+        finish = "tool_calls"
+    elif sc.reply is not None:
+        toks += [_Tok("content", t) for t in tokenize(sc.reply)]
     elif sc.has("tool_calls") or sc.has("tool_calls_noindex"):
         count = sc.num("tool_calls", 1, lo=1, hi=8) or 1
         names = tools or ["get_weather"]
