@@ -98,6 +98,7 @@ def create_app(settings: Settings) -> ProxyApp:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *(route for c in state.client_dialects.values() for route in c.routes()),
     ]
     app = Starlette(
         routes=routes,

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
     from ..canonical import ChatRequest, RequestContext
     from ..errors import ProxyError
     from ..events import Answer, Delta
@@ -87,6 +89,11 @@ class ClientDialect:
 
     async def completed(self, call: ClientCall, encoder: Encoder) -> None:
         """A complete answer, before its last bytes go to the client (store what must outlive the request)."""
+
+    def routes(self) -> list[BaseRoute]:
+        """Routes besides the POST inference endpoint at `path` (GET/DELETE of stored objects, token counting ...);
+        they go through Starlette, with the same API-key check."""
+        return []
 
 
 def openai_error_response(err: ProxyError) -> tuple[int, Headers, bytes]:
