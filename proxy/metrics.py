@@ -163,7 +163,8 @@ class _BoundedLabel:
 class Metrics:
     """All metric objects of one app, on a private registry."""
 
-    def __init__(self, configured_models: Iterable[str] | None, multiprocess: bool = False) -> None:
+    def __init__(self, configured_models: Iterable[str] | None, multiprocess: bool = False,
+                 key_names: Iterable[str] = ()) -> None:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.multiprocess = multiprocess
         if multiprocess:
@@ -184,6 +185,7 @@ class Metrics:
         self._model = _BoundedLabel(models, MAX_UNCONFIGURED_MODELS)
         self._route = _BoundedLabel(None, MAX_LABEL_VALUES)
         self._upstream = _BoundedLabel(None, MAX_LABEL_VALUES)
+        self._key = _BoundedLabel([*key_names, NONE], MAX_LABEL_VALUES)
         self._error_pairs: set[tuple[str, str]] = set()
         self._error_lock = threading.Lock()
 
@@ -265,6 +267,52 @@ class Metrics:
             f"{p}_upstream_up", "1 if the last health probe or connection to the upstream succeeded, else 0.",
             ["upstream"], multiprocess_mode="mostrecent", registry=r,
         )
+        # Per inbound key (api_keys_file names; `none` when client authentication is off): who used what.
+        self.key_requests = Counter(
+            f"{p}_key_requests", "Requests answered, by inbound API key name, upstream, model and status class.",
+            ["key", "upstream", "model", "status"], registry=r,
+        )
+        self.key_tokens = Counter(
+            f"{p}_key_tokens", "Tokens reported by the upstream's usage, by inbound API key name and kind.",
+            ["key", "upstream", "model", "kind"], registry=r,
+        )
+        # Gateway: replicas, failover, admission (proxy/replicas.py, proxy/admission.py, docs/gateway.md).
+        self.upstream_attempts = Counter(
+            f"{p}_upstream_attempts", "Requests sent to an upstream replica, by result (ok, unreachable, timeout, "
+            "bad_gateway, unavailable).", ["upstream", "replica", "result"], registry=r,
+        )
+        self.retries = Counter(
+            f"{p}_retries", "Requests sent again to another replica before any byte reached the client, by the "
+            "failed attempt's result.", ["upstream", "reason"], registry=r,
+        )
+        self.replica_in_flight = Gauge(
+            f"{p}_replica_in_flight", "Requests admitted to a replica and not finished.",
+            ["upstream", "replica"], multiprocess_mode="livesum", registry=r,
+        )
+        self.replica_queue_length = Gauge(
+            f"{p}_replica_queue_length", "Requests waiting in a replica's admission queue.",
+            ["upstream", "replica"], multiprocess_mode="livesum", registry=r,
+        )
+        self.replica_queue_wait = Histogram(
+            f"{p}_replica_queue_wait_seconds", "Time requests waited in a replica's admission queue (admitted or "
+            "not).", ["upstream", "replica"], buckets=TTFT_BUCKETS, registry=r,
+        )
+        self.admission_rejections = Counter(
+            f"{p}_admission_rejections", "Requests answered 429 by admission control, by reason (queue_full, "
+            "queue_timeout).", ["upstream", "reason"], registry=r,
+        )
+        self.replica_up = Gauge(
+            f"{p}_replica_up", "1 if the replica takes requests (not ejected, last active health check passed).",
+            ["upstream", "replica"], multiprocess_mode="mostrecent", registry=r,
+        )
+        self.replica_ejections = Counter(
+            f"{p}_replica_ejections", "Times a replica was taken out after consecutive failures (outlier ejection).",
+            ["upstream", "replica"], registry=r,
+        )
+        self.affinity = Counter(
+            f"{p}_affinity_decisions", "prefix_affinity picks: `owner` (the conversation's replica on the hash "
+            "ring) or `spill` (moved on by the load bound or health).", ["upstream", "result"], registry=r,
+        )
         self.build_info = Gauge(
             f"{p}_build_info", "Always 1; labels carry the proxy and Python versions.",
             ["version", "python_version"], multiprocess_mode="max", registry=r,
@@ -292,6 +340,9 @@ class Metrics:
     def upstream_label(self, upstream: str | None) -> str:
         return self._upstream(upstream) if upstream else NONE
 
+    def key_label(self, name: str | None) -> str:
+        return self._key(name) if name else NONE
+
     def _error_code_label(self, dialect: str, code: object) -> tuple[str, str]:
         d = _clean(dialect)
         d = d if d in DIALECTS else OTHER
@@ -307,12 +358,13 @@ class Metrics:
     # -- API ----------------------------------------------------------------------------------------------------
 
     def request(
-        self, route: str, upstream: str, model: str, stream: bool, started_at: float | None = None
+        self, route: str, upstream: str, model: str, stream: bool, started_at: float | None = None,
+        key: str | None = None,
     ) -> RequestObserver:
         """Start observing one request. ``upstream`` is the configured upstream name (``""`` if none was chosen),
         ``model`` the client's model name (bounded here). ``started_at`` is a ``time.perf_counter()`` value if the
         request started before the observer was made (for example before the body was parsed)."""
-        return RequestObserver(self, route, upstream, model, stream, started_at)
+        return RequestObserver(self, route, upstream, model, stream, started_at, key)
 
     def upstream_up(self, upstream: str, up: bool) -> None:
         self.child(self.upstream_up_gauge, self.upstream_label(upstream)).set(1 if up else 0)
@@ -360,19 +412,21 @@ class RequestObserver:
     are ignored), or use it as a context manager, which finishes an unfinished request as a 500 ``error``."""
 
     __slots__ = (
-        "_chunks", "_finished", "_first_token_t", "_headers_t", "_in_flight", "_in_flight_stream", "_itl",
+        "_chunks", "_finished", "_first_token_t", "_headers_t", "_in_flight", "_in_flight_stream", "_itl", "_key",
         "_last_token_t", "_m", "_model", "_route", "_stream", "_t0", "_timings_seen", "_truncated", "_ttft",
         "_upstream", "_upstream_t0", "_usage_seen", "_wait",
     )
 
     def __init__(
-        self, metrics: Metrics, route: str, upstream: str, model: str, stream: bool, started_at: float | None
+        self, metrics: Metrics, route: str, upstream: str, model: str, stream: bool, started_at: float | None,
+        key: str | None = None,
     ) -> None:
         self._t0 = _now() if started_at is None else started_at
         self._m = metrics
         self._route = metrics.route_label(route)
         self._upstream = metrics.upstream_label(upstream)
         self._model = metrics.model_label(model)
+        self._key = metrics.key_label(key)
         self._stream = bool(stream)
         self._upstream_t0: float | None = None
         self._headers_t: float | None = None
@@ -476,6 +530,7 @@ class RequestObserver:
         for kind, n in counts:
             if n is not None:
                 self._m.child(tokens, self._upstream, self._model, kind).inc(n)
+                self._m.child(self._m.key_tokens, self._key, self._upstream, self._model, kind).inc(n)
 
     def upstream_timings(self, extras: Mapping[str, Any] | None) -> None:
         """MindIE's timing extras: ``prefill_time`` (ms), ``decode_time_arr`` (ms per token), and from ``usage``
@@ -542,6 +597,7 @@ class RequestObserver:
         stream = "true" if self._stream else "false"
         total = max(now - self._t0, 0.0)
         m.child(m.requests, self._route, self._upstream, self._model, stream, status_label, outcome).inc()
+        m.child(m.key_requests, self._key, self._upstream, self._model, status_label).inc()
         m.child(m.request_duration, self._route, self._upstream, self._model, stream, status_label).observe(total)
 
         wait = self._wait

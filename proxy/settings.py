@@ -24,10 +24,21 @@ REASONING_REPLAY = ("auto", "strip", "keep")
 USAGE_FIELDS = ("openai", "deepseek")
 RESPONSE_MODEL = ("client", "upstream")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+BALANCE = ("least_outstanding", "prefix_affinity")
 
 
 class ConfigError(Exception):
     """A bad setting. The message names the key and is fit to show as the only output line."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    """One server of an upstream (docs/gateway.md). `name` is the bounded `replica` metrics label: the configured
+    name or the replica's index, never the URL (which may carry credentials)."""
+
+    name: str
+    url: str
+    health_url: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,22 @@ class UpstreamSettings:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_verify: bool = True
+    # Gateway (docs/gateway.md): replicas of this upstream, failover, balancing, passive/active health, admission.
+    replicas: tuple[ReplicaSettings, ...] = ()  # empty = one replica at `url` (with `health_url`)
+    retries: int = 2
+    balance: str = "least_outstanding"
+    max_in_flight: int = 0  # per replica; 0 = unlimited
+    queue_size: int = 0
+    queue_timeout: float = 30.0
+    outlier_failures: int = 3
+    outlier_backoff: float = 5.0
+    outlier_backoff_max: float = 300.0
+    health_interval: float = 10.0
+    affinity_load: float = 1.25
+    affinity_turns: int = 1
+
+    def replica_list(self) -> tuple[ReplicaSettings, ...]:
+        return self.replicas or (ReplicaSettings("0", self.url, self.health_url),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +106,8 @@ class ServerSettings:
     ready_when: str = "all"  # /readyz: every upstream up (a sidecar) or any (a gateway in front of several)
     api_keys_env: str | None = None  # env var with the comma-separated keys clients must send (none: open)
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    api_keys_file: str | None = None  # YAML mapping key name -> key (names go to the access log and `key` label)
+    api_key_names: tuple[str, ...] = ()  # one per api_keys entry: the file's names, `env-1`, `env-2`, ... for env keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +179,7 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "shutdown_grace": (float, None),
     "readiness_timeout": (float, None),
     "api_keys_env": (str, None),
+    "api_keys_file": (str, None),
     "ready_when": (str, ("all", "any")),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
@@ -160,7 +190,11 @@ _UPSTREAM_KEYS = (
     "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
     "thinking_models", "reasoning_replay", "keep_upstream_id", "response_model", "max_connections",
     "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify",
+    "retries", "balance", "max_in_flight", "queue_size", "queue_timeout", "outlier_failures", "outlier_backoff",
+    "outlier_backoff_max", "health_interval", "affinity_load", "affinity_turns",
 )
+_REPLICA_KEYS = ("url", "name", "health_url")
+_LABEL = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -210,7 +244,11 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         if required not in data:
             raise ConfigError(f"{prefix}{required}: missing (required for every upstream)")
     dialect = dialect_name(prefix + "dialect", data["dialect"])
-    url = normalize_url(prefix + "url", coerce_value(prefix + "url", data["url"], str))
+    health_url = _http_url(prefix + "health_url", data.get("health_url"))
+    replicas = _replicas(prefix, data["url"], health_url)
+    url = replicas[0].url
+    if len(replicas) == 1:
+        health_url = replicas[0].health_url
     name = coerce_value(prefix + "name", data.get("name", dialect), str)
     models = _str_list(prefix + "models", data.get("models", ["*"]))
     aliases_raw = data.get("aliases") or {}
@@ -225,11 +263,6 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         api_key = environ.get(api_key_env)
         if not api_key:
             raise ConfigError(f"{prefix}api_key_env: environment variable {api_key_env} is not set")
-    health_url = data.get("health_url")
-    if health_url is not None:
-        health_url = coerce_value(prefix + "health_url", health_url, str)
-        if not health_url.startswith(("http://", "https://")):
-            raise ConfigError(f"{prefix}health_url: expected an http:// or https:// URL, got {health_url!r}")
     reasoning_source = data.get("reasoning_source")
     if reasoning_source is not None:
         reasoning_source = coerce_value(prefix + "reasoning_source", reasoning_source, str, REASONING_SOURCES)
@@ -276,7 +309,104 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],
         tls_verify=coerce_value(prefix + "tls_verify", data.get("tls_verify", True), bool),
+        replicas=replicas,
+        **_gateway(prefix, data),
     )
+
+
+def _http_url(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    url: str = coerce_value(key, value, str)
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {url!r}")
+    return url
+
+
+def _replicas(prefix: str, raw: Any, health_url: str | None) -> tuple[ReplicaSettings, ...]:
+    """`url`: one URL, several separated by commas, or a list of URLs or of {url, name, health_url} mappings."""
+    key = prefix + "url"
+    if isinstance(raw, str):
+        raw = [part for part in raw.split(",") if part.strip()]
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{key}: expected a URL or a list of replica URLs, got {raw!r}")
+    out: list[ReplicaSettings] = []
+    for i, item in enumerate(raw):
+        where = f"{key}[{i}]" if len(raw) > 1 else key
+        if isinstance(item, Mapping):
+            _unknown(where + ".", item, _REPLICA_KEYS)
+            if "url" not in item:
+                raise ConfigError(f"{where}.url: missing (required for every replica)")
+            name = coerce_value(where + ".name", item.get("name", str(i)), str)
+            if not _LABEL.fullmatch(name):
+                raise ConfigError(f"{where}.name: {name!r} must be 1-64 letters, digits, '_', '.' or '-' "
+                                  "(it is a metrics label)")
+            url = normalize_url(where + ".url", coerce_value(where + ".url", item["url"], str))
+            out.append(ReplicaSettings(name, url, _http_url(where + ".health_url", item.get("health_url"))))
+        else:
+            url = normalize_url(where, coerce_value(where, item, str))
+            out.append(ReplicaSettings(str(i), url, None))
+    names = [r.name for r in out]
+    for i, n in enumerate(names):
+        if names.index(n) != i:
+            raise ConfigError(f"{key}[{i}].name: {n!r} is used twice (give each replica its own name)")
+    if health_url is not None:
+        if len(out) > 1:
+            raise ConfigError(f"{prefix}health_url: with several replicas, give each its own health_url "
+                              "(url: [{url: ..., health_url: ...}, ...])")
+        out[0] = ReplicaSettings(out[0].name, out[0].url, health_url)
+    return tuple(out)
+
+
+_GATEWAY_KINDS: dict[str, tuple[type, Any, float | None]] = {  # key: (type, default, lowest allowed)
+    "retries": (int, 2, 0),
+    "balance": (str, "least_outstanding", None),
+    "max_in_flight": (int, 0, 0),
+    "queue_size": (int, 0, 0),
+    "queue_timeout": (float, 30.0, 0),
+    "outlier_failures": (int, 3, 0),
+    "outlier_backoff": (float, 5.0, 0.001),
+    "outlier_backoff_max": (float, 300.0, 0.001),
+    "health_interval": (float, 10.0, 0),
+    "affinity_load": (float, 1.25, 1.0),
+    "affinity_turns": (int, 1, 0),
+}
+
+
+def _gateway(prefix: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, (kind, default, lowest) in _GATEWAY_KINDS.items():
+        value = coerce_value(prefix + key, data.get(key, default), kind, BALANCE if key == "balance" else None)
+        if lowest is not None and value < lowest:
+            raise ConfigError(f"{prefix}{key}: must be at least {lowest:g}, got {value!r}")
+        out[key] = value
+    if out["queue_size"] and not out["max_in_flight"]:
+        raise ConfigError(f"{prefix}queue_size: a queue needs max_in_flight (the queue holds what is over it)")
+    return out
+
+
+def load_api_keys_file(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`api_keys_file`: a YAML mapping of key name -> key. Returns (names, keys). Never shows a key."""
+    key = "server.api_keys_file"
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"{key}: {path}: {e.strerror or e}") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{key}: {path} is not valid YAML (expected a mapping of key name to key)") from None
+    if not isinstance(data, Mapping) or not data:
+        raise ConfigError(f"{key}: {path} must be a non-empty mapping of key name to key")
+    names, keys = [], []
+    for name, value in data.items():
+        if not isinstance(name, str) or not _LABEL.fullmatch(name):
+            raise ConfigError(f"{key}: key name {name!r} must be 1-64 letters, digits, '_', '.' or '-' "
+                              "(it is a metrics label)")
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{key}: the key named {name!r} must be a non-empty string")
+        names.append(name)
+        keys.append(value.strip())
+    return tuple(names), tuple(keys)
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -335,6 +465,16 @@ def build_settings(
         if not keys:
             raise ConfigError(f"server.api_keys_env: environment variable {keys_env} is not set (or holds no key)")
         server_values["api_keys"] = keys
+        server_values["api_key_names"] = tuple(f"env-{i + 1}" for i in range(len(keys)))
+    keys_file = server_values.get("api_keys_file")
+    if keys_file:
+        names, file_keys = load_api_keys_file(keys_file)
+        all_names = (*server_values.get("api_key_names", ()), *names)
+        for i, n in enumerate(all_names):
+            if all_names.index(n) != i:
+                raise ConfigError(f"server.api_keys_file: the key name {n!r} is used twice")
+        server_values["api_keys"] = (*server_values.get("api_keys", ()), *file_keys)
+        server_values["api_key_names"] = all_names
     server = ServerSettings(**server_values)
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
                 "readiness_timeout", "max_body_bytes", "workers"):
