@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,7 +18,8 @@ from starlette.routing import Route
 from . import __version__
 from .appstate import AppState
 from .errors import ProxyError
-from .handlers import InferenceEndpoint
+from .handlers import KEY_NAME_SCOPE, InferenceEndpoint
+from .health import UpstreamCheck
 from .settings import Settings, UpstreamSettings
 from .upstream import read_body
 
@@ -38,6 +38,7 @@ def create_app(settings: Settings) -> ProxyApp:
         # In the background: start-up is not held up by a slow upstream (each check is bounded by
         # readiness_timeout anyway).
         checks = asyncio.create_task(log_upstream_checks(state))
+        state.start()
         try:
             yield
         finally:
@@ -49,15 +50,15 @@ def create_app(settings: Settings) -> ProxyApp:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(request: Request) -> Response:
-        results = await asyncio.gather(*(_probe(state, u) for u in settings.upstreams))
+        results = await asyncio.gather(*(_check_upstream(state, u) for u in settings.upstreams))
         for u, result in zip(settings.upstreams, results, strict=True):
-            state.metrics.upstream_up(u.name, result.ready)
+            state.metrics.upstream_up(u.name, result[0].ready)
         check = all if settings.server.ready_when == "all" else any
-        ready = check(r.ready for r in results) and not state.shutting_down
+        ready = check(r.ready for r, _ in results) and not state.shutting_down
         body: dict[str, Any] = {
             "status": "ready" if ready else "not ready",
-            "upstreams": {u.name: r.summary() for u, r in zip(settings.upstreams, results, strict=True)},
-            "checks": {u.name: r.as_json() for u, r in zip(settings.upstreams, results, strict=True)},
+            "upstreams": {u.name: _summary(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
+            "checks": {u.name: _check_json(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
         }
         if state.shutting_down:
             body["reason"] = "shutting down"
@@ -106,7 +107,8 @@ def create_app(settings: Settings) -> ProxyApp:
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
     app.state.proxy = state
-    return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys)
+    keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
+    return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys)
 
 
 class ProxyApp:
@@ -114,11 +116,13 @@ class ProxyApp:
     and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
     `send` in two more coroutines, off the per-chunk path."""
 
-    def __init__(self, app: Starlette, fast: dict[str, Any], api_keys: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: Starlette, fast: dict[str, Any], api_keys: dict[str, str] | None = None) -> None:
         self.app = app
         self.state = app.state
         self._fast = fast
-        self._keys = tuple(f"Bearer {k}".encode() for k in api_keys)
+        # name -> "Bearer KEY"; the name of the key a request used goes into its scope (KEY_NAME_SCOPE) for the
+        # access log and the `key` metrics label.
+        self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in (api_keys or {}).items())
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -146,7 +150,13 @@ class ProxyApp:
 
     def _authorized(self, scope: Any) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return any(hmac.compare_digest(given, key) for key in self._keys)
+        name = None
+        for key_name, key in self._keys:  # every key is compared (no early exit): the time does not tell which
+            if hmac.compare_digest(given, key):
+                name = key_name
+        if name is not None:
+            scope[KEY_NAME_SCOPE] = name
+        return name is not None
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:
@@ -183,8 +193,9 @@ async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[st
     if u.api_key:
         headers["Authorization"] = f"Bearer {u.api_key}"
     try:
-        resp = await state.clients[u.name].open(
-            "GET", u.url + path, headers=headers, timeout=state.settings.server.readiness_timeout * 2
+        replica = state.replicas[u.name].any_replica()
+        resp = await replica.client.open(
+            "GET", replica.url + path, headers=headers, timeout=state.settings.server.readiness_timeout * 2
         )
         try:
             raw = await read_body(resp, state.settings.server.readiness_timeout * 2, limit=2**20)
@@ -197,60 +208,36 @@ async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[st
         return []
 
 
-@dataclass(frozen=True, slots=True)
-class UpstreamCheck:
-    """One readiness check of one upstream: what was asked, what came back, and why it is (not) ready."""
-
-    url: str
-    ready: bool
-    reachable: bool
-    status: int | None
-    reason: str
-
-    def summary(self) -> str:
-        return "up" if self.ready else "down: " + self.reason
-
-    def as_json(self) -> dict[str, Any]:
-        return {"url": self.url, "ready": self.ready, "reachable": self.reachable, "status": self.status,
-                "reason": self.reason}
+async def _check_upstream(state: AppState, u: UpstreamSettings) -> tuple[UpstreamCheck, dict[str, UpstreamCheck]]:
+    """Probe every replica of `u`: (the upstream's check — its first ready replica's, else the first replica's —,
+    every replica's check by name). An upstream is ready while any of its replicas is."""
+    results = await state.replicas[u.name].check()
+    checks = {r.name: c for r, c in results}
+    return next((c for c in checks.values() if c.ready), results[0][1]), checks
 
 
-async def _probe(state: AppState, u: UpstreamSettings) -> UpstreamCheck:
-    """Ready when the upstream answers its health URL, or its dialect's model/health path, with 2xx within
-    readiness_timeout. A 404 on the dialect's path means a wrong URL or dialect, not a live upstream; 401/403 a
-    wrong key. An upstream whose dialect has no such path (the engine API) is ready when it answers at all."""
-    path = state.dialects[u.name].path("health")
-    url = u.health_url or u.url + (path or "/")
-    headers = {"Authorization": f"Bearer {u.api_key}"} if u.api_key and u.health_url is None else {}
-    timeout = state.settings.server.readiness_timeout
-    try:
-        resp = await state.clients[u.name].open("GET", url, headers=headers, timeout=timeout)
-        resp.close()
-    except ProxyError as err:
-        return UpstreamCheck(url, False, False, None, err.message)
-    status = resp.status
-    if u.health_url is None and not path:
-        if status < 500:
-            return UpstreamCheck(url, True, True, status, f"answered HTTP {status} (the {u.dialect} dialect has no "
-                                                         "health path: reachable is all that can be checked)")
-        return UpstreamCheck(url, False, True, status, f"GET {url} answered HTTP {status}")
-    if 200 <= status < 300:
-        return UpstreamCheck(url, True, True, status, f"GET {url} answered HTTP {status}")
-    if status == 404 and u.health_url is None:
-        reason = (f"GET {url} answered 404: the URL (host, port, path prefix) or the dialect ({u.dialect}) is "
-                  f"wrong; `dialect-proxy probe {u.url}` tells what the upstream speaks")
-    elif status in (401, 403) and u.health_url is None:
-        reason = (f"GET {url} answered {status}: the upstream refused the API key "
-                  + ("(check the variable named by api_key_env)" if u.api_key else "(set api_key_env)"))
-    else:
-        reason = f"GET {url} answered HTTP {status} (expected 2xx)"
-    return UpstreamCheck(url, False, True, status, reason)
+def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> str:
+    if len(replicas) > 1 and check.ready:
+        up = sum(c.ready for c in replicas.values())
+        return "up" if up == len(replicas) else f"up ({up} of {len(replicas)} replicas)"
+    return check.summary()
+
+
+def _check_json(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> dict[str, Any]:
+    out = check.as_json()
+    if len(replicas) > 1:
+        out["replicas"] = {name: c.as_json() for name, c in replicas.items()}
+    return out
 
 
 async def log_upstream_checks(state: AppState) -> None:
     """At start-up: one log line per upstream saying whether it was reachable and ready."""
-    checks = await asyncio.gather(*(_probe(state, u) for u in state.settings.upstreams))
-    for u, check in zip(state.settings.upstreams, checks, strict=True):
-        line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": u.url,
-                "reachable": check.reachable, "ready": check.ready, "status": check.status, "detail": check.reason}
-        (log.info if check.ready else log.warning)(orjson.dumps(line).decode())
+    results = await asyncio.gather(*(state.replicas[u.name].check() for u in state.settings.upstreams))
+    for u, checks in zip(state.settings.upstreams, results, strict=True):
+        for replica, check in checks:
+            line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": replica.url,
+                    "reachable": check.reachable, "ready": check.ready, "status": check.status,
+                    "detail": check.reason}
+            if len(checks) > 1:
+                line["replica"] = replica.name
+            (log.info if check.ready else log.warning)(orjson.dumps(line).decode())

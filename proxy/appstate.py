@@ -7,6 +7,7 @@ import os
 from .clients import CLIENT_DIALECTS, ClientDialect
 from .dialects import Dialect, get_dialect
 from .metrics import Metrics
+from .replicas import ReplicaSet
 from .routing import Router
 from .settings import Settings
 from .state import open_store
@@ -20,19 +21,28 @@ class AppState:
         self.settings = settings
         self.router = Router(settings.upstreams)
         self.dialects: dict[str, Dialect] = {u.name: get_dialect(u.dialect) for u in settings.upstreams}
-        self.clients: dict[str, UpstreamClient] = {
-            u.name: UpstreamClient(u, settings.server) for u in settings.upstreams
-        }
         configured = self.router.configured_models()
         multiprocess = settings.server.workers > 1 or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-        self.metrics = Metrics(configured or None, multiprocess=multiprocess)
+        self.metrics = Metrics(configured or None, multiprocess=multiprocess,
+                               key_names=settings.server.api_key_names)
+        # Each upstream's replicas, each with its own connection pool (proxy/replicas.py).
+        self.replicas: dict[str, ReplicaSet] = {
+            u.name: ReplicaSet(u, settings.server, self.dialects[u.name], self.metrics) for u in settings.upstreams
+        }
+        # The first replica's pool, for side requests that need no balancing.
+        self.clients: dict[str, UpstreamClient] = {name: rs.replicas[0].client for name, rs in self.replicas.items()}
         self.store = open_store(settings)
         self.client_dialects: dict[str, ClientDialect] = {
             name: cls(settings, self.store) for name, cls in CLIENT_DIALECTS.items()
         }
         self.shutting_down = False
 
+    def start(self) -> None:
+        """In the running event loop: background work (active health checks of replicas)."""
+        for rs in self.replicas.values():
+            rs.start()
+
     async def close(self) -> None:
-        for client in self.clients.values():
-            await client.close()
+        for rs in self.replicas.values():
+            await rs.close()
         await self.store.close()

@@ -31,6 +31,7 @@ from .errors import (
 )
 from .events import Answer, Delta
 from .pipeline import Pipeline
+from .replicas import RETRY_STATUSES
 from .upstream import iter_stream, read_body, release
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ access_log = logging.getLogger("dialect_proxy.access")
 
 Scope = dict[str, Any]
 JSON_HEADERS = [(b"content-type", b"application/json")]
+KEY_NAME_SCOPE = "dialect_proxy.key_name"  # set by proxy.app.ProxyApp: the name of the inbound key used
 SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
@@ -133,6 +135,9 @@ class InferenceEndpoint:
             request_id = request_id[:200]
         rid_header = (b"x-request-id", request_id.encode("latin-1", "replace"))
         info: dict[str, Any] = {"request_id": request_id, "route": self.route}
+        key_name = scope.get(KEY_NAME_SCOPE)
+        if key_name:
+            info["key"] = key_name
         obs: RequestObserver | None = None
         status = 500
         watch: _Disconnect | None = None
@@ -145,7 +150,7 @@ class InferenceEndpoint:
                 ctx = self._context(call, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
                 obs = state.metrics.request(
-                    self.route, ctx.upstream.name, ctx.client_model, ctx.stream, started_at=started
+                    self.route, ctx.upstream.name, ctx.client_model, ctx.stream, started_at=started, key=key_name
                 )
                 watch = _Disconnect(receive)
                 status = await self._serve(call, ctx, send, watch, obs, rid_header, info)
@@ -159,6 +164,7 @@ class InferenceEndpoint:
                         info.get("model", ""),
                         bool(info.get("stream")),
                         started_at=started,
+                        key=key_name,
                     )
                 if obs is not None and isinstance(err, UpstreamError | UpstreamUnreachable | UpstreamTimeout):
                     obs.upstream_error(info.get("dialect", "any"), err.upstream_code or err.code)
@@ -251,7 +257,6 @@ class InferenceEndpoint:
         server = state.settings.server
         upstream = ctx.upstream
         dialect = state.dialects[upstream.name]
-        http = state.clients[upstream.name]
         info["dialect"] = dialect.name
         if call.options.get("log"):
             info.update(call.options["log"])
@@ -275,26 +280,49 @@ class InferenceEndpoint:
                     }
                 ).decode()
             )
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream" if ctx.stream else "application/json",
-        }
-        headers.update(dialect.request_headers(ctx))
+        payload = orjson.dumps(upstream_body)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + server.total_timeout
         obs.upstream_started()
-        try:
-            resp = await http.open("POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers)
-        except (UpstreamUnreachable, UpstreamTimeout):
-            state.metrics.upstream_up(upstream.name, False)
-            raise
+        # Replicas (proxy/replicas.py): a pre-header failure (refused, reset, timeout, HTTP 502/503) may go to
+        # another replica. Nothing has been sent to the client yet; the 200 is committed only later, in _relay.
+        attempts = state.replicas[upstream.name].attempts(call.request, info)
+        while True:
+            ticket = await attempts.next()
+            headers = {
+                "Content-Type": "application/json",
+                "Accept": "text/event-stream" if ctx.stream else "application/json",
+            }
+            headers.update(dialect.request_headers(ctx))  # per attempt: MindIE's req-id is unique per attempt
+            time_left = deadline - loop.time()
+            try:
+                resp = await ticket.client.open("POST", ticket.url + path, body=payload, headers=headers,
+                                                timeout=min(server.first_byte_timeout, max(time_left, 0.001)))
+            except (UpstreamUnreachable, UpstreamTimeout) as failure:
+                if attempts.retry(ticket, failure, deadline - loop.time()):
+                    ctx.attempt += 1
+                    continue
+                ticket.release()
+                state.metrics.upstream_up(upstream.name, False)
+                raise
+            except BaseException:  # cancelled (the client left, shutdown): the slot is free again
+                ticket.release()
+                raise
+            if resp.status in RETRY_STATUSES:
+                if attempts.retry(ticket, resp.status, deadline - loop.time()):
+                    resp.close()
+                    ctx.attempt += 1
+                    continue
+            else:
+                attempts.succeeded(ticket)
+            break
         state.metrics.upstream_up(upstream.name, True)
         reusable = False
-        answer = Answer()
-        pipeline = Pipeline(session, answer)
-        encoder = self.client.encoder(call, ctx, answer)
-        extra_headers = call.headers + [rid_header]
         try:
+            answer = Answer()
+            pipeline = Pipeline(session, answer)
+            encoder = self.client.encoder(call, ctx, answer)
+            extra_headers = call.headers + [rid_header]
             obs.upstream_headers()
             t_up = time.perf_counter()
             content_type = resp.headers.get("Content-Type", "")
@@ -329,6 +357,7 @@ class InferenceEndpoint:
             reusable = status == 200
             return status
         finally:
+            ticket.release()
             if reusable:  # the answer is complete: keep the connection for the next request
                 await release(resp)
             else:  # an error or a client that left: close, so the upstream stops generating

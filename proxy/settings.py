@@ -397,7 +397,8 @@ def load_api_keys_file(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         raise ConfigError(f"{key}: {path} is not valid YAML (expected a mapping of key name to key)") from None
     if not isinstance(data, Mapping) or not data:
         raise ConfigError(f"{key}: {path} must be a non-empty mapping of key name to key")
-    names, keys = [], []
+    names: list[str] = []
+    keys: list[str] = []
     for name, value in data.items():
         if not isinstance(name, str) or not _LABEL.fullmatch(name):
             raise ConfigError(f"{key}: key name {name!r} must be 1-64 letters, digits, '_', '.' or '-' "
@@ -495,8 +496,8 @@ def build_settings(
         if not isinstance(raw, list):
             raise ConfigError("upstreams: expected a list of upstreams")
         upstreams = tuple(build_upstream(f"upstreams[{i}].", u, environ) for i, u in enumerate(raw))
-    names = [u.name for u in upstreams]
-    for i, n in enumerate(names):
-        if names.index(n) != i:
+    upstream_names = [u.name for u in upstreams]
+    for i, n in enumerate(upstream_names):
+        if upstream_names.index(n) != i:
             raise ConfigError(f"upstreams[{i}].name: {n!r} is used twice (give each upstream its own name)")
     return Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server)

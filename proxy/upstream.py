@@ -25,11 +25,12 @@ _READ_SIZE = 2**16
 
 
 class UpstreamClient:
-    """The connection pool of one upstream."""
+    """The connection pool of one upstream replica (proxy/replicas.py); `replica` names it in messages."""
 
-    def __init__(self, upstream: UpstreamSettings, server: ServerSettings) -> None:
+    def __init__(self, upstream: UpstreamSettings, server: ServerSettings, replica: str | None = None) -> None:
         self.upstream = upstream
         self.server = server
+        self.what = f"`{upstream.name}`" + ("" if replica is None else f" (replica `{replica}`)")
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -75,24 +76,24 @@ class UpstreamClient:
                 return await self.session.request(method, url, data=body, headers=headers, allow_redirects=False)
         except TimeoutError:
             raise UpstreamTimeout(
-                f"The upstream `{self.upstream.name}` sent no response within {limit:g} s."
+                f"The upstream {self.what} sent no response within {limit:g} s."
             ) from None
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamTimeout(
-                f"Connecting to the upstream `{self.upstream.name}` timed out after "
+                f"Connecting to the upstream {self.what} timed out after "
                 f"{self.server.connect_timeout:g} s."
             ) from None
         except aiohttp.ClientConnectorError as e:
             raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` could not be reached ({_reason(e)}).{self._hint(url, e)}"
+                f"The upstream {self.what} could not be reached ({_reason(e)}).{self._hint(url, e)}"
             ) from None
         except aiohttp.ServerDisconnectedError as e:
             raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` closed the connection without answering.{self._hint(url, e)}"
+                f"The upstream {self.what} closed the connection without answering.{self._hint(url, e)}"
             ) from None
         except aiohttp.ClientError as e:
             raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` failed: {_reason(e)}.{self._hint(url, e)}"
+                f"The upstream {self.what} failed: {_reason(e)}.{self._hint(url, e)}"
             ) from None
 
     def _hint(self, url: str, e: BaseException) -> str:

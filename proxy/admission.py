@@ -1,0 +1,100 @@
+"""Admission control for one replica: at most `max_in_flight` requests at once, then a bounded FIFO queue.
+
+    admitted (in_flight < max_in_flight)  -> go
+    else queue has room (< queue_size)    -> wait in line, at most queue_timeout
+    else                                  -> QueueFull (the caller answers 429 rate_limited with Retry-After)
+
+A freed slot is handed straight to the first waiter (the count does not drop and rise again), so no newcomer can
+overtake the queue. A waiter that is cancelled (its client left) after being handed a slot passes the slot on.
+`max_in_flight` 0 means unlimited: every acquire is admitted at once and only counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+
+
+class QueueFull(Exception):
+    """No slot and no room in the queue."""
+
+
+class QueueTimeout(Exception):
+    """Waited queue_timeout without getting a slot."""
+
+
+class Admission:
+    __slots__ = ("_ewma", "_waiters", "in_flight", "max_in_flight", "queue_size", "queue_timeout")
+
+    def __init__(self, max_in_flight: int = 0, queue_size: int = 0, queue_timeout: float = 30.0) -> None:
+        self.max_in_flight = max_in_flight
+        self.queue_size = queue_size
+        self.queue_timeout = queue_timeout
+        self.in_flight = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._ewma = 0.0  # smoothed seconds a slot is held (for Retry-After)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def has_slot(self) -> bool:
+        return not self.max_in_flight or (self.in_flight < self.max_in_flight and not self._waiters)
+
+    def has_room(self) -> bool:
+        return self.has_slot() or len(self._waiters) < self.queue_size
+
+    def try_acquire(self) -> bool:
+        if self.has_slot():
+            self.in_flight += 1
+            return True
+        return False
+
+    async def acquire(self) -> float:
+        """Take a slot, waiting in the queue if need be. Returns the seconds waited."""
+        if self.try_acquire():
+            return 0.0
+        if len(self._waiters) >= self.queue_size:
+            raise QueueFull
+        started = time.monotonic()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            async with asyncio.timeout(self.queue_timeout):
+                await asyncio.shield(fut)
+        except TimeoutError:
+            self._abandon(fut)
+            raise QueueTimeout from None
+        except asyncio.CancelledError:
+            self._abandon(fut)
+            raise
+        return time.monotonic() - started
+
+    def _abandon(self, fut: asyncio.Future[None]) -> None:
+        if fut.done():  # the slot was handed to us just as we gave up: pass it on
+            self.release()
+        else:
+            fut.cancel()
+            try:
+                self._waiters.remove(fut)
+            except ValueError:
+                pass
+
+    def release(self, held: float | None = None) -> None:
+        """Give a slot back (to the first waiter, if any). `held`: seconds the slot was used (for Retry-After)."""
+        if held is not None:
+            self._ewma = held if not self._ewma else 0.8 * self._ewma + 0.2 * held
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.in_flight = max(self.in_flight - 1, 0)
+
+    def retry_after(self) -> int:
+        """Whole seconds until a slot is likely free: the mean slot time times the queue ahead, per slot; 1..60."""
+        slots = self.max_in_flight or 1
+        estimate = (self._ewma or 1.0) * (len(self._waiters) + 1) / slots
+        return max(1, min(60, math.ceil(estimate)))

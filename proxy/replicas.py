@@ -1,0 +1,373 @@
+"""The replicas of one upstream (docs/gateway.md): choosing one per request, failing over, keeping the sick out.
+
+    ReplicaSet            one per upstream; a Replica per URL, each with its own connection pool (UpstreamClient),
+     │                    admission (proxy/admission.py), passive and active health
+     ├── balancer         least_outstanding | prefix_affinity (consistent hashing with bounded load)
+     └── Attempts         one request's walk over the replicas: acquire a Ticket, report the outcome, maybe retry
+
+Failover happens only before the upstream's response headers are accepted (refused or reset connection, timeout
+before headers, HTTP 502/503), and so always before any byte reached the client; the handler
+(proxy/handlers.py) asks `Attempts.retry()` only there. A retry goes to a replica the request has not tried yet,
+at most `retries` times, and only while the request's total deadline allows.
+
+Passive health (outlier ejection): `outlier_failures` failed attempts in a row take a replica out for
+`outlier_backoff` seconds, doubled on each ejection up to `outlier_backoff_max`. Back in, it is on probation: its
+first failure ejects it again (for longer), its first success clears the record. Active health: every
+`health_interval` seconds each replica's health URL is probed (proxy/health.py); a replica whose check fails is out
+until one passes. When no replica is in, all are used (better a likely failure than a certain one).
+
+The state is per process: with `--workers N` each worker balances, ejects and admits on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .admission import Admission, QueueFull, QueueTimeout
+from .errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from .health import UpstreamCheck, probe
+from .upstream import UpstreamClient
+
+if TYPE_CHECKING:
+    from .dialects import Dialect
+    from .metrics import Metrics
+    from .settings import ReplicaSettings, ServerSettings, UpstreamSettings
+
+log = logging.getLogger("dialect_proxy")
+
+RETRY_STATUSES = frozenset({502, 503})
+VNODES = 100  # points per replica on the hash ring
+
+
+class Replica:
+    """One server of an upstream."""
+
+    __slots__ = ("admission", "client", "ejected_until", "ejections", "failures", "healthy", "index", "labels",
+                 "name", "probation", "settings", "url")
+
+    def __init__(self, index: int, settings: ReplicaSettings, client: UpstreamClient, admission: Admission,
+                 upstream_label: str) -> None:
+        self.index = index
+        self.settings = settings
+        self.name = settings.name
+        self.url = settings.url
+        self.client = client
+        self.admission = admission
+        self.labels = (upstream_label, settings.name)
+        self.failures = 0  # consecutive failed attempts
+        self.ejections = 0  # consecutive ejections (the backoff doubles with each)
+        self.ejected_until = 0.0
+        self.probation = False
+        self.healthy = True  # the last active health check passed (or none ran yet)
+
+    @property
+    def outstanding(self) -> int:
+        return self.admission.in_flight + self.admission.queued
+
+    def available(self, now: float) -> bool:
+        return self.healthy and now >= self.ejected_until
+
+
+class Ticket:
+    """A replica admitted for one attempt. `release()` when the attempt's response is over (idempotent)."""
+
+    __slots__ = ("_rset", "_t0", "released", "replica", "waited")
+
+    def __init__(self, rset: ReplicaSet, replica: Replica, waited: float) -> None:
+        self._rset = rset
+        self.replica = replica
+        self.waited = waited
+        self.released = False
+        self._t0 = time.monotonic()
+
+    @property
+    def client(self) -> UpstreamClient:
+        return self.replica.client
+
+    @property
+    def url(self) -> str:
+        return self.replica.url
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.replica.admission.release(time.monotonic() - self._t0)
+            self._rset.gauges(self.replica)
+
+
+class ReplicaSet:
+    """The replicas of one upstream, and the policy that picks one."""
+
+    def __init__(self, upstream: UpstreamSettings, server: ServerSettings, dialect: Dialect, metrics: Metrics) -> None:
+        self.upstream = upstream
+        self.server = server
+        self.dialect = dialect
+        self.metrics = metrics
+        self.label = metrics.upstream_label(upstream.name)
+        several = len(upstream.replica_list()) > 1
+        self.replicas = [
+            Replica(i, r, UpstreamClient(upstream, server, replica=r.name if several else None),
+                    Admission(upstream.max_in_flight, upstream.queue_size, upstream.queue_timeout), self.label)
+            for i, r in enumerate(upstream.replica_list())
+        ]
+        self.affinity = upstream.balance == "prefix_affinity" and several
+        ring = sorted((_hash(f"{r.name}#{v}".encode()), r.index) for r in self.replicas for v in range(VNODES))
+        self._ring_keys = [h for h, _ in ring]
+        self._ring_owners = [i for _, i in ring]
+        self._health_task: asyncio.Task[None] | None = None
+        self._rng = random.Random()
+        for r in self.replicas:
+            metrics.child(metrics.replica_up, *r.labels).set(1)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Active health checks, for upstreams with several replicas (a lone replica is used whatever it says)."""
+        if len(self.replicas) > 1 and self.upstream.health_interval > 0 and self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop())
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        for r in self.replicas:
+            await r.client.close()
+
+    # -- choosing -----------------------------------------------------------------------------------------------
+
+    def attempts(self, request: dict[str, Any], info: dict[str, Any]) -> Attempts:
+        key = affinity_key(request, self.upstream.affinity_turns) if self.affinity else None
+        return Attempts(self, key, info)
+
+    async def acquire(self, key: int | None, tried: set[int]) -> Ticket | None:
+        """A ticket on the best replica not in `tried` (None when every replica was tried). Raises the 429
+        ProxyError when the chosen replicas are full (queue full, or queue_timeout passed)."""
+        candidates = [r for r in self.replicas if r.index not in tried]
+        if not candidates:
+            return None
+        now = time.monotonic()
+        live = [r for r in candidates if r.available(now)] or candidates
+        pool = [r for r in live if r.admission.has_slot()] or [r for r in live if r.admission.has_room()]
+        if not pool:
+            self.metrics.child(self.metrics.admission_rejections, self.label, "queue_full").inc()
+            raise self._rate_limited(min(live, key=lambda r: r.admission.retry_after()), "full")
+        replica = self._choose(pool, live, key)
+        m = self.metrics
+        if replica.admission.has_slot():
+            replica.admission.try_acquire()
+            self.gauges(replica)
+            return Ticket(self, replica, 0.0)
+        t0 = time.monotonic()
+        queued = asyncio.ensure_future(replica.admission.acquire())
+        self.gauges(replica)
+        try:
+            waited = await queued
+        except (QueueFull, QueueTimeout) as e:
+            m.child(m.replica_queue_wait, *replica.labels).observe(time.monotonic() - t0)
+            reason = "queue_full" if isinstance(e, QueueFull) else "queue_timeout"
+            m.child(m.admission_rejections, self.label, reason).inc()
+            raise self._rate_limited(replica, "full" if reason == "queue_full" else "timeout") from None
+        finally:
+            self.gauges(replica)
+        m.child(m.replica_queue_wait, *replica.labels).observe(waited)
+        return Ticket(self, replica, waited)
+
+    def _choose(self, pool: list[Replica], live: list[Replica], key: int | None) -> Replica:
+        if key is None:
+            return self._least_outstanding(pool)
+        # Consistent hashing with bounded load: walk the ring from the key; the first replica whose load stays
+        # within affinity_load x the mean (counting this request) takes it.
+        total = sum(r.outstanding for r in live)
+        bound = self.upstream.affinity_load * (total + 1) / len(live)
+        in_pool = {r.index for r in pool}
+        in_live = {r.index for r in live}
+        start = bisect.bisect(self._ring_keys, key)
+        owner: int | None = None
+        seen: set[int] = set()
+        n = len(self._ring_owners)
+        for step in range(n):
+            index = self._ring_owners[(start + step) % n]
+            if index in seen:
+                continue
+            seen.add(index)
+            if owner is None and index in in_live:
+                owner = index
+            replica = self.replicas[index]
+            if index in in_pool and replica.outstanding + 1 <= bound:
+                self.metrics.child(self.metrics.affinity, self.label, "owner" if index == owner else "spill").inc()
+                return replica
+            if len(seen) == len(self.replicas):
+                break
+        self.metrics.child(self.metrics.affinity, self.label, "spill").inc()
+        return self._least_outstanding(pool)
+
+    def _least_outstanding(self, pool: list[Replica]) -> Replica:
+        low = min(r.outstanding for r in pool)
+        best = [r for r in pool if r.outstanding == low]
+        return best[0] if len(best) == 1 else self._rng.choice(best)
+
+    def _rate_limited(self, replica: Replica, why: str) -> ProxyError:
+        seconds = replica.admission.retry_after()
+        what = ("every replica is at max_in_flight and its queue is full" if why == "full"
+                else f"no replica slot became free within queue_timeout ({self.upstream.queue_timeout:g} s)")
+        return ProxyError(f"The upstream `{self.upstream.name}` is busy: {what}. Retry in {seconds} s.", 429,
+                          code="rate_limited", headers={"Retry-After": str(seconds)})
+
+    # -- health -------------------------------------------------------------------------------------------------
+
+    def succeeded(self, replica: Replica) -> None:
+        replica.failures = 0
+        if replica.probation:
+            replica.probation = False
+            replica.ejections = 0
+        self.gauges(replica)
+
+    def failed(self, replica: Replica, result: str) -> None:
+        """A failed attempt (passive health). Enough in a row, or one on probation, ejects the replica."""
+        replica.failures += 1
+        limit = self.upstream.outlier_failures
+        if limit and (replica.failures >= limit or replica.probation) and len(self.replicas) > 1:
+            replica.ejections += 1
+            backoff = min(self.upstream.outlier_backoff * 2 ** (replica.ejections - 1),
+                          self.upstream.outlier_backoff_max)
+            replica.ejected_until = time.monotonic() + backoff
+            replica.failures = 0
+            replica.probation = True
+            self.metrics.child(self.metrics.replica_ejections, *replica.labels).inc()
+            log.warning(orjson.dumps({"event": "replica_ejected", "upstream": self.upstream.name,
+                                      "replica": replica.name, "after": result, "seconds": backoff}).decode())
+        self.gauges(replica)
+
+    def gauges(self, replica: Replica) -> None:
+        m = self.metrics
+        m.child(m.replica_in_flight, *replica.labels).set(replica.admission.in_flight)
+        m.child(m.replica_queue_length, *replica.labels).set(replica.admission.queued)
+        m.child(m.replica_up, *replica.labels).set(1 if replica.available(time.monotonic()) else 0)
+
+    async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
+        """Probe every replica now (also updates active health)."""
+        timeout = self.server.readiness_timeout
+        results = await asyncio.gather(*(probe(r.client, self.dialect, self.upstream, r.settings, timeout)
+                                         for r in self.replicas))
+        for r, result in zip(self.replicas, results, strict=True):
+            if r.healthy != result.ready and len(self.replicas) > 1:
+                log.warning(orjson.dumps({"event": "replica_health", "upstream": self.upstream.name,
+                                          "replica": r.name, "ready": result.ready,
+                                          "detail": result.reason}).decode())
+            r.healthy = result.ready or len(self.replicas) == 1
+            self.gauges(r)
+        return list(zip(self.replicas, results, strict=True))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.upstream.health_interval)
+            try:
+                await self.check()
+            except Exception:  # a bug of ours must not end the checks for good
+                log.exception("active health check of %s failed", self.upstream.name)
+
+    def any_replica(self) -> Replica:
+        """A replica for side requests (model listings): an available one, else the first."""
+        now = time.monotonic()
+        return next((r for r in self.replicas if r.available(now)), self.replicas[0])
+
+
+class Attempts:
+    """One request's walk over the replicas of its upstream."""
+
+    __slots__ = ("_rset", "info", "key", "retries_left", "tried")
+
+    def __init__(self, rset: ReplicaSet, key: int | None, info: dict[str, Any]) -> None:
+        self._rset = rset
+        self.key = key
+        self.info = info
+        self.tried: set[int] = set()
+        self.retries_left = rset.upstream.retries
+
+    async def next(self) -> Ticket:
+        ticket = await self._rset.acquire(self.key, self.tried)
+        assert ticket is not None  # the first call always finds one; retry() checked the others
+        self.tried.add(ticket.replica.index)
+        self.info["replica"] = ticket.replica.name
+        if ticket.waited:
+            self.info["queue_ms"] = round(self.info.get("queue_ms", 0) + ticket.waited * 1000, 2)
+        return ticket
+
+    def succeeded(self, ticket: Ticket) -> None:
+        m = self._rset.metrics
+        m.child(m.upstream_attempts, *ticket.replica.labels, "ok").inc()
+        self._rset.succeeded(ticket.replica)
+
+    def retry(self, ticket: Ticket, failure: ProxyError | int, time_left: float) -> bool:
+        """The attempt on `ticket` failed before its response was accepted (an exception, or HTTP 502/503).
+        Records it (metrics, passive health, access log) and says whether to try another replica. On True the
+        ticket is released; on False the caller keeps it until its error answer is done."""
+        result = _result(failure)
+        rset = self._rset
+        m = rset.metrics
+        m.child(m.upstream_attempts, *ticket.replica.labels, result).inc()
+        rset.failed(ticket.replica, result)
+        again = self.retries_left > 0 and time_left > 0 and len(self.tried) < len(rset.replicas)
+        if again:
+            self.retries_left -= 1
+            m.child(m.retries, rset.label, result).inc()
+            self.info.setdefault("retries", []).append({"replica": ticket.replica.name, "error": result})
+            ticket.release()
+        return again
+
+
+def _result(failure: ProxyError | int) -> str:
+    if isinstance(failure, int):
+        return "bad_gateway" if failure == 502 else "unavailable"
+    if isinstance(failure, UpstreamTimeout):
+        return "timeout"
+    if isinstance(failure, UpstreamUnreachable):
+        return "unreachable"
+    return "error"
+
+
+def _hash(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def affinity_key(request: dict[str, Any], turns: int) -> int | None:
+    """The conversation prefix that decides the replica: the leading system/developer messages, the tools, and the
+    first `turns` other messages (a completion: the prompt's first 2,000 characters). None when there is none."""
+    messages = request.get("messages")
+    if isinstance(messages, list) and messages:
+        head: list[Any] = []
+        rest = 0
+        for message in messages:
+            system = isinstance(message, dict) and message.get("role") in ("system", "developer")
+            if not system:
+                if rest >= turns:
+                    break
+                rest += 1
+            head.append(message)
+        tools = request.get("tools")
+        return _hash(_dumps([head, tools]))
+    prompt = request.get("prompt")
+    if isinstance(prompt, str) and prompt:
+        return _hash(prompt[:2000].encode())
+    if isinstance(prompt, list) and prompt:
+        return _hash(_dumps(prompt[:1])[:8000])
+    return None
+
+
+def _dumps(value: Iterable[Any]) -> bytes:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return repr(value).encode()
