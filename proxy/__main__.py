@@ -53,6 +53,8 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "str", ("all", "any")),
     ("api-keys-env", "name of an environment variable holding the comma-separated API keys clients must send "
      "(Authorization: Bearer KEY) on /v1/*; unset = no client authentication", "str", None),
+    ("api-keys-file", "YAML file mapping key names to client API keys (name: key); the name goes to the access "
+     "log and the `key` metrics label", "str", None),
 ]
 CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("client-reasoning", "how clients receive reasoning: reasoning_content (default), reasoning, think_tags, none",
@@ -62,7 +64,7 @@ CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
 ]
 UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("upstream-url", "the upstream server's base URL, with or without /v1 (single-upstream form; every model "
-     "name routes there unchanged)", "str", None),
+     "name routes there unchanged). Several replicas: repeat the flag or separate URLs with commas", "str", None),
     ("upstream-dialect", "the upstream's dialect", "str", DIALECT_NAMES),
     ("upstream-name", "a name for the upstream in logs and metrics (default: the dialect)", "str", None),
     ("full-text", "the MindIE upstream runs with fullTextEnabled (cumulative stream text)", "bool", None),
@@ -78,6 +80,14 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("upstream-tls-key-file", "private key of that client certificate", "str", None),
     ("upstream-tls-verify", "verify the upstream's certificate (default true; false is for testing only)", "bool",
      None),
+    ("upstream-retries", "replicas: tries on another replica after a failure before the first byte (default 2)",
+     "int", None),
+    ("upstream-balance", "replicas: least_outstanding (default) or prefix_affinity", "str",
+     ("least_outstanding", "prefix_affinity")),
+    ("upstream-max-in-flight", "requests at once per replica (default 0: unlimited)", "int", None),
+    ("upstream-queue-size", "requests that may wait per replica when it is at max-in-flight (default 0)", "int",
+     None),
+    ("upstream-queue-timeout", "seconds a request may wait in that queue before a 429 (default 30)", "float", None),
 ]
 
 
@@ -88,7 +98,9 @@ def _env_name(flag: str) -> str:
 def _add_flags(p: argparse.ArgumentParser, flags: list[tuple[str, str, str, tuple[str, ...] | None]]) -> None:
     for flag, help_text, kind, choices in flags:
         extra = f" [env {_env_name(flag)}]"
-        if kind == "bool":
+        if flag == "upstream-url":
+            p.add_argument(f"--{flag}", action="append", default=None, help=help_text + extra)
+        elif kind == "bool":
             p.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="BOOL",
                            help=help_text + extra)
         else:
@@ -204,6 +216,8 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
     client = {flag[len("client-"):].replace("-", "_"): _value(args, flag, environ) for flag, *_ in CLIENT_FLAGS}
     config_path = _value(args, "config", environ)
     url = _value(args, "upstream-url", environ)
+    if isinstance(url, list):  # repeated flag
+        url = ",".join(url)
     if config_path and url:
         raise ConfigError("--config and --upstream-url cannot be used together: give one upstream by flags, or "
                           "many in the file")
@@ -218,7 +232,10 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
                           ("upstream-api-key-env", "api_key_env"), ("upstream-health-url", "health_url"),
                           ("upstream-reasoning-source", "reasoning_source"),
                           ("upstream-tls-ca-file", "tls_ca_file"), ("upstream-tls-cert-file", "tls_cert_file"),
-                          ("upstream-tls-key-file", "tls_key_file"), ("upstream-tls-verify", "tls_verify")):
+                          ("upstream-tls-key-file", "tls_key_file"), ("upstream-tls-verify", "tls_verify"),
+                          ("upstream-retries", "retries"), ("upstream-balance", "balance"),
+                          ("upstream-max-in-flight", "max_in_flight"), ("upstream-queue-size", "queue_size"),
+                          ("upstream-queue-timeout", "queue_timeout")):
             v = _value(args, flag, environ)
             if v is not None:
                 single[key] = v

@@ -15,6 +15,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 
 
 class QueueFull(Exception):
@@ -26,7 +27,7 @@ class QueueTimeout(Exception):
 
 
 class Admission:
-    __slots__ = ("_ewma", "_waiters", "in_flight", "max_in_flight", "queue_size", "queue_timeout")
+    __slots__ = ("_ewma", "_waiters", "in_flight", "max_in_flight", "on_change", "queue_size", "queue_timeout")
 
     def __init__(self, max_in_flight: int = 0, queue_size: int = 0, queue_timeout: float = 30.0) -> None:
         self.max_in_flight = max_in_flight
@@ -35,6 +36,7 @@ class Admission:
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._ewma = 0.0  # smoothed seconds a slot is held (for Retry-After)
+        self.on_change: Callable[[], None] | None = None  # called when in_flight or the queue changed (gauges)
 
     @property
     def queued(self) -> int:
@@ -49,6 +51,7 @@ class Admission:
     def try_acquire(self) -> bool:
         if self.has_slot():
             self.in_flight += 1
+            self._changed()
             return True
         return False
 
@@ -61,6 +64,7 @@ class Admission:
         started = time.monotonic()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self._changed()
         try:
             async with asyncio.timeout(self.queue_timeout):
                 await asyncio.shield(fut)
@@ -72,6 +76,10 @@ class Admission:
             raise
         return time.monotonic() - started
 
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
     def _abandon(self, fut: asyncio.Future[None]) -> None:
         if fut.done():  # the slot was handed to us just as we gave up: pass it on
             self.release()
@@ -81,6 +89,7 @@ class Admission:
                 self._waiters.remove(fut)
             except ValueError:
                 pass
+            self._changed()
 
     def release(self, held: float | None = None) -> None:
         """Give a slot back (to the first waiter, if any). `held`: seconds the slot was used (for Retry-After)."""
@@ -90,8 +99,10 @@ class Admission:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
+                self._changed()
                 return
         self.in_flight = max(self.in_flight - 1, 0)
+        self._changed()
 
     def retry_after(self) -> int:
         """Whole seconds until a slot is likely free: the mean slot time times the queue ahead, per slot; 1..60."""

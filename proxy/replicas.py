@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Iterable
@@ -102,7 +104,6 @@ class Ticket:
         if not self.released:
             self.released = True
             self.replica.admission.release(time.monotonic() - self._t0)
-            self._rset.gauges(self.replica)
 
 
 class ReplicaSet:
@@ -128,6 +129,7 @@ class ReplicaSet:
         self._rng = random.Random()
         for r in self.replicas:
             metrics.child(metrics.replica_up, *r.labels).set(1)
+            r.admission.on_change = functools.partial(self.gauges, r)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -165,22 +167,16 @@ class ReplicaSet:
             raise self._rate_limited(min(live, key=lambda r: r.admission.retry_after()), "full")
         replica = self._choose(pool, live, key)
         m = self.metrics
-        if replica.admission.has_slot():
-            replica.admission.try_acquire()
-            self.gauges(replica)
+        if replica.admission.try_acquire():
             return Ticket(self, replica, 0.0)
         t0 = time.monotonic()
-        queued = asyncio.ensure_future(replica.admission.acquire())
-        self.gauges(replica)
         try:
-            waited = await queued
+            waited = await replica.admission.acquire()
         except (QueueFull, QueueTimeout) as e:
             m.child(m.replica_queue_wait, *replica.labels).observe(time.monotonic() - t0)
             reason = "queue_full" if isinstance(e, QueueFull) else "queue_timeout"
             m.child(m.admission_rejections, self.label, reason).inc()
             raise self._rate_limited(replica, "full" if reason == "queue_full" else "timeout") from None
-        finally:
-            self.gauges(replica)
         m.child(m.replica_queue_wait, *replica.labels).observe(waited)
         return Ticket(self, replica, waited)
 
@@ -190,7 +186,7 @@ class ReplicaSet:
         # Consistent hashing with bounded load: walk the ring from the key; the first replica whose load stays
         # within affinity_load x the mean (counting this request) takes it.
         total = sum(r.outstanding for r in live)
-        bound = self.upstream.affinity_load * (total + 1) / len(live)
+        bound = math.ceil(self.upstream.affinity_load * (total + 1) / len(live))
         in_pool = {r.index for r in pool}
         in_live = {r.index for r in live}
         start = bisect.bisect(self._ring_keys, key)
@@ -236,6 +232,8 @@ class ReplicaSet:
 
     def failed(self, replica: Replica, result: str) -> None:
         """A failed attempt (passive health). Enough in a row, or one on probation, ejects the replica."""
+        if time.monotonic() < replica.ejected_until:  # already out (a request that was under way): no double count
+            return
         replica.failures += 1
         limit = self.upstream.outlier_failures
         if limit and (replica.failures >= limit or replica.probation) and len(self.replicas) > 1:
@@ -257,17 +255,19 @@ class ReplicaSet:
         m.child(m.replica_up, *replica.labels).set(1 if replica.available(time.monotonic()) else 0)
 
     async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
-        """Probe every replica now (also updates active health)."""
+        """Probe every replica now. With active health on, the result also takes replicas out and back in (without
+        it, a check made for /readyz or the start-up log line must not leave a replica out for good)."""
         timeout = self.server.readiness_timeout
+        active = len(self.replicas) > 1 and self.upstream.health_interval > 0
         results = await asyncio.gather(*(probe(r.client, self.dialect, self.upstream, r.settings, timeout)
                                          for r in self.replicas))
         for r, result in zip(self.replicas, results, strict=True):
-            if r.healthy != result.ready and len(self.replicas) > 1:
+            if active and r.healthy != result.ready:
                 log.warning(orjson.dumps({"event": "replica_health", "upstream": self.upstream.name,
                                           "replica": r.name, "ready": result.ready,
                                           "detail": result.reason}).decode())
-            r.healthy = result.ready or len(self.replicas) == 1
-            self.gauges(r)
+                r.healthy = result.ready
+                self.gauges(r)
         return list(zip(self.replicas, results, strict=True))
 
     async def _health_loop(self) -> None:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +53,10 @@ class Stats:
     seq: int = 0  # request sequence number (ids such as endpoint_common_N); not reset
     last_request: dict[str, Any] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # Server-wide directives (create_app(directives=...), POST /_mock/directives): applied to every inference
+    # request on top of its own, to make one replica of several misbehave (common.py).
+    directives: dict[str, str] = field(default_factory=dict)
+    prefix: PrefixCache = field(default_factory=lambda: PrefixCache())
 
     def snapshot(self) -> dict[str, int]:
         return {"requests": self.requests, "completed": self.completed, "disconnects": self.disconnects,
@@ -59,6 +65,48 @@ class Stats:
     def reset(self) -> None:
         self.requests = self.completed = self.disconnects = 0
         self.last_request = None
+        self.prefix = PrefixCache()
+
+
+class PrefixCache:
+    """A model of an inference server's prefix (KV) cache, by whole messages: a request's cached part is its longest
+    run of leading messages that an earlier request to this server also began with. Measured in characters of the
+    JSON-encoded messages; the last 100,000 prefixes are remembered."""
+
+    LIMIT = 100_000
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self.requests = 0
+        self.prompt_chars = 0
+        self.cached_chars = 0
+
+    def observe(self, messages: list[Any]) -> None:
+        digest = hashlib.blake2b(digest_size=16)
+        total = cached = 0
+        hit = True
+        keys = []
+        for message in messages:
+            encoded = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+            digest.update(encoded)
+            key = digest.copy().digest()
+            total += len(encoded)
+            if hit and key in self._seen:
+                cached += len(encoded)
+                self._seen.move_to_end(key)
+            else:
+                hit = False
+            keys.append(key)
+        for key in keys:
+            self._seen[key] = None
+        while len(self._seen) > self.LIMIT:
+            self._seen.popitem(last=False)
+        self.requests += 1
+        self.prompt_chars += total
+        self.cached_chars += cached
+
+    def snapshot(self) -> dict[str, int]:
+        return {"requests": self.requests, "prompt_chars": self.prompt_chars, "cached_chars": self.cached_chars}
 
 
 # ---------------------------------------------------------------------------------------------------------- plans

@@ -91,6 +91,10 @@ def inference(cfg: MockConfig, stats: Stats, handler: Handler,
             stats.last_request = {"method": request.method, "path": request.url.path, "headers": headers,
                                   "body": body}
             sc = scenario_of(body) if ok else scenarios.EMPTY
+            if stats.directives:  # server-wide directives win over the request's own
+                sc = Scenario({**sc.flags, **stats.directives}, sc.tool_call, sc.reply)
+            if ok and isinstance(body, dict) and isinstance(body.get("messages"), list):
+                stats.prefix.observe(body["messages"])
             call = Call(cfg, stats, request.method, request.url.path, headers, raw, body, ok, sc, stats.seq,
                         int(time.time()))
             plan = handler(call)
@@ -103,6 +107,14 @@ def inference(cfg: MockConfig, stats: Stats, handler: Handler,
             raise
 
     return endpoint
+
+
+def parse_directives(text: str) -> dict[str, str]:
+    """Server-wide directives: `error=503,first_byte_ms=100` (or the `[mock:...]` form); empty text clears them."""
+    text = text.strip()
+    if not text:
+        return {}
+    return dict(scenarios.parse(text if text.lower().startswith("[mock:") else f"[mock:{text}]").flags)
 
 
 def connection_directives(sc: Scenario) -> Plan | None:
@@ -201,9 +213,26 @@ def common_routes(stats: Stats) -> list[Route]:
         return JSONResponse(stats.snapshot())
 
     async def health(request: Request) -> Response:
-        return Response(status_code=200)
+        return Response(status_code=503 if "unhealthy" in stats.directives else 200)
+
+    async def directives(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                data = orjson.loads(await request.body())
+                text = data["directives"] if isinstance(data, dict) else None
+            except (orjson.JSONDecodeError, KeyError):
+                text = None
+            if not isinstance(text, str):
+                return JSONResponse({"error": 'expected {"directives": "key=value,flag,..."}'}, status_code=400)
+            stats.directives = parse_directives(text)
+        return JSONResponse(stats.directives)
+
+    async def prefix_cache(request: Request) -> Response:
+        return JSONResponse(stats.prefix.snapshot())
 
     return [
+        Route("/_mock/directives", directives, methods=["GET", "POST"]),
+        Route("/_mock/prefix_cache", prefix_cache, methods=["GET"]),
         Route("/_mock/stats", get_stats, methods=["GET"]),
         Route("/_mock/last_request", last_request, methods=["GET"]),
         Route("/_mock/reset", reset, methods=["POST"]),

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from . import deepseek, engine, mindie, openai, siliconstorm
 from .asgi import SEND_KEY, Receive, Scope, Send, Stats
-from .common import MockConfig, common_routes
+from .common import MockConfig, common_routes, parse_directives
 
 RouteFactory = Callable[[MockConfig, Stats], list[Route]]
 
@@ -41,17 +41,21 @@ class MockApp(Starlette):
 
 
 def create_app(dialect: str, full_text: bool = False, api_key: str | None = None,
-               served_model: str | None = None) -> Starlette:
+               served_model: str | None = None, directives: str | None = None) -> Starlette:
     """A fake upstream speaking `dialect` (one of DIALECTS).
 
     full_text: MindIE/Siliconstorm `fullTextEnabled` mode (cumulative stream text, `full_text` on the last chunk).
     api_key: when set, inference requests need `Authorization: Bearer <api_key>`.
     served_model: when set, a request for another model gets the dialect's model-not-found error.
+    directives: server-wide directives applied to every inference request (`error=503`, `hang`, `unhealthy`, ...);
+    changed at run time with POST /_mock/directives.
     """
     if dialect not in DIALECT_ROUTES:
         raise ValueError(f"unknown mock dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
     cfg = MockConfig(dialect=dialect, full_text=full_text, api_key=api_key, served_model=served_model)
     stats = Stats()
+    if directives:
+        stats.directives = parse_directives(directives)
     app = MockApp(routes=[*DIALECT_ROUTES[dialect](cfg, stats), *common_routes(stats)])
     app.state.mock_stats = stats
     app.state.mock_config = cfg
