@@ -326,13 +326,14 @@ def _http_url(key: str, value: Any) -> str | None:
 def _replicas(prefix: str, raw: Any, health_url: str | None) -> tuple[ReplicaSettings, ...]:
     """`url`: one URL, several separated by commas, or a list of URLs or of {url, name, health_url} mappings."""
     key = prefix + "url"
+    listed = isinstance(raw, list)
     if isinstance(raw, str):
         raw = [part for part in raw.split(",") if part.strip()]
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{key}: expected a URL or a list of replica URLs, got {raw!r}")
     out: list[ReplicaSettings] = []
     for i, item in enumerate(raw):
-        where = f"{key}[{i}]" if len(raw) > 1 else key
+        where = f"{key}[{i}]" if listed or len(raw) > 1 else key
         if isinstance(item, Mapping):
             _unknown(where + ".", item, _REPLICA_KEYS)
             if "url" not in item:

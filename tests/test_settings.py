@@ -140,3 +140,58 @@ def test_client_api_keys_env_must_be_set():
     s = build_settings(config={**GOOD, "server": {"api_keys_env": "KEYS"}},
                        environ={"MINDIE_KEY": "k", "KEYS": "sk-one, sk-two,,"})
     assert s.server.api_keys == ("sk-one", "sk-two") and "sk-one" not in repr(s)
+
+
+def test_gateway_keys_and_replica_urls(tmp_path):
+    up = {"dialect": "mindie"}
+    s = build_settings(config={"upstreams": [{**up, "url": "http://a:1/v1, http://b:2"}]})
+    assert [r.url for r in s.upstreams[0].replicas] == ["http://a:1", "http://b:2"]
+    assert [r.name for r in s.upstreams[0].replicas] == ["0", "1"] and s.upstreams[0].url == "http://a:1"
+    u = build_settings(config={"upstreams": [{**up, "url": [{"url": "http://a:1", "name": "npu-a",
+                                                                "health_url": "http://a:2/health"}],
+                                              "balance": "prefix_affinity", "max_in_flight": 8, "queue_size": 4}]}
+                       ).upstreams[0]
+    assert u.health_url == "http://a:2/health" and u.replicas[0].name == "npu-a" and u.balance == "prefix_affinity"
+    assert (u.retries, u.max_in_flight, u.queue_size, u.queue_timeout) == (2, 8, 4, 30.0)
+    for bad, message in (
+        ({"url": []}, "upstreams\\[0\\].url: expected a URL or a list"),
+        ({"url": ["http://a:1", "http://b:1"], "health_url": "http://a:2/h"}, "give each its own health_url"),
+        ({"url": [{"url": "http://a:1", "name": "x"}, {"url": "http://b:1", "name": "x"}]}, "used twice"),
+        ({"url": [{"url": "http://a:1", "name": "has space"}]}, "metrics label"),
+        ({"url": [{"url": "http://a:1", "port": 1}]}, "url\\[0\\].port: unknown key"),
+        ({"url": "http://a:1", "balance": "random"}, "balance: 'random' is not one of"),
+        ({"url": "http://a:1", "queue_size": 3}, "queue_size: a queue needs max_in_flight"),
+        ({"url": "http://a:1", "retries": -1}, "retries: must be at least 0"),
+        ({"url": "http://a:1", "affinity_load": 0.5}, "affinity_load: must be at least 1"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            build_settings(config={"upstreams": [{**up, **bad}]})
+
+
+def test_api_keys_file_names_keys(tmp_path):
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("team-a: sk-a\nteam-b: sk-b\n")
+    good = {"upstreams": [{"dialect": "mindie", "url": "http://a:1"}]}
+    s = build_settings(config={**good, "server": {"api_keys_file": str(keys), "api_keys_env": "K"}},
+                       environ={"K": "sk-x,sk-y"})
+    assert s.server.api_key_names == ("env-1", "env-2", "team-a", "team-b")
+    assert s.server.api_keys == ("sk-x", "sk-y", "sk-a", "sk-b") and "sk-a" not in repr(s)
+    keys.write_text("team a: sk-a\n")
+    with pytest.raises(ConfigError, match="key name 'team a'"):
+        build_settings(config={**good, "server": {"api_keys_file": str(keys)}})
+    keys.write_text("- sk-a\n")
+    with pytest.raises(ConfigError, match="mapping of key name to key"):
+        build_settings(config={**good, "server": {"api_keys_file": str(keys)}})
+    with pytest.raises(ConfigError, match="api_keys_file: .*nope.yaml"):
+        build_settings(config={**good, "server": {"api_keys_file": str(tmp_path / "nope.yaml")}})
+
+
+def test_upstream_url_flag_repeated_or_comma_separated():
+    args = parser().parse_args(["serve", "--upstream-url", "http://a:1", "--upstream-url", "http://b:2,http://c:3",
+                                "--upstream-dialect", "mindie", "--upstream-max-in-flight", "4",
+                                "--upstream-queue-size", "8", "--upstream-balance", "prefix_affinity"])
+    u = settings_from_args(args, {}).upstreams[0]
+    assert [r.url for r in u.replicas] == ["http://a:1", "http://b:2", "http://c:3"]
+    assert (u.max_in_flight, u.queue_size, u.balance) == (4, 8, "prefix_affinity")
+    env = {"DIALECT_PROXY_UPSTREAM_URL": "http://a:1,http://b:2", "DIALECT_PROXY_UPSTREAM_DIALECT": "openai"}
+    assert len(settings_from_args(parser().parse_args(["serve"]), env).upstreams[0].replicas) == 2
