@@ -162,6 +162,18 @@ def exercised_metrics():  # type: ignore[no-untyped-def]
         gone.finish(200, True, None)
         m.request("/v1/chat/completions", upstream, model, stream=True)  # left in flight
         m.upstream_up(upstream, True)
+        # gateway series (proxy/replicas.py sets these per replica)
+        for replica in ("0", "1"):
+            m.child(m.upstream_attempts, upstream, replica, "ok").inc(3)
+            m.child(m.upstream_attempts, upstream, replica, "unavailable").inc()
+            m.child(m.replica_in_flight, upstream, replica).set(1)
+            m.child(m.replica_queue_length, upstream, replica).set(0)
+            m.child(m.replica_queue_wait, upstream, replica).observe(0.2)
+            m.child(m.replica_up, upstream, replica).set(1)
+            m.child(m.replica_ejections, upstream, replica).inc()
+        m.child(m.retries, upstream, "unavailable").inc()
+        m.child(m.admission_rejections, upstream, "queue_full").inc()
+        m.child(m.affinity, upstream, "owner").inc()
     return m
 
 
