@@ -12,7 +12,7 @@ import pytest
 import yaml
 from deploy_helpers import K8S, PROMETHEUS_DIR, missing, tool
 
-KUSTOMIZATIONS = ("base", "sidecar", "monitoring")
+KUSTOMIZATIONS = ("base", "sidecar", "monitoring", "gateway-hpa")
 # Oldest Kubernetes minor we promise to work on, and the newest the installed kubernetes-validate knows.
 OLDEST_K8S = "1.27"
 CRD_GROUP = "monitoring.coreos.com/"
@@ -24,9 +24,19 @@ def _load_all(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
 
 
+def _patch_files() -> set[Path]:
+    """Files that kustomizations use as patches (partial objects, validated after the build)."""
+    out = set()
+    for k in K8S.rglob("kustomization.yaml"):
+        for patch in yaml.safe_load(k.read_text()).get("patches", []):
+            out.add((k.parent / patch["path"]).resolve())
+    return out
+
+
 def manifest_files() -> list[Path]:
     """Every Kubernetes object file (kustomization.yaml and the proxy's config.yaml are not objects)."""
-    return sorted(p for p in K8S.rglob("*.yaml") if p.name not in ("kustomization.yaml", "config.yaml"))
+    return sorted(p for p in K8S.rglob("*.yaml")
+                  if p.name not in ("kustomization.yaml", "config.yaml") and p.resolve() not in _patch_files())
 
 
 @cache
@@ -116,7 +126,9 @@ def test_kustomization_builds_and_validates(name: str) -> None:
     for doc in docs:
         validate(doc)
     # every file in the directory is used (a manifest left out of resources is never deployed)
-    listed = yaml.safe_load((K8S / name / "kustomization.yaml").read_text()).get("resources", [])
+    kustomization = yaml.safe_load((K8S / name / "kustomization.yaml").read_text())
+    listed = [r for r in kustomization.get("resources", []) if not r.startswith("../")]  # files, not overlaid bases
+    listed += [p["path"] for p in kustomization.get("patches", [])]
     on_disk = {p.name for p in (K8S / name).glob("*.yaml")} - {"kustomization.yaml", "config.yaml"}
     assert set(listed) == on_disk
 
@@ -235,6 +247,32 @@ def test_gateway_scaling_objects() -> None:
     pdb = kinds(docs, "PodDisruptionBudget")[0]
     assert _selector_matches(pdb["spec"]["selector"]["matchLabels"], labels)
     assert pdb["spec"].get("maxUnavailable") == 1 or pdb["spec"].get("minAvailable", 0) < hpa["spec"]["minReplicas"]
+
+
+def test_gateway_hpa_scales_on_the_in_flight_gauge() -> None:
+    from deploy_helpers import exposed_sample_names
+
+    docs = rendered("gateway-hpa")
+    (hpa,) = kinds(docs, "HorizontalPodAutoscaler")
+    (dep,) = kinds(docs, "Deployment")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+    (target,) = hpa["spec"]["metrics"]  # the CPU target of the base is replaced, not added to
+    assert target["type"] == "Pods"
+    name = target["pods"]["metric"]["name"]
+    assert name in exposed_sample_names(), "the HPA must scale on a series the proxy exports"
+    cm = next(d for d in kinds(docs, "ConfigMap") if d["metadata"]["name"] == "dialect-proxy-adapter-rules")
+    rules = yaml.safe_load(cm["data"]["config.yaml"])["rules"]
+    assert any(name in r["seriesQuery"] and r["name"]["as"] == name for r in rules)
+
+
+def test_gateway_config_has_replicas() -> None:
+    from proxy.settings import build_settings
+
+    config = yaml.safe_load((K8S / "base" / "config.yaml").read_text())
+    settings = build_settings(config=config, environ={"DEEPSEEK_API_KEY": "x"})
+    r1 = next(u for u in settings.upstreams if u.name == "r1")
+    assert len(r1.replicas) >= 2 and all(r.health_url for r in r1.replicas)
+    assert r1.balance == "prefix_affinity" and r1.max_in_flight > 0
 
 
 def _cli_env_names() -> set[str]:
