@@ -53,7 +53,7 @@ async def run(strategy: str, mocks: list[str], args: argparse.Namespace) -> dict
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = os.path.join(tmp, "gateway.yaml")
-        with open(config, "w") as f:
+        with open(config, "w") as f:  # noqa: ASYNC230 (a small file, before the run)
             yaml.safe_dump({"upstreams": [{"name": "npu", "dialect": "openai", "url": mocks, "balance": strategy,
                                            "health_interval": 0,
                                            **({"affinity_load": args.affinity_load} if args.affinity_load else {})}],
