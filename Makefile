@@ -3,13 +3,15 @@
 #   make test   set up (incl. promtool/prometheus from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make soak   a bounded soak run against the mock (loopback only)
+#   make gateway-soak  a bounded soak with mock replicas going down and up (loopback only)
+#   make affinity-bench  prefix-cache hit rate: least_outstanding vs prefix_affinity
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test bench soak lint system-deps clean
+.PHONY: demo test bench soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -48,6 +50,12 @@ bench: $(DEVSTAMP)
 
 soak: $(DEVSTAMP)
 	$(BIN)/python tests/bench/soak.py
+
+gateway-soak: $(DEVSTAMP)
+	$(BIN)/python tests/bench/gateway_soak.py
+
+affinity-bench: $(DEVSTAMP)
+	$(BIN)/python tests/bench/affinity.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
