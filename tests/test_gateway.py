@@ -112,15 +112,16 @@ def test_retry_is_in_the_access_log(start_mock, start_proxy, caplog: pytest.LogC
     proxy = start_proxy([{"name": "up", "dialect": "openai", "url": [refused, good.url], "balance":
                           "least_outstanding", "outlier_failures": 0, "health_interval": 0}])
     client = proxy.client()
-    for i in range(6):  # least_outstanding breaks ties at random: the refusing replica is picked some times
+    for i in range(12):  # least_outstanding breaks ties at random: the refusing replica is picked some times
         assert chat(client, f"q{i}")
     def access() -> list[dict[str, Any]]:
         return [json.loads(r.getMessage()) for r in caplog.records if r.name == "dialect_proxy.access"]
 
-    assert wait_for(lambda: len(access()) == 6)  # (each line is written just after its answer was sent)
+    assert wait_for(lambda: len(access()) == 12)  # (each line is written just after its answer was sent)
     lines = access()
     assert all(line["replica"] == "1" for line in lines)
     retried = [line for line in lines if line.get("retries")]
+    assert retried  # (all 12 picking the good replica first: 1 in 4096)
     assert all(line["retries"] == [{"replica": "0", "error": "unreachable"}] for line in retried)
     assert metric(proxy, "dialect_proxy_retries_total", reason="unreachable") == len(retried)
 
