@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.cli,
               pytest.mark.skipif(CODEX is None, reason="codex CLI not installed (make test-cli installs it)")]
 
 CONFIG = """\
-model = "mock-gpt"
+model = "{model}"
 model_provider = "proxy"
 check_for_update_on_startup = false
 
@@ -64,11 +64,12 @@ stream_max_retries = 0
 """
 
 
-def run_codex(proxy: Proxy, tmp: Path, prompt: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def run_codex(proxy: Proxy, tmp: Path, prompt: str, model: str = "mock-gpt",
+              ) -> tuple[subprocess.CompletedProcess[str], Path]:
     home, work = tmp / "codex-home", tmp / "work"
     home.mkdir()
     work.mkdir()
-    (home / "config.toml").write_text(CONFIG.format(base_url=proxy.base_url))
+    (home / "config.toml").write_text(CONFIG.format(base_url=proxy.base_url, model=model))
     dead = "http://127.0.0.1:9"  # nothing listens there: any request that is not for the proxy fails at once
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(home),
            "DIALECT_PROXY_TEST_KEY": "sk-client-key", "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead,
@@ -81,12 +82,20 @@ def run_codex(proxy: Proxy, tmp: Path, prompt: str) -> tuple[subprocess.Complete
     return proc, work
 
 
-@pytest.mark.parametrize("dialect", ["openai", "mindie"])
+DIALECTS = ["openai", "mindie", "mindie+full_text", "siliconstorm", "deepseek", "engine"]
+
+
+def start(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy], dialect: str) -> tuple[Mock, Proxy]:
+    name, _, mode = dialect.partition("+")
+    mock = start_mock(name, full_text=bool(mode))
+    return mock, start_proxy(mock=mock, **({"full_text": True} if mode else {}))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
 def test_codex_exec_runs_a_shell_tool_through_the_proxy(start_mock: Callable[..., Mock],
                                                        start_proxy: Callable[..., Proxy], tmp_path: Path,
                                                        dialect: str) -> None:
-    mock = start_mock(dialect)
-    proxy = start_proxy(mock=mock)
+    mock, proxy = start(start_mock, start_proxy, dialect)
     marker = f"codex-marker-{uuid.uuid4().hex[:12]}"
     arguments = json.dumps({"cmd": f"echo {marker} > marker.txt && cat marker.txt"})
     proc, work = run_codex(proxy, tmp_path, f"Write the marker file. [mock:call_tool=exec_command {arguments}]")
@@ -100,3 +109,26 @@ def test_codex_exec_runs_a_shell_tool_through_the_proxy(start_mock: Callable[...
     assert marker in proc.stdout, report
     stats: dict[str, Any] = mock.stats()
     assert stats["requests"] == 2 and stats["completed"] == 2, stats
+
+
+@pytest.mark.parametrize("dialect", ["openai", "mindie+full_text", "deepseek"])
+def test_codex_applies_a_patch_with_its_freeform_tool(start_mock: Callable[..., Mock],
+                                                      start_proxy: Callable[..., Proxy], tmp_path: Path,
+                                                      dialect: str) -> None:
+    """With a model Codex knows (gpt-5.5) it offers `apply_patch` as a `custom` (freeform, grammar) tool: the proxy
+    offers it upstream as a function with one string parameter and turns the upstream's call back into a
+    `custom_tool_call` whose raw input Codex applies."""
+    mock, proxy = start(start_mock, start_proxy, dialect)
+    marker = f"patched-{uuid.uuid4().hex[:12]}"
+    patch = f"*** Begin Patch\n*** Add File: hello.txt\n+{marker}\n*** End Patch\n"
+    arguments = json.dumps({"input": patch})
+    proc, work = run_codex(proxy, tmp_path, f"Add the file. [mock:call_tool=apply_patch {arguments}]", model="gpt-5.5")
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, report
+    assert (work / "hello.txt").read_text().strip() == marker, report
+    assert mock.stats()["requests"] == 2, report
+    # the upstream saw a function tool for it, and the call and its output came back as chat messages
+    body = mock.last_request()["body"]
+    offered = {t["function"]["name"]: t["function"] for t in body["tools"]}
+    assert offered["apply_patch"]["parameters"]["required"] == ["input"]
+    assert body["messages"][-1]["role"] == "tool"
