@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from .base import ClientCall, ClientDialect, Encoder
 from .chat import ChatClient, CompletionsClient
+from .messages import MessagesClient
 
 CLIENT_DIALECTS: dict[str, type[ClientDialect]] = {
     "chat": ChatClient,
     "completions": CompletionsClient,
+    "messages": MessagesClient,
 }
 
 __all__ = ["CLIENT_DIALECTS", "ClientCall", "ClientDialect", "Encoder"]

@@ -11,8 +11,9 @@ docs/messages.md has the whole mapping table and what is not supported. Choices 
   schemas; server tools no upstream runs (web_search, web_fetch, code_execution, tool_search, computer, ...) are
   left out and named in the `x-dialect-proxy-dropped-tools` response header. Tools with `defer_loading` go upstream
   once a `tool_reference` block names them, or at once when the request has no way to discover them.
-- Thinking blocks sent back become the assistant turn's `reasoning_content` (the upstream dialect decides whether
-  to send it); see proxy/clients/signature.py for the signature.
+- Thinking blocks sent back with this proxy's signature become the assistant turn's `reasoning_content` (the
+  upstream session decides whether to send it); blocks without it (another server's, made up, altered) are left out
+  and counted in the access log (`unverified_thinking`). proxy/clients/signature.py has the signature.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from ..canonical import CHAT
 from ..errors import ClientRequestError, ProxyError
@@ -32,6 +36,8 @@ from .messages_errors import error_response
 from .signature import ThinkingSigner
 
 if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
     from ..canonical import ChatRequest, RequestContext
     from ..events import Answer
     from ..settings import Settings
@@ -90,10 +96,12 @@ class MessagesClient(ClientDialect):
     name = "messages"
     path = "/v1/messages"
     id_prefix = "msg_"
+    count_path = "/v1/messages/count_tokens"
 
-    def __init__(self, settings: Settings, store: StateStore, *, signing_key: bytes | None = None) -> None:
+    def __init__(self, settings: Settings, store: StateStore) -> None:
         super().__init__(settings, store)
-        self.signer = ThinkingSigner(signing_key)
+        key = settings.client.thinking_key
+        self.signer = ThinkingSigner(key.encode() if key else None)
 
     async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
         return decode_request(body, self.signer)
@@ -103,6 +111,31 @@ class MessagesClient(ClientDialect):
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return error_response(err)
+
+    def routes(self) -> list[BaseRoute]:
+        return [Route(self.count_path, self._count_tokens, methods=["POST"])]
+
+    async def _count_tokens(self, request: Request) -> Response:
+        try:
+            limit = self.settings.server.max_body_bytes
+            raw = b""
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > limit:
+                    raise ClientRequestError(
+                        f"The request body is larger than the limit of {limit} bytes.", 413, code="request_too_large"
+                    )
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as e:
+                raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
+            if not isinstance(body, dict):
+                raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
+            counted = count_tokens(body, self.signer)
+        except ProxyError as err:
+            status, headers, payload = error_response(err)
+            return Response(payload, status, {k.decode(): v.decode("latin-1") for k, v in headers}, "application/json")
+        return Response(orjson.dumps(counted), 200, media_type="application/json")
 
 
 # ---------------------------------------------------------------------------------------------------- decoding
@@ -287,10 +320,13 @@ class _Decoder:
                 if not isinstance(thinking, str):
                     raise _bad(f"{bpath}.thinking", "Input should be a valid string")
                 text, verified = self.signer.open(thinking, block.get("signature"))
-                if verified is not True and text:
-                    self.unverified_thinking += 1
-                if text:
+                if verified is True:
                     reasoning.append(text)
+                elif text:
+                    # Not reasoning this proxy produced (another server's, made up, or altered): never sent upstream
+                    # as reasoning (DECISIONS.md "Client dialects and state"); the upstream session decides what a
+                    # tool-call turn without reasoning needs.
+                    self.unverified_thinking += 1
             elif kind == "redacted_thinking":
                 continue  # Anthropic-encrypted: no upstream can read it
             elif kind == "tool_use":
@@ -547,7 +583,7 @@ def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: 
         _tool_choice(body["tool_choice"], set())
     options: dict[str, Any] = {"omit_thinking": omit, "stop_sequences": out.get("stop") or ()}
     if dec.unverified_thinking:
-        options["unverified_thinking"] = dec.unverified_thinking
+        options["log"] = {"unverified_thinking": dec.unverified_thinking}  # the access log says how many were left out
     return ClientCall(request=out, kind=CHAT, model=model, stream=stream, options=options, headers=headers)
 
 

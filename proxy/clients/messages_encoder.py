@@ -46,15 +46,16 @@ def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
 
 
 class _Block:
-    __slots__ = ("args", "id", "index", "kind", "mac", "name", "parts")
+    __slots__ = ("id", "index", "kind", "mac", "name", "parts", "signature")
 
     def __init__(self, kind: str, index: int) -> None:
         self.kind = kind  # "thinking" | "text" | "tool_use"
         self.index = index
         self.parts: list[str] = []  # text / thinking / argument fragments (kept when needed)
         self.mac: hmac.HMAC | None = None
-        self.id = ""
-        self.name = ""
+        self.id = ""  # tool_use
+        self.name = ""  # tool_use
+        self.signature = ""  # thinking, once closed
 
 
 class MessagesEncoder:
@@ -81,10 +82,9 @@ class MessagesEncoder:
         self.open = None
         if block.kind == "thinking":
             assert block.mac is not None
-            # A thinking block keeps its signature in `name`.
-            block.name = self.signer.sign(block.mac, "".join(block.parts) if self.omit_thinking else None)
+            block.signature = self.signer.sign(block.mac, "".join(block.parts) if self.omit_thinking else None)
             if self.stream:
-                out.append(_delta_event(block.index, b"signature_delta", b"signature", block.name))
+                out.append(_delta_event(block.index, b"signature_delta", b"signature", block.signature))
         if self.stream:
             out.append(encode_event(_STOP, b'{"type":"content_block_stop","index":%d}' % block.index))
 
@@ -187,8 +187,9 @@ class MessagesEncoder:
         if not isinstance(cached, int):
             cached = usage.get("prompt_cache_hit_tokens") or 0
         cached = min(cached, prompt)
+        # Anthropic's input_tokens leave out the cached part; the proxy never writes a prompt cache of its own.
         return {"input_tokens": prompt - cached, "output_tokens": usage.get("completion_tokens") or 0,
-                "cache_read_input_tokens": cached}
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
     def _message(self, content: list[dict[str, Any]], stop_reason: str | None,
                  usage: dict[str, int]) -> dict[str, Any]:
@@ -198,7 +199,9 @@ class MessagesEncoder:
 
     # ------------------------------------------------------------------ the Encoder protocol
     def head(self) -> bytes:
-        start = self._message([], None, {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0})
+        # The upstream's counts arrive with its last chunk: message_delta carries them all (the SDK takes them).
+        start = self._message([], None, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                                         "cache_read_input_tokens": 0})
         return encode_event(b"message_start", orjson.dumps({"type": "message_start", "message": start}))
 
     def feed(self, deltas: list[Delta]) -> bytes:
@@ -225,7 +228,7 @@ class MessagesEncoder:
             return {"type": "text", "text": "".join(block.parts)}
         if block.kind == "thinking":
             return {"type": "thinking", "thinking": "" if self.omit_thinking else "".join(block.parts),
-                    "signature": block.name}
+                    "signature": block.signature}
         args = "".join(block.parts)
         if not args.strip():
             value: Any = {}

@@ -42,6 +42,5 @@ def error_body(err: ProxyError) -> dict[str, Any]:
 
 def error_response(err: ProxyError) -> tuple[int, Headers, bytes]:
     status, _ = error_status(err)
-    headers: Headers = [(b"content-type", b"application/json")]
-    headers += [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()]
+    headers: Headers = [(k.lower().encode(), v.encode("latin-1", "replace")) for k, v in err.response_headers().items()]
     return status, headers, orjson.dumps(error_body(err))
