@@ -3,8 +3,9 @@ stripped) and answers /v1/messages with hand-written Anthropic SSE (independent 
 
     python tests/cli/record_claude_code.py OUT_DIR [PORT]
 
-The first /v1/messages call that offers a `Bash` tool is answered with a `thinking` block and a `tool_use` (Bash: `echo recorded`); every
-other call with a short text. Run `claude -p` against it (see tests/cli/test_claude_code.py for the environment).
+The first /v1/messages call that offers a `Bash` tool is answered with a `thinking` block and a `tool_use` (Bash:
+`echo recorded`); every other call with a short text. Run `claude -p` against it (see tests/cli/test_claude_code.py
+for the environment).
 """
 
 from __future__ import annotations
