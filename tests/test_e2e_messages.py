@@ -229,3 +229,17 @@ def test_api_keys_x_api_key_or_bearer(stack: Callable[..., Stack]) -> None:
     chat = httpx.post(s.proxy.base_url + "/chat/completions", headers={"x-api-key": "wrong"}, json={}, timeout=10)
     assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"  # OpenAI shape there
     assert s.mock.stats()["requests"] == 1
+
+
+def test_metrics_count_messages_requests_and_truncated_streams(stack: Callable[..., Stack]) -> None:
+    s = stack("openai")
+    s.client.messages.create(model="m", max_tokens=50, messages=ask("Hi"))
+    with pytest.raises(anthropic.APIStatusError):  # noqa: PT012
+        with s.client.messages.stream(model="m", max_tokens=50, messages=ask("Hi [mock:chunks=8,drop=4]")) as stream:
+            stream.get_final_message()
+    text = httpx.get(s.proxy.url + "/metrics", timeout=10).text
+    lines = [line for line in text.splitlines()
+             if line.startswith("dialect_proxy_requests_total{") and 'route="/v1/messages"' in line]
+    ok = [line for line in lines if 'status="2xx"' in line and 'stream="false"' in line]
+    cut = [line for line in lines if 'outcome="truncated"' in line and 'status="5xx"' in line]
+    assert ok and ok[0].endswith(" 1.0") and cut and cut[0].endswith(" 1.0"), lines

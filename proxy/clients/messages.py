@@ -118,15 +118,17 @@ class MessagesClient(ClientDialect):
     async def _count_tokens(self, request: Request) -> Response:
         try:
             limit = self.settings.server.max_body_bytes
-            raw = b""
+            parts: list[bytes] = []
+            size = 0
             async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > limit:
+                size += len(chunk)
+                if size > limit:
                     raise ClientRequestError(
                         f"The request body is larger than the limit of {limit} bytes.", 413, code="request_too_large"
                     )
+                parts.append(chunk)
             try:
-                body = orjson.loads(raw)
+                body = orjson.loads(b"".join(parts))
             except orjson.JSONDecodeError as e:
                 raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
             if not isinstance(body, dict):
