@@ -265,3 +265,11 @@ def test_decode_is_the_client_spokes_entry():
     call = asyncio.run(client.decode({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]},
                                      {"anthropic-version": "2023-06-01", "anthropic-beta": "whatever"}))
     assert call.request["messages"] == [{"role": "user", "content": "x"}]
+
+
+def test_thinking_key_env_must_be_set():
+    from proxy.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="client.thinking_key_env"):
+        build_settings(config={"upstreams": [{"name": "u", "dialect": "openai", "url": "http://127.0.0.1:9"}],
+                               "client": {"thinking_key_env": "TK"}}, environ={})
