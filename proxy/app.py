@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from . import __version__
 from .appstate import AppState
+from .clients import ClientDialect
 from .errors import ProxyError
 from .handlers import InferenceEndpoint
 from .settings import Settings, UpstreamSettings
@@ -106,7 +107,8 @@ def create_app(settings: Settings) -> ProxyApp:
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
     app.state.proxy = state
-    return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys)
+    return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys,
+                    list(state.client_dialects.values()))
 
 
 class ProxyApp:
@@ -114,28 +116,35 @@ class ProxyApp:
     and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
     `send` in two more coroutines, off the per-chunk path."""
 
-    def __init__(self, app: Starlette, fast: dict[str, Any], api_keys: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        fast: dict[str, Any],
+        api_keys: tuple[str, ...] = (),
+        clients: list[ClientDialect] | None = None,
+    ) -> None:
         self.app = app
         self.state = app.state
         self._fast = fast
         self._keys = tuple(f"Bearer {k}".encode() for k in api_keys)
+        self._raw_keys = tuple(k.encode() for k in api_keys)  # `x-api-key: <key>` (Anthropic clients)
+        self._clients = clients or []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
-                err = ProxyError("Incorrect or missing API key: send `Authorization: Bearer <key>`.", 401)
+                err = ProxyError(
+                    "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
+                )
+                status, headers, body = self._error(scope["path"], err)
                 await send(
                     {
                         "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                            *((k.encode(), v.encode()) for k, v in err.response_headers().items()),
-                        ],
+                        "status": status,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"), *headers],
                     }
                 )
-                await send({"type": "http.response.body", "body": err.body()})
+                await send({"type": "http.response.body", "body": body})
                 return
             if scope["method"] == "POST":
                 endpoint = self._fast.get(scope["path"])
@@ -146,7 +155,17 @@ class ProxyApp:
 
     def _authorized(self, scope: Any) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return any(hmac.compare_digest(given, key) for key in self._keys)
+        if any(hmac.compare_digest(given, key) for key in self._keys):
+            return True
+        api_key = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
+        return bool(api_key) and any(hmac.compare_digest(api_key, key) for key in self._raw_keys)
+
+    def _error(self, path: str, err: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """An error in the shape of the client dialect that owns `path` (OpenAI's elsewhere)."""
+        for client in self._clients:
+            if path == client.path or path.startswith(client.path + "/"):
+                return client.error_response(err)
+        return err.status, [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()], err.body()
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:

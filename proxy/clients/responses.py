@@ -10,7 +10,6 @@ namespace "responses" as its response object plus the conversation so far in hub
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
 
 NAMESPACE = "responses"
 IGNORED_TOOLS_HEADER = b"x-dialect-proxy-ignored-tools"
-# The key that seals reasoning in `encrypted_content` (several workers or replicas must share it; README "Responses").
-SIGNING_KEY_ENV = "DIALECT_PROXY_SIGNING_KEY"
 _ENCRYPTED = "reasoning.encrypted_content"
 
 
@@ -46,7 +43,7 @@ class ResponsesClient(ClientDialect):
 
     def __init__(self, settings: Settings, store: StateStore) -> None:
         super().__init__(settings, store)
-        key = os.environ.get(SIGNING_KEY_ENV)
+        key = settings.client.thinking_key  # the same key signs Anthropic thinking blocks (proxy/clients/messages.py)
         self.signer = ThinkingSigner(key.encode() if key else None)
 
     async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
