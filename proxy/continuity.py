@@ -120,7 +120,9 @@ def strip(request: ChatRequest) -> None:
     """Remove reasoning from every assistant turn."""
     messages = request["messages"]
     for i, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") == "assistant" and any(k in message for k in REASONING_KEYS):
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        if any(k in message for k in REASONING_KEYS):
             messages[i] = {k: v for k, v in message.items() if k not in REASONING_KEYS}
 
 

@@ -198,7 +198,7 @@ def test_r1_on_mindie_gets_no_reasoning_back_and_other_models_keep_it(start_mock
     mindie = start_mock("mindie")
     proxy = start_proxy([{"name": "npu", "dialect": "mindie", "url": mindie.url,
                           "models": ["DeepSeek-R1", "Qwen3-32B"]}])
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "reasoning_content": "r0"},
                {"role": "user", "content": "Weather?"},
                {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": "call it"},

@@ -255,7 +255,8 @@ def test_retired_names_reach_deepseek_as_v4_flash(mock, start_proxy) -> None:
                         json={"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "Hi"}]})
     assert direct.status_code == 400 and direct.json()["error"]["message"] == "Model Not Exist"
     proxy = start_proxy(mock=mock)
-    got = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=[{"role": "user", "content": "Hi"}])
+    hi = [{"role": "user", "content": "Hi"}]
+    got = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=hi)
     assert got.model == "deepseek-reasoner" and got.choices[0].message.model_extra["reasoning_content"]
     assert sent(mock)["model"] == "deepseek-v4-flash" and sent(mock)["thinking"] == {"type": "enabled"}
 

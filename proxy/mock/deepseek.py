@@ -218,9 +218,8 @@ def _validate_params(body: dict[str, Any], thinking: bool) -> Plan | None:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object")):
         return _bad("Invalid response_format type, must be one of `text` or `json_object`")
-    thinking = body.get("thinking")
-    if thinking is not None and (not isinstance(thinking, dict) or
-                                 thinking.get("type") not in ("enabled", "disabled")):
+    switch = body.get("thinking")
+    if switch is not None and (not isinstance(switch, dict) or switch.get("type") not in ("enabled", "disabled")):
         return _deserialize("thinking.type: unknown variant, expected `enabled` or `disabled`")
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in EFFORTS:
