@@ -355,6 +355,8 @@ class Prober:
         if tools:
             body["tools"] = [TOOL]
             body["tool_choice"] = "required"
+            if dialect == "deepseek":  # thinking mode (DeepSeek's default) refuses a forced tool_choice
+                body["thinking"] = {"type": "disabled"}
             body["messages"] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
         return body
 

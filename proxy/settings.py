@@ -20,7 +20,7 @@ import yaml
 DIALECT_NAMES = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
 CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
 REASONING_SOURCES = ("auto", "field", "tags", "off")
-REASONING_REPLAY = ("auto", "strip", "keep")
+REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
 USAGE_FIELDS = ("openai", "deepseek")
 RESPONSE_MODEL = ("client", "upstream")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
