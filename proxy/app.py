@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from . import __version__
 from .appstate import AppState
+from .clients import ClientDialect
 from .errors import ProxyError
 from .handlers import KEY_NAME_SCOPE, InferenceEndpoint
 from .health import UpstreamCheck
@@ -108,7 +109,8 @@ def create_app(settings: Settings) -> ProxyApp:
     )
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
-    return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys)
+    return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
+                    list(state.client_dialects.values()))
 
 
 class ProxyApp:
@@ -116,30 +118,38 @@ class ProxyApp:
     and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
     `send` in two more coroutines, off the per-chunk path."""
 
-    def __init__(self, app: Starlette, fast: dict[str, Any], api_keys: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        fast: dict[str, Any],
+        api_keys: dict[str, str] | None = None,
+        clients: list[ClientDialect] | None = None,
+    ) -> None:
         self.app = app
         self.state = app.state
         self._fast = fast
-        # name -> "Bearer KEY"; the name of the key a request used goes into its scope (KEY_NAME_SCOPE) for the
-        # access log and the `key` metrics label.
-        self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in (api_keys or {}).items())
+        # name -> key. The name of the key a request used goes into its scope (KEY_NAME_SCOPE) for the access log
+        # and the `key` metrics label (docs/gateway.md "Named keys").
+        keys = api_keys or {}
+        self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in keys.items())
+        self._raw_keys = tuple((name, k.encode()) for name, k in keys.items())  # `x-api-key: <key>` (Anthropic)
+        self._clients = clients or []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
-                err = ProxyError("Incorrect or missing API key: send `Authorization: Bearer <key>`.", 401)
+                err = ProxyError(
+                    "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
+                )
+                status, headers, body = self._error(scope["path"], err)
                 await send(
                     {
                         "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                            *((k.encode(), v.encode()) for k, v in err.response_headers().items()),
-                        ],
+                        "status": status,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"), *headers],
                     }
                 )
-                await send({"type": "http.response.body", "body": err.body()})
+                await send({"type": "http.response.body", "body": body})
                 return
             if scope["method"] == "POST":
                 endpoint = self._fast.get(scope["path"])
@@ -150,13 +160,25 @@ class ProxyApp:
 
     def _authorized(self, scope: Any) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        api_key = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
         name = None
         for key_name, key in self._keys:  # every key is compared (no early exit): the time does not tell which
             if hmac.compare_digest(given, key):
                 name = key_name
+        if name is None and api_key:
+            for key_name, key in self._raw_keys:
+                if hmac.compare_digest(api_key, key):
+                    name = key_name
         if name is not None:
             scope[KEY_NAME_SCOPE] = name
         return name is not None
+
+    def _error(self, path: str, err: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """An error in the shape of the client dialect that owns `path` (OpenAI's elsewhere)."""
+        for client in self._clients:
+            if path == client.path or path.startswith(client.path + "/"):
+                return client.error_response(err)
+        return err.status, [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()], err.body()
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:

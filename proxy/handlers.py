@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from . import continuity
 from .canonical import RequestContext
 from .errors import (
     ClientRequestError,
@@ -267,6 +268,8 @@ class InferenceEndpoint:
                 404,
                 code="unsupported_endpoint",
             )
+        # Reasoning continuity: strip or restore reasoning on assistant turns; a recorder only when the mode needs it.
+        recorder = await continuity.prepare(state.store, dialect, call.request, ctx, state.metrics)
         session = dialect.session(ctx)
         upstream_body = session.build_request(call.request)
         path = dialect.request_path(path, upstream_body, ctx)
@@ -346,14 +349,20 @@ class InferenceEndpoint:
                 info["finish_reason"] = answer.finish_reason
                 for event in events:
                     obs.chunk(event.has_token)
+                if recorder is not None:
+                    recorder.feed(events)
                 encoder.feed(events)
                 result = encoder.finish()
+                if recorder is not None:
+                    await recorder.save()
                 await self.client.completed(call, encoder)
                 watch.complete = True
                 await send_json(send, 200, result, extra_headers)
                 reusable = True
                 return 200
-            status = await self._relay(resp, call, pipeline, encoder, send, watch, obs, extra_headers, info, deadline)
+            status = await self._relay(
+                resp, call, pipeline, encoder, send, watch, obs, extra_headers, info, deadline, recorder
+            )
             reusable = status == 200
             return status
         finally:
@@ -375,6 +384,7 @@ class InferenceEndpoint:
         extra_headers: list[tuple[bytes, bytes]],
         info: dict[str, Any],
         deadline: float,
+        recorder: continuity.Recorder | None = None,
     ) -> int:
         """Upstream event stream -> client event stream.
 
@@ -397,6 +407,8 @@ class InferenceEndpoint:
                 obs.chunk(has_token)
                 if has_token or event.finish_reason is not None:
                     substantive = True
+            if recorder is not None:
+                recorder.feed(events)
             data = encoder.feed(events)
             events.clear()
             if data:
@@ -436,6 +448,8 @@ class InferenceEndpoint:
             self._observe(obs, session, pipeline.answer, info)
             info["finish_reason"] = pipeline.answer.finish_reason
             tail = encoder.finish()
+            if recorder is not None:
+                await recorder.save()  # before the last bytes: a fast client's next turn must find it
             await self.client.completed(call, encoder)
             watch.complete = True
             await flush(tail, more=False)

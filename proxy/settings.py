@@ -20,7 +20,7 @@ import yaml
 DIALECT_NAMES = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
 CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
 REASONING_SOURCES = ("auto", "field", "tags", "off")
-REASONING_REPLAY = ("auto", "strip", "keep")
+REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
 USAGE_FIELDS = ("openai", "deepseek")
 RESPONSE_MODEL = ("client", "upstream")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -86,6 +86,10 @@ class UpstreamSettings:
 class ClientSettings:
     reasoning: str = "reasoning_content"
     usage_fields: str = "openai"
+    # env var with the secret that signs Anthropic `thinking` blocks (proxy/clients/signature.py); none: a random
+    # key per process, so signatures do not verify across workers, replicas or restarts (docs/messages.md)
+    thinking_key_env: str | None = None
+    thinking_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +189,7 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
     "usage_fields": (str, USAGE_FIELDS),
+    "thinking_key_env": (str, None),
 }
 _UPSTREAM_KEYS = (
     "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
@@ -477,6 +482,12 @@ def build_settings(
                 raise ConfigError(f"server.api_keys_file: the key name {n!r} is used twice")
         server_values["api_keys"] = (*server_values.get("api_keys", ()), *file_keys)
         server_values["api_key_names"] = all_names
+    thinking_env = client_values.get("thinking_key_env")
+    if thinking_env:
+        thinking_env = env_var_name("client.thinking_key_env", thinking_env)
+        if not environ.get(thinking_env):
+            raise ConfigError(f"client.thinking_key_env: environment variable {thinking_env} is not set")
+        client_values["thinking_key"] = environ[thinking_env]
     server = ServerSettings(**server_values)
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
                 "readiness_timeout", "max_body_bytes", "workers"):
