@@ -236,15 +236,18 @@ def test_named_keys_in_access_log_and_metrics(start_mock, start_proxy, tmp_path,
         with openai.OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0) as client:
             for _ in range(n):
                 assert chat(client)
+    r = httpx.post(proxy.base_url + "/chat/completions", headers={"x-api-key": "sk-bbb"}, timeout=10,
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})  # Anthropic clients' header
+    assert r.status_code == 200
     with openai.OpenAI(base_url=proxy.base_url, api_key="sk-wrong", max_retries=0) as client:
         with pytest.raises(openai.AuthenticationError):
             chat(client)
     def names() -> list[str]:
         return [json.loads(r.getMessage()).get("key") for r in caplog.records if r.name == "dialect_proxy.access"]
 
-    assert wait_for(lambda: len(names()) == 4)
-    assert sorted(names()) == ["env-1", "team-a", "team-a", "team-b"]
+    assert wait_for(lambda: len(names()) == 5)
+    assert sorted(names()) == ["env-1", "team-a", "team-a", "team-b", "team-b"]
     assert metric(proxy, "dialect_proxy_key_requests_total", key="team-a", status="2xx") == 2
     assert metric(proxy, "dialect_proxy_key_requests_total", key="env-1") == 1
-    assert metric(proxy, "dialect_proxy_key_tokens_total", key="team-b", kind="completion") == 13
+    assert metric(proxy, "dialect_proxy_key_tokens_total", key="team-b", kind="completion") == 26
     assert "sk-aaa" not in httpx.get(proxy.url + "/metrics").text
