@@ -30,7 +30,15 @@ class ValueTooLarge(StoreUnavailable):
                          code="state_store_full")
 
 
+def check_namespace(namespace: str) -> None:
+    """Namespaces are short fixed names (`responses`, `reasoning`); no ':' so that `{namespace}:{key}` is unique."""
+    if not namespace or ":" in namespace:
+        raise ValueError(f"state store namespace {namespace!r}: must be non-empty and without ':'")
+
+
 class StateStore(Protocol):
+    """Every method takes a namespace (see check_namespace) and a key (any string)."""
+
     async def get(self, namespace: str, key: str) -> bytes | None:
         """The value, or None when unknown, deleted or expired."""
 

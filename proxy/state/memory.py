@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .base import ValueTooLarge
+from .base import ValueTooLarge, check_namespace
 
 DEFAULT_MAX_ENTRIES = 10_000
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
@@ -56,6 +56,7 @@ class MemoryStore:
         return None
 
     async def get(self, namespace: str, key: str) -> bytes | None:
+        check_namespace(namespace)
         entry = self._data.get((namespace, key))
         if entry is None:
             return None
@@ -65,6 +66,9 @@ class MemoryStore:
         return entry.value
 
     async def put(self, namespace: str, key: str, value: bytes, ttl: float | None = None) -> None:
+        check_namespace(namespace)
+        if ttl is not None and ttl <= 0:
+            raise ValueError("ttl must be greater than 0")
         value = bytes(value)
         size = len(value) + len(namespace.encode()) + len(key.encode())
         if size > self.max_bytes:
@@ -80,6 +84,7 @@ class MemoryStore:
         self._bytes += size
 
     async def delete(self, namespace: str, key: str) -> bool:
+        check_namespace(namespace)
         ident = (namespace, key)
         entry = self._data.get(ident)
         if entry is None:

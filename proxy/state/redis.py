@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import orjson
 
 from ..settings import redact_url, url_secrets
-from .base import StoreUnavailable
+from .base import StoreUnavailable, check_namespace
 from .memory import DEFAULT_TTL
 
 log = logging.getLogger("dialect_proxy")
@@ -49,6 +49,7 @@ class RedisStore:
         return self._redacted
 
     def key(self, namespace: str, key: str) -> str:
+        check_namespace(namespace)
         return f"{self.prefix}:{namespace}:{key}"
 
     async def get(self, namespace: str, key: str) -> bytes | None:
