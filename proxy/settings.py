@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import yaml
 
@@ -296,29 +296,27 @@ _SECRET_PARAMS = ("password", "username")
 
 
 def redact_url(url: str) -> str:
-    """The URL with its user info and password parameters replaced by ***: fit for logs, errors and /readyz."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "***"
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rpartition("@")[2]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    """The URL with its user info and password parameters replaced by ***: fit for logs, errors and /readyz.
+    Works on the string (not urlsplit), so that an unescaped '/', '#' or '?' in a password cannot slip through."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***" if "@" in url else url
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    base, q, query = rest.partition("?")
+    if q:
+        pairs = [p.partition("=") for p in query.split("&")]
+        query = "&".join(k + e + ("***" if k.lower() in _SECRET_PARAMS else v) for k, e, v in pairs)
+    return scheme + sep + base + q + query
 
 
 def url_secrets(url: str) -> tuple[str, ...]:
     """The credentials a URL carries (raw and unquoted), to scrub from any text that might echo them."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return ()
-    found = [parts.password or ""]
-    found += [v for k, v in parse_qsl(parts.query) if k.lower() in _SECRET_PARAMS]
+    rest = url.partition("://")[2]
+    userinfo = rest.rpartition("@")[0]
+    found = [userinfo, userinfo.partition(":")[2]]
+    found += [v for k, _, v in (p.partition("=") for p in rest.partition("?")[2].split("&"))
+              if k.lower() in _SECRET_PARAMS]
     return tuple(s for f in found if f for s in {f, unquote(f)})
 
 
