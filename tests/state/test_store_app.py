@@ -1,0 +1,43 @@
+"""The state store in the running proxy: /readyz reports it; an unreachable Redis is reported, never a 503 (requests
+that need no state go on: chat completions keep working)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from tests.conftest import Mock, RedisServer
+
+
+def readyz(url: str) -> tuple[int, dict[str, Any]]:
+    r = httpx.get(url + "/readyz", timeout=30)
+    return r.status_code, r.json()
+
+
+def test_readyz_reports_the_memory_store(start_mock: Callable[..., Mock], start_proxy: Callable[..., Any]) -> None:
+    proxy = start_proxy(mock=start_mock("openai"))
+    status, body = readyz(proxy.url)
+    assert status == 200 and body["state_store"] == {"store": "memory", "reachable": True}
+
+
+def test_readyz_reports_redis_and_stays_ready_without_it(
+        start_mock: Callable[..., Mock], start_proxy: Callable[..., Any],
+        start_redis: Callable[..., RedisServer]) -> None:
+    password = "pw-not-for-logs"
+    srv = start_redis("--requirepass", password)
+    proxy = start_proxy(mock=start_mock("openai"), server={
+        "state_store": f"redis://:{password}@127.0.0.1:{srv.port}/0", "state_timeout": 0.5})
+    status, body = readyz(proxy.url)
+    assert status == 200 and body["state_store"] == {"store": f"redis://***@127.0.0.1:{srv.port}/0",
+                                                     "reachable": True}
+    srv.kill()
+    status, body = readyz(proxy.url)
+    assert status == 200 and body["status"] == "ready"
+    assert body["state_store"]["reachable"] is False
+    assert body["state_store"]["detail"] == "The state store cannot be reached."
+    assert password not in httpx.get(proxy.url + "/readyz", timeout=30).text
+    # a request that needs no state is served as before
+    answer = proxy.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content
