@@ -51,7 +51,7 @@ def create_app(settings: Settings) -> ProxyApp:
 
     async def readyz(request: Request) -> Response:
         results, store = await asyncio.gather(asyncio.gather(*(_probe(state, u) for u in settings.upstreams)),
-                                              store_check(state.store))
+                                              store_check(state.store, settings.server.readiness_timeout))
         for u, result in zip(settings.upstreams, results, strict=True):
             state.metrics.upstream_up(u.name, result.ready)
         check = all if settings.server.ready_when == "all" else any

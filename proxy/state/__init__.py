@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -27,12 +28,15 @@ def open_store(settings: Settings) -> StateStore:
                           "(pip install 'dialect-proxy[redis]')") from None
 
 
-async def store_check(store: StateStore) -> dict[str, Any]:
-    """For /readyz and the start-up log: which store, and whether it answers (bounded by the store's timeouts)."""
+async def store_check(store: StateStore, timeout: float | None = None) -> dict[str, Any]:
+    """For /readyz and the start-up log: which store, and whether it answers (within `timeout` seconds, /readyz's
+    readiness_timeout, so that a silent Redis cannot make the readiness probe itself time out)."""
     try:
-        await store.ping()
+        await asyncio.wait_for(store.ping(), timeout)
     except StoreUnavailable as e:
         return {"store": store.describe(), "reachable": False, "detail": e.message}
+    except TimeoutError:
+        return {"store": store.describe(), "reachable": False, "detail": f"no answer within {timeout:g} s"}
     return {"store": store.describe(), "reachable": True}
 
 

@@ -3,6 +3,7 @@ that need no state go on: chat completions keep working)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -41,3 +42,17 @@ def test_readyz_reports_redis_and_stays_ready_without_it(
     # a request that needs no state is served as before
     answer = proxy.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content
+
+
+def test_readyz_does_not_wait_for_a_silent_redis_longer_than_readiness_timeout(
+        start_mock: Callable[..., Mock], start_proxy: Callable[..., Any]) -> None:
+    """A Redis that accepts and never answers: /readyz reports it after readiness_timeout, not state_timeout x 2."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        proxy = start_proxy(mock=start_mock("openai"), server={
+            "state_store": f"redis://127.0.0.1:{silent.getsockname()[1]}/0", "state_timeout": 30,
+            "readiness_timeout": 0.3})
+        status, body = readyz(proxy.url)
+    assert status == 200 and body["state_store"]["reachable"] is False
+    assert body["state_store"]["detail"] == "no answer within 0.3 s"
