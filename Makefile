@@ -1,6 +1,7 @@
 # One command each, on a fresh machine (README.md):
 #   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
 #   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
+#   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make soak   a bounded soak run against the mock (loopback only)
 PYTHON ?= python3
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test bench soak lint system-deps clean
+.PHONY: demo test test-cli bench soak lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -41,6 +42,14 @@ system-deps:
 
 test: $(DEVSTAMP) system-deps lint
 	$(BIN)/python -m pytest -q
+
+# Real client CLIs from npm (not part of `make test`). Codex is pinned: the tests name its shell tool.
+CLI_DIR := $(VENV)/cli
+CODEX_VERSION ?= 0.169.0
+CLI_PACKAGES ?= @openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code
+test-cli: $(DEVSTAMP)
+	npm install --prefix $(CLI_DIR) --no-audit --no-fund --no-update-notifier $(CLI_PACKAGES)
+	PATH="$(abspath $(CLI_DIR))/node_modules/.bin:$$PATH" $(BIN)/python -m pytest -q -m cli
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check proxy tests

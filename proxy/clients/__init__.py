@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from .base import ClientCall, ClientDialect, Encoder
 from .chat import ChatClient, CompletionsClient
+from .responses import ResponsesClient
 
 CLIENT_DIALECTS: dict[str, type[ClientDialect]] = {
     "chat": ChatClient,
     "completions": CompletionsClient,
+    "responses": ResponsesClient,
 }
 
 __all__ = ["CLIENT_DIALECTS", "ClientCall", "ClientDialect", "Encoder"]
