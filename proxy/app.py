@@ -22,6 +22,7 @@ from .clients import ClientDialect
 from .errors import ProxyError
 from .handlers import InferenceEndpoint
 from .settings import Settings, UpstreamSettings
+from .state import log_store, store_check
 from .upstream import read_body
 
 log = logging.getLogger("dialect_proxy")
@@ -38,7 +39,7 @@ def create_app(settings: Settings) -> ProxyApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # In the background: start-up is not held up by a slow upstream (each check is bounded by
         # readiness_timeout anyway).
-        checks = asyncio.create_task(log_upstream_checks(state))
+        checks = asyncio.gather(log_upstream_checks(state), log_store(state.store, settings))
         try:
             yield
         finally:
@@ -50,7 +51,8 @@ def create_app(settings: Settings) -> ProxyApp:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(request: Request) -> Response:
-        results = await asyncio.gather(*(_probe(state, u) for u in settings.upstreams))
+        results, store = await asyncio.gather(asyncio.gather(*(_probe(state, u) for u in settings.upstreams)),
+                                              store_check(state.store, settings.server.readiness_timeout))
         for u, result in zip(settings.upstreams, results, strict=True):
             state.metrics.upstream_up(u.name, result.ready)
         check = all if settings.server.ready_when == "all" else any
@@ -59,6 +61,8 @@ def create_app(settings: Settings) -> ProxyApp:
             "status": "ready" if ready else "not ready",
             "upstreams": {u.name: r.summary() for u, r in zip(settings.upstreams, results, strict=True)},
             "checks": {u.name: r.as_json() for u, r in zip(settings.upstreams, results, strict=True)},
+            # Reported, never a reason for 503: requests that need no state go on without it (README "State store").
+            "state_store": store,
         }
         if state.shutting_down:
             body["reason"] = "shutting down"
