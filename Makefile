@@ -1,6 +1,6 @@
 # One command each, on a fresh machine (README.md):
 #   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
-#   make test   set up (incl. promtool/prometheus from Debian when root), lint (ruff, mypy --strict), run pytest
+#   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make soak   a bounded soak run against the mock (loopback only)
@@ -29,14 +29,17 @@ $(DEVSTAMP): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dialect-proxy demo
 
-# promtool and the Prometheus server come from Debian's `prometheus` package; tests that need them skip with a
-# reason when they cannot be installed (not root, no apt).
+# promtool and the Prometheus server come from Debian's `prometheus` package, redis-server (the Redis state store's
+# tests) from `redis-server`; tests that need them skip with a reason when they cannot be installed (not root, no apt).
 system-deps:
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	@missing=""; \
+	if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then missing="prometheus"; fi; \
+	if ! command -v redis-server >/dev/null 2>&1; then missing="$$missing redis-server"; fi; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
-	      || echo "warning: could not install Debian package prometheus; its tests will skip"; \
-	  else echo "note: promtool/prometheus missing and not root; their tests will skip"; fi; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "warning: could not install Debian package(s)$$missing; their tests will skip"; \
+	  else echo "note: Debian package(s) $$missing missing and not root; their tests will skip"; fi; \
 	fi
 
 test: $(DEVSTAMP) system-deps lint

@@ -55,6 +55,12 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "(Authorization: Bearer KEY) on /v1/*; unset = no client authentication", "str", None),
     ("api-keys-file", "YAML file mapping key names to client API keys (name: key); the name goes to the access "
      "log and the `key` metrics label", "str", None),
+    ("state-store", "where state that outlives a request is kept (stored Responses, reasoning continuity): memory "
+     "(default; per process) or a redis://[:PASSWORD@]HOST:PORT/DB or rediss:// URL shared by replicas", "str", None),
+    ("state-max-entries", "memory store: most entries kept, oldest out first (default 10000)", "int", None),
+    ("state-max-bytes", "memory store: most bytes kept, oldest out first (default 268435456)", "int", None),
+    ("state-ttl", "seconds each stored entry lives, memory or Redis (default 86400)", "float", None),
+    ("state-timeout", "seconds to connect to / hear from Redis before a 503 (default 2)", "float", None),
 ]
 CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("client-reasoning", "how clients receive reasoning: reasoning_content (default), reasoning, think_tags, none",

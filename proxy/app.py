@@ -22,6 +22,7 @@ from .errors import ProxyError
 from .handlers import KEY_NAME_SCOPE, InferenceEndpoint
 from .health import UpstreamCheck
 from .settings import Settings, UpstreamSettings
+from .state import log_store, store_check
 from .upstream import read_body
 
 log = logging.getLogger("dialect_proxy")
@@ -38,7 +39,7 @@ def create_app(settings: Settings) -> ProxyApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # In the background: start-up is not held up by a slow upstream (each check is bounded by
         # readiness_timeout anyway).
-        checks = asyncio.create_task(log_upstream_checks(state))
+        checks = asyncio.gather(log_upstream_checks(state), log_store(state.store, settings))
         state.start()
         try:
             yield
@@ -51,7 +52,8 @@ def create_app(settings: Settings) -> ProxyApp:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(request: Request) -> Response:
-        results = await asyncio.gather(*(_check_upstream(state, u) for u in settings.upstreams))
+        results, store = await asyncio.gather(asyncio.gather(*(_check_upstream(state, u) for u in settings.upstreams)),
+                                              store_check(state.store, settings.server.readiness_timeout))
         for u, result in zip(settings.upstreams, results, strict=True):
             state.metrics.upstream_up(u.name, result[0].ready)
         check = all if settings.server.ready_when == "all" else any
@@ -60,6 +62,8 @@ def create_app(settings: Settings) -> ProxyApp:
             "status": "ready" if ready else "not ready",
             "upstreams": {u.name: _summary(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
             "checks": {u.name: _check_json(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
+            # Reported, never a reason for 503: requests that need no state go on without it (README "State store").
+            "state_store": store,
         }
         if state.shutting_down:
             body["reason"] = "shutting down"

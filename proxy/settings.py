@@ -14,6 +14,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import yaml
 
@@ -112,6 +113,12 @@ class ServerSettings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     api_keys_file: str | None = None  # YAML mapping key name -> key (names go to the access log and `key` label)
     api_key_names: tuple[str, ...] = ()  # one per api_keys entry: the file's names, `env-1`, `env-2`, ... for env keys
+    # The state store (proxy/state/): "memory" (per process) or a redis:// / rediss:// URL (may hold a password).
+    state_store: str = field(default="memory", repr=False)
+    state_max_entries: int = 10_000  # memory store bounds; the oldest entries go first
+    state_max_bytes: int = 256 * 1024 * 1024
+    state_ttl: float = 24 * 3600.0  # seconds each entry lives (memory and Redis)
+    state_timeout: float = 2.0  # seconds to connect to / hear from Redis (an operation gives up after twice that)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +192,11 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "api_keys_env": (str, None),
     "api_keys_file": (str, None),
     "ready_when": (str, ("all", "any")),
+    "state_store": (str, None),
+    "state_max_entries": (int, None),
+    "state_max_bytes": (int, None),
+    "state_ttl": (float, None),
+    "state_timeout": (float, None),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
@@ -416,6 +428,59 @@ def load_api_keys_file(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(names), tuple(keys)
 
 
+_STORE_SCHEMES = ("redis", "rediss")
+_SECRET_PARAMS = ("password", "username")
+
+
+def redact_url(url: str) -> str:
+    """The URL with its user info and password parameters replaced by ***: fit for logs, errors and /readyz.
+    Works on the string (not urlsplit), so that an unescaped '/', '#' or '?' in a password cannot slip through."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***" if "@" in url else url
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    base, q, query = rest.partition("?")
+    if q:
+        pairs = [p.partition("=") for p in query.split("&")]
+        query = "&".join(k + e + ("***" if k.lower() in _SECRET_PARAMS else v) for k, e, v in pairs)
+    return scheme + sep + base + q + query
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The credentials a URL carries (raw and unquoted), to scrub from any text that might echo them."""
+    rest = url.partition("://")[2]
+    userinfo = rest.rpartition("@")[0]
+    found = [userinfo, userinfo.partition(":")[2]]
+    found += [v for k, _, v in (p.partition("=") for p in rest.partition("?")[2].split("&"))
+              if k.lower() in _SECRET_PARAMS]
+    return tuple(s for f in found if f for s in {f, unquote(f)})
+
+
+def state_store_value(key: str, value: str) -> str:
+    """`memory`, or a redis:// / rediss:// URL with a host, a valid port and an optional /DB number. Messages show
+    the URL without its credentials."""
+    if value.strip().lower() == "memory":
+        return "memory"
+    url = value.strip()
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{key}: {shown!r} is not a valid URL (bad host or port)") from None
+    if parts.scheme.lower() not in _STORE_SCHEMES:
+        raise ConfigError(f"{key}: expected memory or a redis:// or rediss:// URL, got {shown!r}")
+    if not parts.hostname:
+        raise ConfigError(f"{key}: {shown!r} names no host (e.g. redis://redis:6379/0)")
+    if port == 0:
+        raise ConfigError(f"{key}: {shown!r}: port 0 is not a TCP port")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"{key}: {shown!r}: the path is the database number (e.g. /0), got {db!r}")
+    return url
+
+
 def load_config_file(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -488,9 +553,12 @@ def build_settings(
         if not environ.get(thinking_env):
             raise ConfigError(f"client.thinking_key_env: environment variable {thinking_env} is not set")
         client_values["thinking_key"] = environ[thinking_env]
+    if "state_store" in server_values:
+        server_values["state_store"] = state_store_value("server.state_store", server_values["state_store"])
     server = ServerSettings(**server_values)
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
-                "readiness_timeout", "max_body_bytes", "workers"):
+                "readiness_timeout", "max_body_bytes", "workers", "state_max_entries", "state_max_bytes",
+                "state_ttl", "state_timeout"):
         _positive(f"server.{key}", getattr(server, key))
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")
