@@ -279,6 +279,9 @@ def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(st
     assert first["client_disconnected"] is False and first["ttft_ms"] is None  # non-stream: no TTFT
     list(proxy.client().chat.completions.create(model="m", messages=MSG, stream=True,
                                                 extra_headers={"x-request-id": "req-stream-1"}))
+    from tests.conftest import wait_for  # the line is written just after the last byte was sent
+
+    assert wait_for(lambda: "req-stream-1" in caplog.text)
     streamed = next(json.loads(r.getMessage()) for r in caplog.records
                     if r.name == "dialect_proxy.access" and "req-stream-1" in r.getMessage())
     assert 0 < streamed["ttft_ms"] <= streamed["duration_ms"] and streamed["stream"] is True
