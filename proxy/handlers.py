@@ -32,6 +32,7 @@ from .errors import (
 from .events import Answer, Delta
 from .pipeline import Pipeline
 from .upstream import iter_stream, read_body, release
+from .validate import check_depth
 
 if TYPE_CHECKING:
     from .appstate import AppState
@@ -477,6 +478,7 @@ def _parse(body: bytes) -> dict[str, Any]:
         raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
     if not isinstance(req, dict):
         raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
+    check_depth(req)  # before anything serialises it: orjson parses 1024 levels but serialises only 254
     return req
 
 
