@@ -79,6 +79,11 @@ class ServerSettings:
     ready_when: str = "all"  # /readyz: every upstream up (a sidecar) or any (a gateway in front of several)
     api_keys_env: str | None = None  # env var with the comma-separated keys clients must send (none: open)
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # The HTTP front end (proxy/frontend.py): request head size, time to receive a request, open connections.
+    max_header_bytes: int = 65536
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_client_connections: int = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,10 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "readiness_timeout": (float, None),
     "api_keys_env": (str, None),
     "ready_when": (str, ("all", "any")),
+    "max_header_bytes": (int, None),
+    "header_timeout": (float, None),
+    "body_timeout": (float, None),
+    "max_client_connections": (int, None),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
@@ -337,7 +346,8 @@ def build_settings(
         server_values["api_keys"] = keys
     server = ServerSettings(**server_values)
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
-                "readiness_timeout", "max_body_bytes", "workers"):
+                "readiness_timeout", "max_body_bytes", "workers", "max_header_bytes", "header_timeout",
+                "body_timeout", "max_client_connections"):
         _positive(f"server.{key}", getattr(server, key))
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")

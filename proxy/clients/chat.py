@@ -22,14 +22,25 @@ from ..errors import ClientRequestError, ProxyError
 from ..events import Answer, Delta
 from ..sse import DONE, KEEPALIVE, encode_data
 from ..stream.usage import deepseek_usage_fields
-from ..validate import ARRAY, BOOLEAN, INTEGER, NULL, NUMBER, OBJECT, STRING, check_types, compile_table
+from ..validate import (
+    ARRAY,
+    BOOLEAN,
+    INTEGER,
+    NULL,
+    NUMBER,
+    OBJECT,
+    STRING,
+    TypeSpec,
+    check_types,
+    compile_table,
+)
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 # The JSON types of the fields the hub and the upstream spokes read (OpenAI's API reference; `null` where OpenAI
 # accepts it). Checked once in decode: a wrong type is a 400 naming the parameter, never a 500 deeper down.
-_SAMPLING_FIELDS = {
+_SAMPLING_FIELDS: dict[str, TypeSpec] = {
     "model": STRING,
     "stream": (BOOLEAN, NULL),
     "stream_options": (OBJECT, NULL),
@@ -62,7 +73,7 @@ _SAMPLING_FIELDS = {
     "thinking": (OBJECT, NULL),
     "thinking.type": STRING,
 }
-CHAT_FIELDS = {
+CHAT_FIELDS: dict[str, TypeSpec] = {
     **_SAMPLING_FIELDS,
     "logprobs": (BOOLEAN, NULL),
     "messages": ARRAY,
@@ -97,7 +108,7 @@ CHAT_FIELDS = {
     "function_call": (STRING, OBJECT, NULL),
     "modalities": (ARRAY, NULL),
 }
-COMPLETIONS_FIELDS = {
+COMPLETIONS_FIELDS: dict[str, TypeSpec] = {
     **_SAMPLING_FIELDS,
     "logprobs": (INTEGER, NULL),  # completions: how many logprobs per token
     "prompt": (STRING, ARRAY),
