@@ -105,6 +105,9 @@ def create_app(settings: Settings) -> ProxyApp:
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
+    # Starlette would answer `/v1/models/` with a redirect built from the client's Host header (an open
+    # redirect); without the slash redirect such paths are served (inference, see ProxyApp) or 404.
+    app.router.redirect_slashes = False
     app.state.proxy = state
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys)
 
@@ -138,7 +141,8 @@ class ProxyApp:
                 await send({"type": "http.response.body", "body": err.body()})
                 return
             if scope["method"] == "POST":
-                endpoint = self._fast.get(scope["path"])
+                path = scope["path"]
+                endpoint = self._fast.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
                 if endpoint is not None:
                     await endpoint(scope, receive, send)
                     return

@@ -158,8 +158,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if 400 <= status < 500 and status != 408:
             head.append(b"x-should-retry: false\r\n")
         self.transport.write(b"".join(head) + b"\r\n" + body)
-        self.transport.close()
+        # Lingering close: closing a socket with unread input makes the kernel send a reset, which can destroy the
+        # answer before the client reads it. So: end our side, discard what still comes, close after a moment.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(_LINGER, self.transport.close)
+        else:
+            self.transport.close()
 
+
+_LINGER = 2.0  # seconds a refused connection is still read (and discarded) before it is closed
 
 _CODES = {400: "invalid_request", 408: "request_timeout", 431: "request_header_fields_too_large",
           503: "too_many_connections"}

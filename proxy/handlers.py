@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -129,10 +130,8 @@ class InferenceEndpoint:
         state = self.state
         client = self.client
         started = time.perf_counter()
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        if len(request_id) > 200:
-            request_id = request_id[:200]
-        rid_header = (b"x-request-id", request_id.encode("latin-1", "replace"))
+        request_id, rid_bytes = _request_id(scope)
+        rid_header = (b"x-request-id", rid_bytes)
         info: dict[str, Any] = {"request_id": request_id, "route": self.route}
         obs: RequestObserver | None = None
         status = 500
@@ -480,6 +479,26 @@ def _parse(body: bytes) -> dict[str, Any]:
         raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
     check_depth(req)  # before anything serialises it: orjson parses 1024 levels but serialises only 254
     return req
+
+
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _request_id(scope: Scope) -> tuple[str, bytes]:
+    """The client's x-request-id (or a new one): as text for logs and the upstream header, and as the bytes to
+    return. Valid UTF-8 reaches the upstream byte for byte (aiohttp writes header text as UTF-8); other bytes as
+    U+FFFD. Cut to 200 bytes (at a character boundary); control characters (which no header may carry) get a new
+    id instead."""
+    raw = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+    if len(raw) > 200:
+        cut = 200
+        while cut > 196 and 0x80 <= raw[cut] < 0xC0:  # the cut falls inside a UTF-8 character: cut before it
+            cut -= 1
+        raw = raw[:cut]
+    if not raw.strip() or _CONTROL.search(raw):
+        rid = uuid.uuid4().hex
+        return rid, rid.encode()
+    return raw.decode("utf-8", "replace"), raw
 
 
 def _headers(scope: Scope) -> dict[str, str]:
