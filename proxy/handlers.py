@@ -150,6 +150,7 @@ class InferenceEndpoint:
                 watch = _Disconnect(receive)
                 status = await self._serve(call, ctx, send, watch, obs, rid_header, info)
             except ProxyError as err:
+                state.redactor.sanitize(err)
                 status = err.status
                 info["error"] = err.code
                 if obs is None:  # refused before routing (bad JSON, 413, unknown model): still counted
@@ -412,6 +413,7 @@ class InferenceEndpoint:
             await flush(tail, more=False)
             return 200
         except ProxyError as err:
+            self.state.redactor.sanitize(err)
             if events:
                 encode()  # what arrived before the failure is still delivered, ahead of the error
             reason = err.reason if isinstance(err, StreamTruncated) else "upstream_error"
