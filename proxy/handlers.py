@@ -285,7 +285,10 @@ class InferenceEndpoint:
         deadline = loop.time() + server.total_timeout
         obs.upstream_started()
         try:
-            resp = await http.open("POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers)
+            resp = await http.open(  # total_timeout bounds the wait for the headers too
+                "POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers,
+                timeout=min(server.first_byte_timeout, server.total_timeout),
+            )
         except (UpstreamUnreachable, UpstreamTimeout):
             state.metrics.upstream_up(upstream.name, False)
             raise
@@ -300,7 +303,7 @@ class InferenceEndpoint:
             t_up = time.perf_counter()
             content_type = resp.headers.get("Content-Type", "")
             if not ctx.stream or resp.status >= 300 or "text/event-stream" not in content_type:
-                raw = await read_body(resp, min(server.idle_timeout, max(deadline - loop.time(), 0.001)))
+                raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout)
                 obs.add_upstream_wait(time.perf_counter() - t_up)
                 if resp.status >= 300:
                     raise dialect.error_from_body(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})

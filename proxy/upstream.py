@@ -150,14 +150,24 @@ def tls_context(upstream: UpstreamSettings) -> ssl.SSLContext | bool:
     return ctx
 
 
-async def read_body(resp: aiohttp.ClientResponse, timeout: float, limit: int = 64 * 2**20) -> bytes:
-    """A whole (non-stream) body, bounded in time and size."""
+async def read_body(
+    resp: aiohttp.ClientResponse, timeout: float, limit: int = 64 * 2**20, *, idle: float | None = None
+) -> bytes:
+    """A whole (non-stream) body, bounded in size, in time (`timeout` for all of it: what is left of the request's
+    total_timeout) and, with `idle`, in silence between two reads (idle_timeout), as for streams."""
     try:
         async with asyncio.timeout(timeout):
             chunks = []
             size = 0
             while True:
-                data = await resp.content.read(_READ_SIZE)
+                if idle is None:
+                    data = await resp.content.read(_READ_SIZE)
+                else:
+                    try:
+                        async with asyncio.timeout(idle):
+                            data = await resp.content.read(_READ_SIZE)
+                    except TimeoutError:
+                        raise UpstreamTimeout(f"The upstream sent nothing for {idle:g} s.") from None
                 if not data:
                     break
                 size += len(data)
