@@ -140,7 +140,7 @@ class InferenceEndpoint:
             try:
                 body = await _read_request_body(scope, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
-                    raise ProxyError("The proxy is shutting down.", 503, code="upstream_unavailable")
+                    raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
                 call = await client.decode(_parse(body), _headers(scope))
                 ctx = self._context(call, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)

@@ -30,6 +30,15 @@ async def read_answer(reader: asyncio.StreamReader, timeout: float = 15) -> tupl
             if ":" in line:
                 k, v = line.split(":", 1)
                 headers[k.strip().lower()] = v.strip()
+        if headers.get("transfer-encoding") == "chunked":
+            parts = []
+            for _ in range(100_000):  # bounded: a chunked body of at most that many chunks
+                size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+                data = await reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(data[:-2])
+            return status, headers, b"".join(parts)
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         return status, headers, body
 
