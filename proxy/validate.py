@@ -63,11 +63,6 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _accepts(spec: tuple[str, ...], value: Any) -> bool:
-    kind = json_type(value)
-    return kind in spec or (kind == INTEGER and NUMBER in spec)
-
-
 _ARTICLE = {STRING: "a string", NUMBER: "a number", INTEGER: "an integer", BOOLEAN: "a boolean",
             OBJECT: "an object", ARRAY: "an array", NULL: "null"}
 
@@ -77,13 +72,21 @@ def _describe(spec: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    STRING: (str,), NUMBER: (int, float), INTEGER: (int,), BOOLEAN: (bool,), OBJECT: (dict,), ARRAY: (list,),
+    NULL: (type(None),),
+}
+
+
 class _Node:
     """One level of the compiled table: the types allowed here, and the checks below."""
 
-    __slots__ = ("children", "items", "spec")
+    __slots__ = ("children", "float_ints", "items", "py_types", "spec")
 
     def __init__(self) -> None:
         self.spec: tuple[str, ...] | None = None
+        self.py_types: frozenset[type] = frozenset()  # exact Python types accepted (bool is not an int here)
+        self.float_ints = False  # an integral float (2.0) counts as an integer
         self.children: dict[str, _Node] = {}
         self.items: _Node | None = None
 
@@ -104,48 +107,81 @@ def compile_table(table: FieldTable) -> _Node:
                     node.items = _Node()
                 node = node.items
         node.spec = (spec,) if isinstance(spec, str) else tuple(spec)
+        node.py_types = frozenset(t for s in node.spec for t in _PY_TYPES[s])
+        node.float_ints = INTEGER in node.spec and NUMBER not in node.spec
     return root
+
+
+class _Bad(Exception):
+    """A wrong type, on its way up: each level adds its segment of the path (built only when there is an error)."""
+
+    def __init__(self, node: _Node, value: Any) -> None:
+        self.node = node
+        self.value = value
+        self.parts: list[str] = []
 
 
 def check_types(body: Mapping[str, Any], table: _Node | FieldTable) -> None:
     """Raise a 400 naming the first field of `body` whose type the table does not allow."""
     root = table if isinstance(table, _Node) else compile_table(table)
-    _check_children(body, root, "")
-
-
-def _check_children(obj: Mapping[str, Any], node: _Node, prefix: str) -> None:
-    for name, child in node.children.items():
-        if name in obj:
-            _check(obj[name], child, f"{prefix}.{name}" if prefix else name)
-
-
-def _check(value: Any, node: _Node, path: str) -> None:
-    if node.spec is not None and not _accepts(node.spec, value):
+    try:
+        _check_children(body, root)
+    except _Bad as bad:
+        path = "".join(reversed(bad.parts)).lstrip(".")
+        value = bad.value
         shown = repr(value) if not isinstance(value, dict | list) else json_type(value)
+        assert bad.node.spec is not None
         raise ClientRequestError(
-            f"`{path}` must be {_describe(node.spec)}, got {shown:.80}.", param=path, code="invalid_parameter"
-        )
-    if node.children and isinstance(value, dict):
-        _check_children(value, node, path)
-    elif node.items is not None and isinstance(value, list):
+            f"`{path}` must be {_describe(bad.node.spec)}, got {shown:.80}.", param=path, code="invalid_parameter"
+        ) from None
+
+
+def _check_children(obj: Mapping[str, Any], node: _Node) -> None:
+    children = node.children
+    for name, value in obj.items():
+        child = children.get(name)
+        if child is not None:
+            try:
+                _check(value, child)
+            except _Bad as bad:
+                bad.parts.append("." + name)
+                raise
+
+
+def _check(value: Any, node: _Node) -> None:
+    kind = type(value)
+    if node.spec is not None and kind not in node.py_types and not (
+        node.float_ints and kind is float and value.is_integer()
+    ):
+        raise _Bad(node, value)
+    if kind is dict:
+        if node.children:
+            _check_children(value, node)
+    elif kind is list and node.items is not None:
+        items = node.items
         for i, item in enumerate(value):
-            _check(item, node.items, f"{path}[{i}]")
+            try:
+                _check(item, items)
+            except _Bad as bad:
+                bad.parts.append(f"[{i}]")
+                raise
 
 
 def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
-    """Raise a 400 when objects and arrays nest deeper than `limit` (iterative: no recursion limit to hit)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            raise ClientRequestError(
-                f"The request body nests objects and arrays {limit + 1} or more levels deep; the limit is {limit}.",
-                code="invalid_json",
-            )
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    """Raise a 400 when objects and arrays nest deeper than `limit` (recursion at most `limit` deep)."""
+    if not _within(value, limit):
+        raise ClientRequestError(
+            f"The request body nests objects and arrays more than {limit} levels deep; the limit is {limit}.",
+            code="invalid_json",
+        )
+
+
+def _within(value: Any, left: int) -> bool:
+    if left <= 0:
+        return False
+    children = value.values() if type(value) is dict else value if type(value) is list else ()
+    for child in children:
+        kind = type(child)
+        if (kind is dict or kind is list) and not _within(child, left - 1):
+            return False
+    return True
