@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.applications import Starlette
@@ -21,6 +22,7 @@ from .appstate import AppState
 from .clients import ClientDialect
 from .errors import ProxyError
 from .handlers import InferenceEndpoint
+from .redact import log_url
 from .settings import Settings, UpstreamSettings
 from .state import log_store, store_check
 from .upstream import read_body
@@ -110,6 +112,9 @@ def create_app(settings: Settings) -> ProxyApp:
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
+    # Starlette would answer `/v1/models/` with a redirect built from the client's Host header (an open
+    # redirect); without the slash redirect such paths are served (inference, see ProxyApp) or 404.
+    app.router.redirect_slashes = False
     app.state.proxy = state
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys,
                     list(state.client_dialects.values()))
@@ -151,7 +156,8 @@ class ProxyApp:
                 await send({"type": "http.response.body", "body": body})
                 return
             if scope["method"] == "POST":
-                endpoint = self._fast.get(scope["path"])
+                path = scope["path"]
+                endpoint = self._fast.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
                 if endpoint is not None:
                     await endpoint(scope, receive, send)
                     return
@@ -222,7 +228,8 @@ async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[st
 
 @dataclass(frozen=True, slots=True)
 class UpstreamCheck:
-    """One readiness check of one upstream: what was asked, what came back, and why it is (not) ready."""
+    """One readiness check of one upstream: what was asked, what came back, and why it is (not) ready. The open
+    /readyz shows the path asked and the reason, never the upstream's address (that goes to the log)."""
 
     url: str
     ready: bool
@@ -234,8 +241,8 @@ class UpstreamCheck:
         return "up" if self.ready else "down: " + self.reason
 
     def as_json(self) -> dict[str, Any]:
-        return {"url": self.url, "ready": self.ready, "reachable": self.reachable, "status": self.status,
-                "reason": self.reason}
+        return {"path": urlsplit(self.url).path or "/", "ready": self.ready, "reachable": self.reachable,
+                "status": self.status, "reason": self.reason}
 
 
 async def _probe(state: AppState, u: UpstreamSettings) -> UpstreamCheck:
@@ -244,29 +251,30 @@ async def _probe(state: AppState, u: UpstreamSettings) -> UpstreamCheck:
     wrong key. An upstream whose dialect has no such path (the engine API) is ready when it answers at all."""
     path = state.dialects[u.name].path("health")
     url = u.health_url or u.url + (path or "/")
+    shown = urlsplit(url).path or "/"
     headers = {"Authorization": f"Bearer {u.api_key}"} if u.api_key and u.health_url is None else {}
     timeout = state.settings.server.readiness_timeout
     try:
         resp = await state.clients[u.name].open("GET", url, headers=headers, timeout=timeout)
         resp.close()
     except ProxyError as err:
-        return UpstreamCheck(url, False, False, None, err.message)
+        return UpstreamCheck(url, False, False, None, state.redactor.for_client(err.message))
     status = resp.status
     if u.health_url is None and not path:
         if status < 500:
             return UpstreamCheck(url, True, True, status, f"answered HTTP {status} (the {u.dialect} dialect has no "
                                                          "health path: reachable is all that can be checked)")
-        return UpstreamCheck(url, False, True, status, f"GET {url} answered HTTP {status}")
+        return UpstreamCheck(url, False, True, status, f"GET {shown} answered HTTP {status}")
     if 200 <= status < 300:
-        return UpstreamCheck(url, True, True, status, f"GET {url} answered HTTP {status}")
+        return UpstreamCheck(url, True, True, status, f"GET {shown} answered HTTP {status}")
     if status == 404 and u.health_url is None:
-        reason = (f"GET {url} answered 404: the URL (host, port, path prefix) or the dialect ({u.dialect}) is "
-                  f"wrong; `dialect-proxy probe {u.url}` tells what the upstream speaks")
+        reason = (f"GET {shown} answered 404: the URL (host, port, path prefix) or the dialect ({u.dialect}) is "
+                  f"wrong; `dialect-proxy probe URL` tells what the upstream speaks")
     elif status in (401, 403) and u.health_url is None:
-        reason = (f"GET {url} answered {status}: the upstream refused the API key "
+        reason = (f"GET {shown} answered {status}: the upstream refused the API key "
                   + ("(check the variable named by api_key_env)" if u.api_key else "(set api_key_env)"))
     else:
-        reason = f"GET {url} answered HTTP {status} (expected 2xx)"
+        reason = f"GET {shown} answered HTTP {status} (expected 2xx)"
     return UpstreamCheck(url, False, True, status, reason)
 
 
@@ -274,6 +282,6 @@ async def log_upstream_checks(state: AppState) -> None:
     """At start-up: one log line per upstream saying whether it was reachable and ready."""
     checks = await asyncio.gather(*(_probe(state, u) for u in state.settings.upstreams))
     for u, check in zip(state.settings.upstreams, checks, strict=True):
-        line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": u.url,
+        line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": log_url(u.url),
                 "reachable": check.reachable, "ready": check.ready, "status": check.status, "detail": check.reason}
         (log.info if check.ready else log.warning)(orjson.dumps(line).decode())
