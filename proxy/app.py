@@ -21,6 +21,7 @@ from .clients import ClientDialect
 from .errors import ProxyError
 from .handlers import KEY_NAME_SCOPE, InferenceEndpoint
 from .health import UpstreamCheck
+from .redact import log_url
 from .settings import Settings, UpstreamSettings
 from .state import log_store, store_check
 from .upstream import read_body
@@ -111,6 +112,9 @@ def create_app(settings: Settings) -> ProxyApp:
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
+    # Starlette would answer `/v1/models/` with a redirect built from the client's Host header (an open
+    # redirect); without the slash redirect such paths are served (inference, see ProxyApp) or 404.
+    app.router.redirect_slashes = False
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
@@ -156,7 +160,8 @@ class ProxyApp:
                 await send({"type": "http.response.body", "body": body})
                 return
             if scope["method"] == "POST":
-                endpoint = self._fast.get(scope["path"])
+                path = scope["path"]
+                endpoint = self._fast.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
                 if endpoint is not None:
                     await endpoint(scope, receive, send)
                     return
@@ -261,7 +266,7 @@ async def log_upstream_checks(state: AppState) -> None:
     results = await asyncio.gather(*(state.replicas[u.name].check() for u in state.settings.upstreams))
     for u, checks in zip(state.settings.upstreams, results, strict=True):
         for replica, check in checks:
-            line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": replica.url,
+            line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": log_url(replica.url),
                     "reachable": check.reachable, "ready": check.ready, "status": check.status,
                     "detail": check.reason}
             if len(checks) > 1:

@@ -7,6 +7,7 @@ import os
 from .clients import CLIENT_DIALECTS, ClientDialect
 from .dialects import Dialect, get_dialect
 from .metrics import Metrics
+from .redact import Redactor
 from .replicas import ReplicaSet
 from .routing import Router
 from .settings import Settings
@@ -21,13 +22,15 @@ class AppState:
         self.settings = settings
         self.router = Router(settings.upstreams)
         self.dialects: dict[str, Dialect] = {u.name: get_dialect(u.dialect) for u in settings.upstreams}
+        self.redactor = Redactor.from_settings(settings)  # upstream text -> clients, logs, metric labels
         configured = self.router.configured_models()
         multiprocess = settings.server.workers > 1 or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.metrics = Metrics(configured or None, multiprocess=multiprocess,
                                key_names=settings.server.api_key_names)
         # Each upstream's replicas, each with its own connection pool (proxy/replicas.py).
         self.replicas: dict[str, ReplicaSet] = {
-            u.name: ReplicaSet(u, settings.server, self.dialects[u.name], self.metrics) for u in settings.upstreams
+            u.name: ReplicaSet(u, settings.server, self.dialects[u.name], self.metrics, self.redactor)
+            for u in settings.upstreams
         }
         # The first replica's pool, for side requests that need no balancing.
         self.clients: dict[str, UpstreamClient] = {name: rs.replicas[0].client for name, rs in self.replicas.items()}

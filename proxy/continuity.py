@@ -141,10 +141,10 @@ async def restore(store: StateStore, request: ChatRequest, fallback: str | None)
             continue
         text = await lookup(store, message)
         if text is None:
-            if fallback is None:
+            fell_back += 1
+            if fallback is None:  # the upstream's own "no reasoning" form: the turn as the client sent it
                 continue
             text = fallback
-            fell_back += 1
         else:
             restored += 1
         messages[i] = {**message, "reasoning_content": text}

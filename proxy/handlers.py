@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from .events import Answer, Delta
 from .pipeline import Pipeline
 from .replicas import RETRY_STATUSES
 from .upstream import iter_stream, read_body, release
+from .validate import check_depth
 
 if TYPE_CHECKING:
     from .appstate import AppState
@@ -131,10 +133,8 @@ class InferenceEndpoint:
         state = self.state
         client = self.client
         started = time.perf_counter()
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        if len(request_id) > 200:
-            request_id = request_id[:200]
-        rid_header = (b"x-request-id", request_id.encode("latin-1", "replace"))
+        request_id, rid_bytes = _request_id(scope)
+        rid_header = (b"x-request-id", rid_bytes)
         info: dict[str, Any] = {"request_id": request_id, "route": self.route}
         key_name = scope.get(KEY_NAME_SCOPE)
         if key_name:
@@ -146,7 +146,7 @@ class InferenceEndpoint:
             try:
                 body = await _read_request_body(scope, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
-                    raise ProxyError("The proxy is shutting down.", 503, code="upstream_unavailable")
+                    raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
                 call = await client.decode(_parse(body), _headers(scope))
                 ctx = self._context(call, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
@@ -156,6 +156,7 @@ class InferenceEndpoint:
                 watch = _Disconnect(receive)
                 status = await self._serve(call, ctx, send, watch, obs, rid_header, info)
             except ProxyError as err:
+                state.redactor.sanitize(err)
                 status = err.status
                 info["error"] = err.code
                 if obs is None:  # refused before routing (bad JSON, 413, unknown model): still counted
@@ -330,7 +331,7 @@ class InferenceEndpoint:
             t_up = time.perf_counter()
             content_type = resp.headers.get("Content-Type", "")
             if not ctx.stream or resp.status >= 300 or "text/event-stream" not in content_type:
-                raw = await read_body(resp, min(server.idle_timeout, max(deadline - loop.time(), 0.001)))
+                raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout)
                 obs.add_upstream_wait(time.perf_counter() - t_up)
                 if resp.status >= 300:
                     raise dialect.error_from_body(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
@@ -455,6 +456,7 @@ class InferenceEndpoint:
             await flush(tail, more=False)
             return 200
         except ProxyError as err:
+            self.state.redactor.sanitize(err)
             if events:
                 encode()  # what arrived before the failure is still delivered, ahead of the error
             reason = err.reason if isinstance(err, StreamTruncated) else "upstream_error"
@@ -520,7 +522,28 @@ def _parse(body: bytes) -> dict[str, Any]:
         raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
     if not isinstance(req, dict):
         raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
+    check_depth(req)  # before anything serialises it: orjson parses 1024 levels but serialises only 254
     return req
+
+
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _request_id(scope: Scope) -> tuple[str, bytes]:
+    """The client's x-request-id (or a new one): as text for logs and the upstream header, and as the bytes to
+    return. Valid UTF-8 reaches the upstream byte for byte (aiohttp writes header text as UTF-8); other bytes as
+    U+FFFD. Cut to 200 bytes (at a character boundary); control characters (which no header may carry) get a new
+    id instead."""
+    raw = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+    if len(raw) > 200:
+        cut = 200
+        while cut > 196 and 0x80 <= raw[cut] < 0xC0:  # the cut falls inside a UTF-8 character: cut before it
+            cut -= 1
+        raw = raw[:cut]
+    if not raw.strip() or _CONTROL.search(raw):
+        rid = uuid.uuid4().hex
+        return rid, rid.encode()
+    return raw.decode("utf-8", "replace"), raw
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -43,6 +43,7 @@ from .upstream import UpstreamClient
 if TYPE_CHECKING:
     from .dialects import Dialect
     from .metrics import Metrics
+    from .redact import Redactor
     from .settings import ReplicaSettings, ServerSettings, UpstreamSettings
 
 log = logging.getLogger("dialect_proxy")
@@ -109,15 +110,17 @@ class Ticket:
 class ReplicaSet:
     """The replicas of one upstream, and the policy that picks one."""
 
-    def __init__(self, upstream: UpstreamSettings, server: ServerSettings, dialect: Dialect, metrics: Metrics) -> None:
+    def __init__(self, upstream: UpstreamSettings, server: ServerSettings, dialect: Dialect, metrics: Metrics,
+                 redactor: Redactor) -> None:
         self.upstream = upstream
+        self.redactor = redactor
         self.server = server
         self.dialect = dialect
         self.metrics = metrics
         self.label = metrics.upstream_label(upstream.name)
         several = len(upstream.replica_list()) > 1
         self.replicas = [
-            Replica(i, r, UpstreamClient(upstream, server, replica=r.name if several else None),
+            Replica(i, r, UpstreamClient(upstream, server, redactor, replica=r.name if several else None),
                     Admission(upstream.max_in_flight, upstream.queue_size, upstream.queue_timeout), self.label)
             for i, r in enumerate(upstream.replica_list())
         ]
@@ -259,8 +262,8 @@ class ReplicaSet:
         it, a check made for /readyz or the start-up log line must not leave a replica out for good)."""
         timeout = self.server.readiness_timeout
         active = len(self.replicas) > 1 and self.upstream.health_interval > 0
-        results = await asyncio.gather(*(probe(r.client, self.dialect, self.upstream, r.settings, timeout)
-                                         for r in self.replicas))
+        results = await asyncio.gather(*(probe(r.client, self.dialect, self.upstream, r.settings, timeout,
+                                               self.redactor) for r in self.replicas))
         for r, result in zip(self.replicas, results, strict=True):
             if active and r.healthy != result.ready:
                 log.warning(orjson.dumps({"event": "replica_health", "upstream": self.upstream.name,

@@ -119,6 +119,11 @@ class ServerSettings:
     state_max_bytes: int = 256 * 1024 * 1024
     state_ttl: float = 24 * 3600.0  # seconds each entry lives (memory and Redis)
     state_timeout: float = 2.0  # seconds to connect to / hear from Redis (an operation gives up after twice that)
+    # The HTTP front end (proxy/frontend.py): request head size, time to receive a request, open connections.
+    max_header_bytes: int = 65536
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_client_connections: int = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +202,10 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "state_max_bytes": (int, None),
     "state_ttl": (float, None),
     "state_timeout": (float, None),
+    "max_header_bytes": (int, None),
+    "header_timeout": (float, None),
+    "body_timeout": (float, None),
+    "max_client_connections": (int, None),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
@@ -558,7 +567,8 @@ def build_settings(
     server = ServerSettings(**server_values)
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
                 "readiness_timeout", "max_body_bytes", "workers", "state_max_entries", "state_max_bytes",
-                "state_ttl", "state_timeout"):
+                "state_ttl", "state_timeout", "max_header_bytes", "header_timeout", "body_timeout",
+                "max_client_connections"):
         _positive(f"server.{key}", getattr(server, key))
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")

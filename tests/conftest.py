@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 
 from proxy.app import create_app
+from proxy.frontend import frontend_options
 from proxy.settings import Settings, build_settings
 
 
@@ -37,8 +38,9 @@ class ServerThread:
     def __init__(self, app: Any, port: int | None = None, **config: Any) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, loop="uvloop", http="httptools",
-                             access_log=False, log_level="warning", lifespan="on", **config)
+        config.setdefault("http", "httptools")
+        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, loop="uvloop", access_log=False,
+                             log_level="warning", lifespan="on", **config)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -150,7 +152,7 @@ def start_proxy(servers: list[ServerThread]) -> Iterator[Callable[..., Proxy]]:
                           **upstream_kw}]
         config = {"upstreams": upstreams, "client": client or {}, "server": server or {}}
         settings = build_settings(config=config, environ=environ or {})
-        srv = ServerThread(create_app(settings)).start()
+        srv = ServerThread(create_app(settings), **frontend_options(settings.server)).start()
         servers.append(srv)
         proxy = Proxy(srv, settings)
         proxies.append(proxy)

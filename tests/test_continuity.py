@@ -147,9 +147,9 @@ def test_a_turn_never_seen_gets_the_dialects_fallback_and_turns_with_reasoning_a
         assert "reasoning_content" not in body["messages"][4] and body["messages"][4]["reasoning"] == "the client's own"
         assert "reasoning_content" not in body["messages"][5]  # no tool calls: nothing needed
         assert counts(metrics) == {"fallback": 1}
-        # a dialect without a fallback leaves the turn as it is
+        # a dialect without a fallback leaves the turn as it is (still counted as a fallback)
         plain = tool_history()
-        assert await continuity.restore(st, plain, None) == (0, 0)
+        assert await continuity.restore(st, plain, None) == (0, 1)
         assert "reasoning_content" not in plain["messages"][1]
 
     asyncio.run(go())
@@ -166,7 +166,8 @@ def test_replay_modes_per_model_strip_keep_restore() -> None:
             ("deepseek-chat", DS, "auto", False, True),  # non-thinking: nothing to restore, no store access
             ("DeepSeek-R1", DS, "auto", False, False),
             ("DeepSeek-R1", MindIEDialect(), "auto", False, False),
-            ("qwen3-32b", MindIEDialect(), "auto", False, True),
+            ("qwen3-32b", MindIEDialect(), "auto", True, True),  # its template renders the tool loop's reasoning
+            ("Llama-3-70B", MindIEDialect(), "auto", False, True),
             ("deepseek-flash", DS, "strip", False, False),
             ("DeepSeek-R1", DS, "keep", False, True),
             ("qwen3-32b", MindIEDialect(), "restore", True, True),

@@ -19,6 +19,18 @@ from starlette.routing import BaseRoute, Route
 
 from ..canonical import CHAT
 from ..errors import ClientRequestError, ProxyError
+from ..validate import (
+    ARRAY,
+    BOOLEAN,
+    INTEGER,
+    NULL,
+    NUMBER,
+    OBJECT,
+    STRING,
+    FieldTable,
+    check_types,
+    compile_table,
+)
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 from .responses_events import ResponsesEncoder
 from .responses_request import Decoded, ToolName, to_chat
@@ -31,6 +43,42 @@ if TYPE_CHECKING:
     from ..state.base import StateStore
 
 NAMESPACE = "responses"
+# The fields' JSON types, checked once at the edge (proxy/validate.py): a wrong type is a 400 naming the parameter.
+RESPONSES_FIELDS: FieldTable = {
+    "model": STRING,
+    "input": (STRING, ARRAY, NULL),
+    "input[]": OBJECT,
+    "input[].role": STRING,
+    "input[].type": STRING,
+    "input[].content": (STRING, ARRAY, NULL),
+    "input[].call_id": STRING,
+    "input[].name": STRING,
+    "input[].arguments": (STRING, OBJECT),
+    "instructions": (STRING, NULL),
+    "stream": (BOOLEAN, NULL),
+    "store": (BOOLEAN, NULL),
+    "background": (BOOLEAN, NULL),
+    "tools": (ARRAY, NULL),
+    "tools[]": OBJECT,
+    "tools[].type": STRING,
+    "tools[].name": STRING,
+    "tool_choice": (STRING, OBJECT, NULL),
+    "parallel_tool_calls": (BOOLEAN, NULL),
+    "max_output_tokens": (INTEGER, NULL),
+    "temperature": (NUMBER, NULL),
+    "top_p": (NUMBER, NULL),
+    "top_logprobs": (INTEGER, NULL),
+    "previous_response_id": (STRING, NULL),
+    "include": (ARRAY, NULL),
+    "include[]": STRING,
+    "metadata": (OBJECT, NULL),
+    "reasoning": (OBJECT, NULL),
+    "reasoning.effort": (STRING, NULL),
+    "text": (OBJECT, NULL),
+    "text.format": (OBJECT, NULL),
+    "user": (STRING, NULL),
+}
+_TABLE = compile_table(RESPONSES_FIELDS)
 IGNORED_TOOLS_HEADER = b"x-dialect-proxy-ignored-tools"
 _ENCRYPTED = "reasoning.encrypted_content"
 
@@ -47,18 +95,13 @@ class ResponsesClient(ClientDialect):
         self.signer = ThinkingSigner(key.encode() if key else None)
 
     async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
+        check_types(body, _TABLE)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise ClientRequestError("`stream` must be a boolean.", param="stream")
-        store = body.get("store", True)
-        if not isinstance(store, bool):
-            raise ClientRequestError("`store` must be a boolean.", param="store")
+        stream = body.get("stream") is True
+        store = body.get("store") is not False
         include = body.get("include") or []
-        if not isinstance(include, list):
-            raise ClientRequestError("`include` must be a list.", param="include")
         previous = body.get("previous_response_id")
         history: list[dict[str, Any]] = []
         if previous is not None:

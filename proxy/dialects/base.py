@@ -320,7 +320,7 @@ def _extract_error_message(raw: bytes) -> tuple[str, str | None, str | None]:
     if not text:
         return "", None, None
     try:
-        data = orjson.loads(text)
+        data = orjson.loads(text.decode("utf-8", "replace"))  # invalid UTF-8 becomes U+FFFD, as everywhere
     except orjson.JSONDecodeError:
         return _short(text.decode("utf-8", "replace")), None, None
     if isinstance(data, dict):
