@@ -4,9 +4,10 @@
 
 Each scenario replays one upstream answer shaped like the built-in mock's (64 chunks) through a fresh upstream
 session, pipeline and client encoder per request, as the handler does, fed one upstream event per read (the paced
-case; the worst for per-chunk overhead). Prints µs per upstream chunk (per request for non-stream): the fastest request over
-`rounds` alternating rounds (the machine is shared: the least disturbed request counts). `--profile NAME` runs one
-scenario under cProfile and prints the top functions instead. Not a test: it asserts nothing.
+case; the worst for per-chunk overhead). Prints µs per upstream chunk (per request for non-stream): the fastest
+request over `rounds` alternating rounds (the machine is shared: the least disturbed request counts).
+`--profile NAME` runs one scenario under cProfile and prints the top functions instead. Not a test: it asserts
+nothing.
 """
 
 from __future__ import annotations
