@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,7 +90,25 @@ def start(argv: list[str], cpu: int | set[int] | None) -> subprocess.Popen[bytes
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, *argv] if argv[0].endswith(".py") else [sys.executable, "-m", "proxy", *argv]
-    return subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile()  # stderr, shown by `died()` if the process ends early
+    proc = subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    LOGS[proc.pid] = log
+    return proc
+
+
+LOGS: dict[int, Any] = {}
+
+
+def died(proc: subprocess.Popen[bytes] | None) -> str:
+    """'' while `proc` runs; else its exit status and the end of its stderr."""
+    if proc is None or proc.poll() is None:
+        return ""
+    log = LOGS.get(proc.pid)
+    tail = b""
+    if log is not None:
+        log.seek(0)
+        tail = log.read()[-2000:]
+    return f"process {proc.args} ended with {proc.returncode}:\n{tail.decode(errors='replace')}"
 
 
 async def wait_up(url: str, timeout: float = 20) -> None:
@@ -357,6 +376,9 @@ async def scale_memory(n: int) -> None:
             await asyncio.sleep(3.0)  # every stream open and between chunks
             peak = rss_kib(pid)
             r = await task
+            if died(up.proxy) or died(up.mock):
+                print(died(up.proxy) or died(up.mock))
+                return
             print(f"  {label:<20} idle {idle / 1024:7.1f} MiB  with {n} open {peak / 1024:7.1f} MiB  "
                   f"-> {(peak - idle) / n:5.1f} KiB per open stream  (completed {len(r.latencies)}, "
                   f"errors {r.errors})")
