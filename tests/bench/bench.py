@@ -151,6 +151,11 @@ class Result:
     chunks: int = 0
     errors: int = 0
     elapsed: float = 0.0
+    error_kinds: dict[str, int] = field(default_factory=dict)  # "HTTP 502", "ServerDisconnectedError" ...
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
     @property
     def rps(self) -> float:
@@ -198,7 +203,7 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                 try:
                     async with s.post(base + path, json=body) as r:
                         if r.status != 200:
-                            res.errors += 1
+                            res.error(f"HTTP {r.status}")
                             await r.read()
                             continue
                         if stream:
@@ -218,8 +223,8 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                         else:
                             await r.read()
                             res.chunks += 1
-                except (TimeoutError, aiohttp.ClientError):
-                    res.errors += 1
+                except (TimeoutError, aiohttp.ClientError) as e:
+                    res.error(type(e).__name__)
                     continue
                 res.latencies.append(time.perf_counter() - t0)
 
@@ -356,7 +361,7 @@ async def scale_streams(n: int, seconds: float) -> None:
                 ratio = f"{r.rps / best['direct'][0].rps:>7.2f}" if target == "proxy" else f"{'':>7}"
                 print(f"{conc:>8}  {target:<7}{r.rps:>10.1f}{chunks / r.elapsed:>10.0f}"
                       f"{pct(r.latencies, 50) * 1000:>9.1f}{pct(r.latencies, 99) * 1000:>9.1f}"
-                      f"{cpu / max(chunks, 1) * 1e6:>14.1f}{ratio}{r.errors:>5}", flush=True)
+                      f"{cpu / max(chunks, 1) * 1e6:>14.1f}{ratio}{r.errors:>5}  {r.error_kinds or ''}", flush=True)
         print("cpu/chunk: the mock's for direct, the proxy's for proxy.")
     finally:
         up.stop()
