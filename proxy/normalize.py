@@ -156,6 +156,8 @@ class Normalizer:
         pieces = splitter.feed(content) if content else []
         if final:
             pieces = pieces + splitter.flush()
+        elif splitter.passthrough:
+            st.splitter = None  # the rest of this choice's content is plain text: no need to scan it
         r = reasoning or ""
         c = ""
         for kind, s in pieces:

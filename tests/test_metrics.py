@@ -229,6 +229,44 @@ def test_scripted_sequence_exact_values(clock: FakeClock) -> None:
                  python_version="{}.{}.{}".format(*__import__("sys").version_info[:3])) == 1
 
 
+def test_token_latency_tally_is_observe_per_sample(clock: FakeClock) -> None:
+    """Inter-token latencies are counted per request and added in batches: the exposition equals observing each
+    one (bucket bounds exactly, beyond the last bound, zero), and a stream's samples show up in a scrape within
+    TALLY_FLUSH_INTERVAL, before the stream ends."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    gaps = [0.0, 0.001, 0.005, 0.05, 0.15, 0.15, 0.2, 0.3, 29.0, 600.0, 0.02, 0.02]
+    reference = Histogram("ref", "", ["route", "upstream", "model"], registry=CollectorRegistry(),
+                          buckets=metrics_mod.TOKEN_LATENCY_BUCKETS).labels(ROUTE, "r1", "m")
+    last = clock.t
+    m = Metrics(["m"])
+    obs = m.request(ROUTE, "r1", "m", True)
+    obs.chunk(True)  # the first token: TTFT, no latency yet
+    itl = "dialect_proxy_inter_token_latency_seconds"
+    labels = {"route": ROUTE, "upstream": "r1", "model": "m"}
+    for gap in gaps[:3]:
+        clock.at(clock.t + gap)
+        obs.chunk(True)
+        reference.observe(clock.t - last)  # what the observer sees (float arithmetic included)
+        last = clock.t
+    assert value(m, itl + "_count", **labels) == 0  # pending: less than the flush interval since the first
+    clock.at(clock.t + metrics_mod.TALLY_FLUSH_INTERVAL)
+    obs.chunk(False)  # no token: no sample, no flush
+    assert value(m, itl + "_count", **labels) == 0
+    for gap in gaps[3:]:
+        clock.at(clock.t + gap)
+        obs.chunk(True)
+        reference.observe(clock.t - last)
+        last = clock.t
+    assert value(m, itl + "_count", **labels) >= 4  # flushed mid-stream: the interval had passed
+    obs.finish(200, False, "stop")
+    expected = {(s.name, s.labels.get("le")): s.value for s in reference._samples() if s.name != "_created"}
+    for (suffix, le), v in expected.items():
+        extra = {"le": le} if le is not None else {}
+        assert value(m, itl + suffix, **labels, **extra) == pytest.approx(v), (suffix, le)
+    assert value(m, itl + "_count", **labels) == len(gaps)
+
+
 def test_in_flight_gauges_and_finish_once(clock: FakeClock) -> None:
     m = Metrics(CONFIGURED)
     lab = {"route": ROUTE, "upstream": "r1", "model": "gpt-4o"}

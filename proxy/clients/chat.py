@@ -211,6 +211,15 @@ class ChatEncoder:
         self._id: str | None = None
         self._think_open: set[int] = set()  # think_tags: choices whose "<think>" was sent, "</think>" not yet
         self._folds: dict[int, _Fold] = {}
+        # The hot path (a chunk that only adds text to one choice) is built from cached bytes: the envelope up to
+        # the choice's index, and what follows the delta (`_tail`). Rebuilt when the envelope's extra fields change.
+        self._head = b""
+        self._tail = b""
+        self._extra_seen: dict[str, Any] | None = None
+        # The delta key the hot path may use for reasoning (None: reasoning takes the general path).
+        self._reasoning_key = {"reasoning_content": b'"reasoning_content":', "reasoning": b'"reasoning":'}.get(
+            reasoning
+        )
 
     # -- the Encoder protocol -----------------------------------------------------------------------------------
     def head(self) -> bytes:
@@ -222,9 +231,47 @@ class ChatEncoder:
                 self._fold(d)
             return b""
         # One chunk per event: choices of one upstream chunk go out one by one, as OpenAI sends n > 1 streams.
-        make = self._chat_choice if self.chat else self._text_choice
+        if self._extra_seen != self.answer.envelope_extra:
+            self._prefixes()
+        out = []
         dumps = orjson.dumps
-        return b"".join([encode_data(dumps(self._envelope([make(d)]))) for d in deltas])
+        head = self._head
+        tail = self._tail
+        for d in deltas:
+            # The common event adds text to a choice and nothing else: cached bytes around the one dumped string,
+            # byte for byte what the general path below produces (tests/clients/test_chat_encoder.py).
+            if not (d.first or d.tool_calls or d.finish_reason is not None or d.logprobs is not None or d.extra
+                    or d.choice_extra):
+                if not self.chat:
+                    out.append(b"%s%d,\"text\":%s%s" % (head, d.index, dumps(d.content), tail))
+                    continue
+                if not d.reasoning:
+                    if d.content and (d.index not in self._think_open):
+                        out.append(b'%s%d,"delta":{"content":%s}%s' % (head, d.index, dumps(d.content), tail))
+                        continue
+                elif not d.content and self._reasoning_key is not None:
+                    out.append(b'%s%d,"delta":{%s%s}%s' % (head, d.index, self._reasoning_key, dumps(d.reasoning),
+                                                            tail))
+                    continue
+            out.append(self._chunk(d))
+        return b"".join(out)
+
+    def _chunk(self, d: Delta) -> bytes:
+        """The general path: one event -> one framed chunk."""
+        make = self._chat_choice if self.chat else self._text_choice
+        return encode_data(orjson.dumps(self._envelope([make(d)])))
+
+    def _prefixes(self) -> None:
+        extra = self.answer.envelope_extra
+        self._extra_seen = dict(extra)
+        envelope = orjson.dumps({"id": self._response_id(), "object": self._object, "created": self.ctx.created,
+                                 "model": self.ctx.response_model})
+        self._head = b"data: " + envelope[:-1] + b',"choices":[{"index":'
+        rest: dict[str, Any] = dict(extra)
+        if self.include_usage:
+            rest["usage"] = None
+        after = b"," + orjson.dumps(rest)[1:] if rest else b"}"
+        self._tail = b',"logprobs":null,"finish_reason":null}]' + after + b"\n\n"
 
     def finish(self) -> bytes:
         if not self.stream:

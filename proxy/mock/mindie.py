@@ -434,8 +434,9 @@ def _choices(call: Call) -> int:
 def _generations(call: Call, flavour: Flavour, *, text_only: bool = False) -> list[Generation]:
     body = call.body
     max_tokens = body.get("max_tokens") if isinstance(body.get("max_tokens"), int) else None
-    cap = min(max_tokens or MAX_ITER_TIMES, MAX_ITER_TIMES)
     sc = call.scenario
+    max_iter = sc.num("max_iter", MAX_ITER_TIMES, lo=1, hi=100_000) or MAX_ITER_TIMES  # the server's maxIterTimes
+    cap = min(max_tokens or max_iter, max_iter)
     if text_only:
         sc = Scenario({k: v for k, v in sc.flags.items()
                        if k not in ("reasoning_field", "tool_calls", "tool_calls_noindex")})

@@ -49,6 +49,12 @@ class ThinkSplitter:
         """True while the text seen so far is inside the thinking block (or may still open one)."""
         return self._state == _IN or (self._state == _START and self._start_in_reasoning)
 
+    @property
+    def passthrough(self) -> bool:
+        """Decided for good: everything fed from now on is content, unchanged, and nothing is held (the caller may
+        stop feeding and take the text as content)."""
+        return self._state == _OUT
+
     def feed(self, text: str) -> list[tuple[str, str]]:
         state = self._state
         if state == _OUT:

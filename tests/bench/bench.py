@@ -1,29 +1,44 @@
-"""Benchmark: the mock upstream direct vs the proxy in front of it, measured in the same run.
+"""Benchmark: the proxy against the barest relay and the mock upstream direct, measured in one run.
 
-    python tests/bench/bench.py [--dialect openai|mindie] [--full-text] [--seconds 4] [--quick]
+    python tests/bench/bench.py [--seconds 2] [--rounds 3] [--quick]      the ratio table (`make bench`)
+    python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (README "Speed")
 
-Starts the built-in mock and the proxy as separate processes on loopback (the proxy pinned to CPU 0, the mock to
-CPU 1 when the machine has two), drives them from this process with aiohttp, and prints for each scenario
-(non-stream; 64-chunk streams zero-delay and 5 ms-paced; concurrency 1/16/64): requests/s, latency p50/p90/p99,
-time to first chunk for streams, the proxy's CPU time per request and per relayed chunk (from /proc), and the
-proxy/direct throughput ratio. Every run is bounded in time and count. Not a test: it asserts nothing.
+Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each and the
+barest aiohttp relay (tests/bench/bare_relay.py) in front of each, as separate processes on loopback: relays pinned
+to CPU 0, mocks to CPU 1 when the machine has two. This process drives them with aiohttp.
+
+The ratio table has one row per upstream dialect x client dialect x scenario (non-stream; 64-chunk streams
+zero-delay and 5 ms-paced). For each row the direct mock, the bare relay and the proxy take turns for `--rounds`
+rounds and each keeps its best round (the machine may be shared: the least disturbed round shows the code's own
+cost). CPU is the relay process's own CPU time (from /proc schedstat, ns) per upstream chunk (64 per stream) or per
+non-stream request; `ratio` is proxy CPU / bare CPU; `tput` is requests/s relative to direct. Every run is bounded
+in time and count. Not a test: it asserts nothing.
+
+A client dialect is one entry of CLIENT_APIS (path + request body of one prompt); adding one (`/v1/messages`) adds
+its rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+HERE = os.path.dirname(os.path.abspath(__file__))
+TWO_CPUS = (os.cpu_count() or 1) >= 2
 
 
 def free_port() -> int:
@@ -33,23 +48,70 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / CLK_TCK  # utime + stime
+    """CPU time of a process (all its threads and, for `--workers`, its child processes), in seconds, from the
+    scheduler's nanosecond counters."""
+    total = 0
+    for pid_ in [pid, *children(pid)]:
+        for path in glob.glob(f"/proc/{pid_}/task/*/schedstat"):
+            try:
+                with open(path) as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended
+    return total / 1e9
 
 
-def start(argv: list[str], cpu: int | None) -> subprocess.Popen[bytes]:
-    """`python -m proxy ARGV`, or a script when ARGV[0] ends in .py."""
+def children(pid: int) -> list[int]:
+    out = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def start(argv: list[str], cpu: int | set[int] | None) -> subprocess.Popen[bytes]:
+    """`python -m proxy ARGV`, or a script when ARGV[0] ends in .py; pinned to `cpu` (one or a set)."""
+    cpus = {cpu} if isinstance(cpu, int) else cpu
+
     def pin() -> None:
-        if cpu is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {cpu})
+        if cpus is not None and TWO_CPUS and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, *argv] if argv[0].endswith(".py") else [sys.executable, "-m", "proxy", *argv]
-    return subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile()  # stderr, shown by `died()` if the process ends early
+    proc = subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    LOGS[proc.pid] = log
+    return proc
 
 
-async def wait_up(url: str, timeout: float = 15) -> None:
+LOGS: dict[int, Any] = {}
+
+
+def died(proc: subprocess.Popen[bytes] | None) -> str:
+    """'' while `proc` runs; else its exit status and the end of its stderr."""
+    if proc is None or proc.poll() is None:
+        return ""
+    log = LOGS.get(proc.pid)
+    tail = b""
+    if log is not None:
+        log.seek(0)
+        tail = log.read()[-2000:]
+    return f"process {proc.args} ended with {proc.returncode}:\n{tail.decode(errors='replace')}"
+
+
+async def wait_up(url: str, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
@@ -63,6 +125,25 @@ async def wait_up(url: str, timeout: float = 15) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def stop(*procs: subprocess.Popen[bytes]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def raise_fd_limit(want: int = 16384) -> None:
+    """Thousands of loopback connections need file descriptors (children inherit the limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 @dataclass
 class Result:
     latencies: list[float] = field(default_factory=list)
@@ -70,6 +151,11 @@ class Result:
     chunks: int = 0
     errors: int = 0
     elapsed: float = 0.0
+    error_kinds: dict[str, int] = field(default_factory=dict)  # "HTTP 502", "ServerDisconnectedError" ...
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
     @property
     def rps(self) -> float:
@@ -83,25 +169,32 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-# Client dialects: the path and the request body of one prompt (the same upstream request for each).
-CLIENT_APIS = {
+# Client dialects: the path and the request body of one prompt (the same upstream request for each). The bare relay
+# and the direct mock always get the chat request (they translate nothing).
+CLIENT_APIS: dict[str, tuple[str, Callable[[str, bool], dict[str, Any]]]] = {
     "chat": ("/v1/chat/completions", lambda text, stream: {
         "model": "bench", "stream": stream, "messages": [{"role": "user", "content": text}]}),
     "responses": ("/v1/responses", lambda text, stream: {
         "model": "bench", "stream": stream, "store": False, "input": text}),
+    "messages": ("/v1/messages", lambda text, stream: {
+        "model": "bench", "stream": stream, "max_tokens": 1024, "messages": [{"role": "user", "content": text}]}),
 }
+# What counts as one client event in a streamed answer (chat chunks, Responses events, Messages events).
+EVENT_MARK = b"data: {"
 
 
 async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency: int, seconds: float,
-               max_requests: int, api: str = "chat") -> Result:
-    directive = f"[mock:chunks={chunks}][mock:delay_ms={delay_ms}]" if stream else "[mock:chunks=16]"
+               max_requests: int, api: str = "chat", extra: dict[str, Any] | None = None) -> Result:
+    directive = f"[mock:chunks={chunks}][mock:delay_ms={delay_ms}]" if stream else f"[mock:chunks={chunks}]"
+    if chunks > 512:
+        directive += f"[mock:max_iter={chunks}]"  # MindIE's default maxIterTimes is 512
     path, make = CLIENT_APIS[api]
-    body = make("bench " + directive, stream)
+    body = {**make("bench " + directive, stream), **(extra or {})}
     res = Result()
     stop_at = time.monotonic() + seconds
     issued = 0
     conn = aiohttp.TCPConnector(limit=concurrency + 4)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as s:
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=max(60, seconds * 2))) as s:
         async def worker() -> None:
             nonlocal issued
             while time.monotonic() < stop_at and issued < max_requests:
@@ -110,7 +203,7 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                 try:
                     async with s.post(base + path, json=body) as r:
                         if r.status != 200:
-                            res.errors += 1
+                            res.error(f"HTTP {r.status}")
                             await r.read()
                             continue
                         if stream:
@@ -121,7 +214,7 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                             tail = b""
                             async for data in r.content.iter_any():
                                 buf = tail + data
-                                found = buf.count(b"data: {")  # chat chunks / Responses events
+                                found = buf.count(EVENT_MARK)
                                 if found and not n:
                                     res.ttfb.append(time.perf_counter() - t0)
                                 n += found
@@ -130,8 +223,8 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                         else:
                             await r.read()
                             res.chunks += 1
-                except aiohttp.ClientError:
-                    res.errors += 1
+                except (TimeoutError, aiohttp.ClientError) as e:
+                    res.error(type(e).__name__)
                     continue
                 res.latencies.append(time.perf_counter() - t0)
 
@@ -141,103 +234,243 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
     return res
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dialect", default="openai", choices=["openai", "mindie", "deepseek", "siliconstorm"])
-    ap.add_argument("--full-text", action="store_true")
-    ap.add_argument("--seconds", type=float, default=4.0, help="duration of each scenario (bounded)")
-    ap.add_argument("--quick", action="store_true", help="concurrency 16 only, 2 s each")
-    args = ap.parse_args()
-    seconds = 2.0 if args.quick else args.seconds
-    concurrencies = [16] if args.quick else [1, 16, 64]
-    two_cpus = (os.cpu_count() or 1) >= 2
-    mock_port, proxy_port = free_port(), free_port()
-    mock_argv = ["mock", "--port", str(mock_port), "--dialect", args.dialect]
-    proxy_argv = ["serve", "--port", str(proxy_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
-                  "--upstream-dialect", args.dialect, "--log-level", "warning"]
-    if args.full_text:
-        mock_argv.append("--full-text")
-        proxy_argv.append("--full-text")
-    bare_port = free_port()
-    mock = start(mock_argv, 1 if two_cpus else None)
-    proxy = start(proxy_argv, 0 if two_cpus else None)
-    bare = start([os.path.join(os.path.dirname(__file__), "bare_relay.py"), str(bare_port),
-                  f"http://127.0.0.1:{mock_port}"], 0 if two_cpus else None)
+# ----------------------------------------------------------------------------------------------- the ratio table
+
+@dataclass
+class Upstream:
+    """One mock upstream with a proxy and a bare relay in front of it."""
+
+    name: str
+    dialect: str
+    full_text: bool
+    mock: subprocess.Popen[bytes] | None = None
+    proxy: subprocess.Popen[bytes] | None = None
+    bare: subprocess.Popen[bytes] | None = None
+    urls: dict[str, str] = field(default_factory=dict)
+
+    def start(self, proxy_extra: tuple[str, ...] = (), proxy_cpu: int | set[int] | None = 0) -> None:
+        mock_port, proxy_port, bare_port = free_port(), free_port(), free_port()
+        ft = ["--full-text"] if self.full_text else []
+        self.mock = start(["mock", "--port", str(mock_port), "--dialect", self.dialect, *ft], 1)
+        self.proxy = start(["serve", "--port", str(proxy_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
+                            "--upstream-dialect", self.dialect, "--log-level", "warning", *ft, *proxy_extra],
+                           proxy_cpu)
+        self.bare = start([os.path.join(HERE, "bare_relay.py"), str(bare_port), f"http://127.0.0.1:{mock_port}"], 0)
+        self.urls = {"direct": f"http://127.0.0.1:{mock_port}", "proxy": f"http://127.0.0.1:{proxy_port}",
+                     "bare": f"http://127.0.0.1:{bare_port}"}
+
+    async def ready(self) -> None:
+        await wait_up(self.urls["direct"] + "/health")
+        await wait_up(self.urls["proxy"] + "/healthz")
+        await wait_up(self.urls["bare"] + "/")
+
+    def stop(self) -> None:
+        stop(*(p for p in (self.proxy, self.bare, self.mock) if p is not None))
+
+
+@dataclass
+class Best:
+    rps: float = 0.0
+    cpu: float = float("inf")  # µs per unit
+    p50: float = float("nan")
+    errors: int = 0
+
+
+async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: int, seconds: float,
+                      rounds: int) -> dict[str, Best]:
+    chunks = 64 if stream else 16
+    best = {"direct": Best(), "bare": Best(), "proxy": Best()}
+    pids = {"bare": up.bare.pid if up.bare else 0, "proxy": up.proxy.pid if up.proxy else 0}
+    for _ in range(rounds):
+        for target in ("direct", "bare", "proxy"):
+            target_api = api if target == "proxy" else "chat"
+            url = up.urls[target]
+            await load(url, stream, chunks, delay, conc, 0.3, 200, target_api)  # warm-up
+            c0 = cpu_seconds(pids[target]) if target in pids else 0.0
+            r = await load(url, stream, chunks, delay, conc, seconds, 200_000, target_api)
+            cpu = cpu_seconds(pids[target]) - c0 if target in pids else 0.0
+            units = len(r.latencies) * (chunks if stream else 1)
+            b = best[target]
+            b.errors += r.errors
+            if r.rps > b.rps:
+                b.rps, b.p50 = r.rps, pct(r.latencies, 50)
+            if target in pids and units:
+                b.cpu = min(b.cpu, cpu / units * 1e6)
+    return best
+
+
+async def ratio_table(seconds: float, rounds: int) -> None:
+    ups = [Upstream("openai", "openai", False), Upstream("mindie full-text", "mindie", True)]
+    for up in ups:
+        up.start()
     try:
-        await wait_up(f"http://127.0.0.1:{mock_port}/health")
-        await wait_up(f"http://127.0.0.1:{proxy_port}/healthz")
-        await wait_up(f"http://127.0.0.1:{bare_port}/")
-        direct_url, proxy_url = f"http://127.0.0.1:{mock_port}", f"http://127.0.0.1:{proxy_port}"
-        bare_url = f"http://127.0.0.1:{bare_port}"
-        print(f"dialect={args.dialect} full_text={args.full_text} proxy pinned to CPU 0: {two_cpus}; "
-              f"{seconds:g} s per run\n")
-        print("ratio = proxy rps / direct rps; bare = the barest aiohttp relay (tests/bench/bare_relay.py), same "
-              "pinning;\nCPU columns are the relay process's own CPU time (utime+stime) per request / per chunk.\n")
-        header = (f"{'scenario':<18}{'conc':>5}{'direct rps':>11}{'proxy rps':>10}{'ratio':>7}{'bare':>6}"
-                  f"{'p50 ms':>8}{'p99 ms':>8}{'d.p50':>7}{'ttfc ms':>8}{'cpu/req µs':>11}{'bare':>6}"
-                  f"{'cpu/chunk µs':>13}{'bare':>6}{'err':>5}")
+        for up in ups:
+            await up.ready()
+        print(f"relays pinned to CPU 0, mocks to CPU 1: {TWO_CPUS}; {seconds:g} s per run, best of {rounds} "
+              f"alternating rounds (direct, bare, proxy)\n")
+        print("cpu = the relay process's CPU time per upstream chunk (64 per stream) or per non-stream request;\n"
+              "ratio = proxy cpu / bare cpu; tput = requests/s relative to the mock direct.\n")
+        header = (f"{'upstream':<17}{'client':<11}{'scenario':<15}{'conc':>5}{'bare µs':>9}{'proxy µs':>10}"
+                  f"{'ratio':>7}{'bare tput':>10}{'proxy tput':>11}{'p50 ms':>8}{'err':>5}")
         print(header)
         print("-" * len(header))
-        scenarios = [("non-stream", False, 0, 0), ("stream 64x0ms", True, 64, 0),
-                     ("stream 64x5ms", True, 64, 5)]
-        for name, stream, chunks, delay in scenarios:
-            for conc in concurrencies:
-                max_req = 200_000
-                await load(direct_url, stream, chunks, delay, conc, 0.3, 500)  # warm-up
-                d = await load(direct_url, stream, chunks, delay, conc, seconds, max_req)
-                await load(proxy_url, stream, chunks, delay, conc, 0.3, 500)
-                c0 = cpu_seconds(proxy.pid)
-                p = await load(proxy_url, stream, chunks, delay, conc, seconds, max_req)
-                cpu = cpu_seconds(proxy.pid) - c0
-                await load(bare_url, stream, chunks, delay, conc, 0.3, 500)
-                b0 = cpu_seconds(bare.pid)
-                b = await load(bare_url, stream, chunks, delay, conc, seconds, max_req)
-                bcpu = cpu_seconds(bare.pid) - b0
-                per_req = cpu / max(len(p.latencies), 1) * 1e6
-                per_chunk = cpu / max(p.chunks, 1) * 1e6
-                b_req = bcpu / max(len(b.latencies), 1) * 1e6
-                b_chunk = bcpu / max(b.chunks, 1) * 1e6
-                ratio = p.rps / d.rps if d.rps else float("nan")
-                b_ratio = b.rps / d.rps if d.rps else float("nan")
-                ttfc = f"{pct(p.ttfb, 50) * 1000:8.2f}" if stream else f"{'-':>8}"
-                chunk_cols = f"{per_chunk:>13.1f}{b_chunk:>6.0f}" if stream else f"{'-':>13}{'-':>6}"
-                print(f"{name:<18}{conc:>5}{d.rps:>11.1f}{p.rps:>10.1f}{ratio:>7.2f}{b_ratio:>6.2f}"
-                      f"{pct(p.latencies, 50) * 1000:>8.2f}{pct(p.latencies, 99) * 1000:>8.2f}"
-                      f"{pct(d.latencies, 50) * 1000:>7.2f}{ttfc}{per_req:>11.0f}{b_req:>6.0f}"
-                      f"{chunk_cols}{p.errors + d.errors + b.errors:>5}", flush=True)
-        await client_dialects(proxy, proxy_url, seconds)
+        scenarios = [("non-stream", False, 0, 16), ("stream 64x0ms", True, 0, 16), ("stream 64x5ms", True, 5, 64)]
+        rows = [(up, "chat", sc) for sc in scenarios for up in ups]
+        rows += [(ups[0], api, sc) for api in CLIENT_APIS if api != "chat" for sc in scenarios]
+        for up, api, (name, stream, delay, conc) in rows:
+            best = await measure_row(up, api, stream, delay, conc, seconds, rounds)
+            d, b, p = best["direct"], best["bare"], best["proxy"]
+            unit_ratio = p.cpu / b.cpu if b.cpu else float("nan")
+            print(f"{up.name:<17}{api:<11}{name:<15}{conc:>5}{b.cpu:>9.1f}{p.cpu:>10.1f}{unit_ratio:>7.2f}"
+                  f"{b.rps / d.rps if d.rps else 0:>10.2f}{p.rps / d.rps if d.rps else 0:>11.2f}"
+                  f"{p.p50 * 1000:>8.1f}{d.errors + b.errors + p.errors:>5}", flush=True)
     finally:
-        for proc in (proxy, bare, mock):
-            proc.send_signal(signal.SIGINT)
-        for proc in (proxy, bare, mock):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for up in ups:
+            up.stop()
 
 
-async def client_dialects(proxy: subprocess.Popen[bytes], proxy_url: str, seconds: float, rounds: int = 3) -> None:
-    """The same upstream streams through each client dialect: proxy CPU per upstream chunk, and its ratio to chat.
-    The dialects take turns for `rounds` rounds and each keeps its lowest figure (the least disturbed run)."""
-    print(f"\nclient dialects (the same 64-chunk zero-delay upstream streams, 16 concurrent; CPU per upstream chunk, "
-          f"best of {rounds} alternating rounds)")
-    header = f"{'client dialect':<18}{'rps':>10}{'cpu/chunk µs':>13}{'vs chat':>8}{'err':>5}"
-    print(header)
-    print("-" * len(header))
-    best: dict[str, tuple[float, float]] = {}
-    errors: dict[str, int] = {}
-    for _ in range(rounds):
-        for api in CLIENT_APIS:
-            await load(proxy_url, True, 64, 0, 16, 0.3, 500, api)
-            c0 = cpu_seconds(proxy.pid)
-            p = await load(proxy_url, True, 64, 0, 16, seconds, 200_000, api)
-            per_chunk = (cpu_seconds(proxy.pid) - c0) / max(len(p.latencies) * 64, 1) * 1e6
-            if api not in best or per_chunk < best[api][1]:
-                best[api] = (p.rps, per_chunk)
-            errors[api] = errors.get(api, 0) + p.errors
-    base = best["chat"][1]
-    for api, (rps, per_chunk) in best.items():
-        print(f"{api:<18}{rps:>10.1f}{per_chunk:>13.1f}{per_chunk / base:>8.2f}{errors[api]:>5}", flush=True)
+# ---------------------------------------------------------------------------------------------- scale scenarios
+
+async def scale_streams(n: int, seconds: float) -> None:
+    """`n` concurrent paced streams (5 ms per chunk) on one proxy process: throughput vs direct and CPU per chunk,
+    next to the same at n/10 streams (flat per-chunk cost)."""
+    up = Upstream("openai", "openai", False)
+    up.start()
+    try:
+        await up.ready()
+        print(f"concurrent streams of 64 chunks paced 5 ms (OpenAI mock; 320 ms per stream unloaded), {seconds:g} s "
+              "each, direct and proxy alternating, best of 2 rounds")
+        header = (f"{'streams':>8}  {'target':<7}{'streams/s':>10}{'chunks/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+                  f"{'cpu/chunk µs':>14}{'ratio':>7}{'err':>5}")
+        print(header)
+        print("-" * len(header))
+        for conc in (max(n // 10, 1), n):
+            best: dict[str, tuple[Result, float]] = {}
+            for _ in range(2):
+                for target in ("direct", "proxy"):
+                    await load(up.urls[target], True, 64, 5, conc, 1.0, conc, "chat")  # open the connections
+                    proc = up.proxy if target == "proxy" else up.mock
+                    pid = proc.pid if proc else 0
+                    c0 = cpu_seconds(pid)
+                    r = await load(up.urls[target], True, 64, 5, conc, seconds, 10**6, "chat")
+                    cpu = cpu_seconds(pid) - c0
+                    if target not in best or r.rps > best[target][0].rps:
+                        best[target] = (r, cpu)
+            for target, (r, cpu) in best.items():
+                chunks = len(r.latencies) * 64
+                ratio = f"{r.rps / best['direct'][0].rps:>7.2f}" if target == "proxy" else f"{'':>7}"
+                print(f"{conc:>8}  {target:<7}{r.rps:>10.1f}{chunks / r.elapsed:>10.0f}"
+                      f"{pct(r.latencies, 50) * 1000:>9.1f}{pct(r.latencies, 99) * 1000:>9.1f}"
+                      f"{cpu / max(chunks, 1) * 1e6:>14.1f}{ratio}{r.errors:>5}  {r.error_kinds or ''}", flush=True)
+        print("cpu/chunk: the mock's for direct, the proxy's for proxy.")
+    finally:
+        up.stop()
+
+
+async def scale_memory(n: int) -> None:
+    """Memory per open stream: the proxy's RSS with `n` streams open, minus its RSS idle, divided by `n`."""
+    up = Upstream("openai", "openai", False)
+    up.start()
+    try:
+        await up.ready()
+        pid = up.proxy.pid if up.proxy else 0
+        print(f"memory per open stream: {n} streams held open through the proxy (1 chunk every 2 s)")
+        for label in ("cold (first time)", "warm (pools grown)"):
+            idle = rss_kib(pid)
+            task = asyncio.ensure_future(load(up.urls["proxy"], True, 3, 2000, n, 0.5, n, "chat"))
+            await asyncio.sleep(3.0)  # every stream open and between chunks
+            peak = rss_kib(pid)
+            r = await task
+            if died(up.proxy) or died(up.mock):
+                print(died(up.proxy) or died(up.mock))
+                return
+            print(f"  {label:<20} idle {idle / 1024:7.1f} MiB  with {n} open {peak / 1024:7.1f} MiB  "
+                  f"-> {(peak - idle) / n:5.1f} KiB per open stream  (completed {len(r.latencies)}, "
+                  f"errors {r.errors})")
+    finally:
+        up.stop()
+
+
+async def scale_full_text(lengths: list[int], rounds: int) -> None:
+    """MindIE full-text streams of growing length: CPU per chunk should stay flat (linear total cost)."""
+    up = Upstream("mindie full-text", "mindie", True)
+    up.start()
+    try:
+        await up.ready()
+        print("MindIE full-text (cumulative) streams, 1 at a time, zero delay; CPU per chunk, best of "
+              f"{rounds} alternating rounds.\nEvery cumulative chunk repeats the whole text so far, so the bytes on "
+              "the wire grow quadratically for any relay;\nthe proxy's own work beyond the bare relay should not.")
+        header = f"{'chunks':>8}{'bare µs/chunk':>15}{'proxy µs/chunk':>16}{'proxy-bare':>12}{'ratio':>7}"
+        print(header)
+        print("-" * len(header))
+        for n in lengths:
+            best = {"bare": float("inf"), "proxy": float("inf")}
+            for _ in range(rounds):
+                for target in ("bare", "proxy"):
+                    proc = up.proxy if target == "proxy" else up.bare
+                    pid = proc.pid if proc else 0
+                    c0 = cpu_seconds(pid)
+                    r = await load(up.urls[target], True, n, 0, 1, 120.0, 1, "chat", {"max_tokens": n})
+                    if len(r.latencies) != 1 or r.chunks < n:
+                        raise RuntimeError(f"{target}: {r.chunks} chunks of {n}, {r.errors} errors")
+                    if r.latencies:
+                        best[target] = min(best[target], (cpu_seconds(pid) - c0) / n * 1e6)
+            b, p = best["bare"], best["proxy"]
+            print(f"{n:>8}{b:>15.1f}{p:>16.1f}{p - b:>12.1f}{p / b:>7.2f}", flush=True)
+    finally:
+        up.stop()
+
+
+async def scale_workers(seconds: float, rounds: int) -> None:
+    """Non-stream throughput of `--workers 2` (both cores) against one worker (both cores too)."""
+    print("non-stream throughput, 64 concurrent, proxy --workers 1 vs --workers 2 (both unpinned; the mock and this "
+          f"load generator share the same cores), best of {rounds} rounds")
+    results: dict[int, float] = {}
+    cpus: dict[int, float] = {}
+    for workers in (1, 2):
+        up = Upstream("openai", "openai", False)
+        up.start(proxy_extra=("--workers", str(workers)), proxy_cpu=None)
+        try:
+            await up.ready()
+            pid = up.proxy.pid if up.proxy else 0
+            for _ in range(rounds):
+                await load(up.urls["proxy"], False, 16, 0, 64, 0.5, 10**6)
+                c0 = cpu_seconds(pid)
+                r = await load(up.urls["proxy"], False, 16, 0, 64, seconds, 10**6)
+                if r.rps > results.get(workers, 0):
+                    results[workers] = r.rps
+                    cpus[workers] = (cpu_seconds(pid) - c0) / max(len(r.latencies), 1) * 1e6
+        finally:
+            up.stop()
+    for workers, rps in results.items():
+        print(f"  --workers {workers}: {rps:8.1f} req/s  proxy cpu/req {cpus[workers]:6.0f} µs")
+    print(f"  ratio 2 workers / 1 worker: {results[2] / results[1]:.2f}")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=2.0, help="duration of each measured run (bounded)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; each target keeps its best")
+    ap.add_argument("--quick", action="store_true", help="1 s runs, 2 rounds")
+    ap.add_argument("--scale", choices=["streams", "memory", "fulltext", "workers", "all"],
+                    help="a scale scenario instead of the ratio table")
+    ap.add_argument("--streams", type=int, default=1000, help="concurrent streams for --scale streams/memory")
+    args = ap.parse_args()
+    seconds, rounds = (1.0, 2) if args.quick else (args.seconds, args.rounds)
+    raise_fd_limit()
+    print(f"dialect-proxy bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}\n")
+    if args.scale is None:
+        await ratio_table(seconds, rounds)
+        return
+    if args.scale in ("streams", "all"):
+        await scale_streams(args.streams, max(seconds, 3.0))
+    if args.scale in ("memory", "all"):
+        await scale_memory(args.streams)
+    if args.scale in ("fulltext", "all"):
+        await scale_full_text([1024, 2048, 4096, 8192], rounds)
+    if args.scale in ("workers", "all"):
+        await scale_workers(max(seconds, 3.0), rounds)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""The Chat/Completions encoder's hot path (cached envelope bytes around one dumped string) against its general path
+(the whole chunk built as a dict and dumped): byte for byte the same, for any sequence of events and any client
+setting; and the envelope follows fields that appear mid-stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.canonical import CHAT, COMPLETIONS, RequestContext
+from proxy.clients.chat import ChatEncoder
+from proxy.events import Answer, Delta
+from proxy.settings import UpstreamSettings
+
+REASONING_MODES = ["reasoning_content", "reasoning", "think_tags", "none"]
+TEXT = st.text(alphabet=st.sampled_from(["a", " ", "é", "\n", '"', "\\", "<", "😀", "\x00", "\u2028"]), max_size=6)
+
+ANY_DELTA = st.builds(
+    Delta,
+    index=st.integers(0, 2),
+    reasoning=TEXT,
+    content=TEXT,
+    tool_calls=st.one_of(st.none(), st.just([{"index": 0, "function": {"arguments": "{}"}}])),
+    finish_reason=st.one_of(st.none(), st.sampled_from(["stop", "length"])),
+    logprobs=st.one_of(st.none(), st.just({"content": []})),
+    extra=st.one_of(st.none(), st.just({"refusal": None})),
+    choice_extra=st.one_of(st.none(), st.just({"stop_reason": 7})),
+    first=st.booleans(),
+)
+# Most events only add text: make those common, so that sequences mix them with the rest.
+DELTAS = st.one_of(st.builds(Delta, index=st.integers(0, 2), reasoning=TEXT, content=TEXT), ANY_DELTA)
+# Envelope fields the upstream adds (system_fingerprint ...), possibly changing mid-stream: (event number, fields).
+EXTRAS = st.lists(st.tuples(st.integers(0, 20), st.dictionaries(st.sampled_from(["system_fingerprint", "x"]),
+                                                                 st.one_of(st.text(max_size=3), st.none()))),
+                  max_size=3)
+
+
+def encoder(kind: str, include_usage: bool, reasoning: str, answer: Answer, keep_upstream_id: bool) -> ChatEncoder:
+    upstream = UpstreamSettings(name="u", dialect="openai", url="http://127.0.0.1:1", keep_upstream_id=keep_upstream_id)
+    ctx = RequestContext(kind=kind, request_id="r", client_model="alias", upstream_model="m", upstream=upstream,
+                         stream=True, response_id="chatcmpl-ours", created=7)
+    return ChatEncoder(ctx, answer, True, include_usage, reasoning, False, kind == CHAT)
+
+
+@settings(max_examples=300, deadline=None)
+@given(deltas=st.lists(DELTAS, max_size=20), kind=st.sampled_from([CHAT, COMPLETIONS]), include_usage=st.booleans(),
+       reasoning=st.sampled_from(REASONING_MODES), extras=EXTRAS, batch=st.integers(1, 4),
+       keep_upstream_id=st.booleans())
+def test_hot_path_is_the_general_path(deltas: list[Delta], kind: str, include_usage: bool, reasoning: str,
+                                      extras: list[tuple[int, dict[str, Any]]], batch: int,
+                                      keep_upstream_id: bool) -> None:
+    fast_answer, slow_answer = Answer(upstream_id="up-1"), Answer(upstream_id="up-1")
+    fast = encoder(kind, include_usage, reasoning, fast_answer, keep_upstream_id)
+    slow = encoder(kind, include_usage, reasoning, slow_answer, keep_upstream_id)
+    fast_out, slow_out = b"", b""
+    for start in range(0, len(deltas), batch):
+        for at, fields in extras:
+            if at == start:
+                fast_answer.envelope_extra.update(fields)
+                slow_answer.envelope_extra.update(fields)
+        group = deltas[start:start + batch]
+        fast_out += fast.feed(group)
+        slow_out += b"".join(slow._chunk(d) for d in group)
+    assert fast_out == slow_out
+
+
+def test_hot_path_chunks_parse_as_chat_chunks() -> None:
+    answer = Answer()
+    enc = encoder(CHAT, True, "reasoning_content", answer, False)
+    out = enc.feed([Delta(0, "", "", first=True), Delta(0, "hm", ""), Delta(0, "", 'say "hi"')])
+    answer.envelope_extra["system_fingerprint"] = "fp_1"
+    out += enc.feed([Delta(1, "", "é\n")])
+    chunks = [orjson.loads(line[6:]) for line in out.split(b"\n\n") if line]
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""}, {"reasoning_content": "hm"}, {"content": 'say "hi"'}, {"content": "é\n"}]
+    assert [c["choices"][0]["index"] for c in chunks] == [0, 0, 0, 1]
+    assert all(c["id"] == "chatcmpl-ours" and c["model"] == "alias" and c["usage"] is None for c in chunks)
+    assert [c.get("system_fingerprint") for c in chunks] == [None, None, None, "fp_1"]
