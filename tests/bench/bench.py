@@ -14,8 +14,8 @@ cost). CPU is the relay process's own CPU time (from /proc schedstat, ns) per up
 non-stream request; `ratio` is proxy CPU / bare CPU; `tput` is requests/s relative to direct. Every run is bounded
 in time and count. Not a test: it asserts nothing.
 
-A client dialect is one entry of CLIENT_APIS (path + request body of one prompt); adding one (`/v1/messages`) adds
-its rows.
+A client dialect is one entry of CLIENT_APIS (path + request body of one prompt: chat, responses, messages);
+adding one adds its rows.
 """
 
 from __future__ import annotations
