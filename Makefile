@@ -1,6 +1,7 @@
 # One command each, on a fresh machine (README.md):
 #   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
-#   make test   set up (incl. promtool/prometheus from Debian when root), lint (ruff, mypy --strict), run pytest
+#   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
+#   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make soak   a bounded soak run against the mock (loopback only)
 PYTHON ?= python3
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test bench soak lint system-deps clean
+.PHONY: demo test test-cli bench soak lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -26,18 +27,29 @@ $(DEVSTAMP): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dialect-proxy demo
 
-# promtool and the Prometheus server come from Debian's `prometheus` package; tests that need them skip with a
-# reason when they cannot be installed (not root, no apt).
+# promtool and the Prometheus server come from Debian's `prometheus` package, redis-server (the Redis state store's
+# tests) from `redis-server`; tests that need them skip with a reason when they cannot be installed (not root, no apt).
 system-deps:
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	@missing=""; \
+	if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then missing="prometheus"; fi; \
+	if ! command -v redis-server >/dev/null 2>&1; then missing="$$missing redis-server"; fi; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
-	      || echo "warning: could not install Debian package prometheus; its tests will skip"; \
-	  else echo "note: promtool/prometheus missing and not root; their tests will skip"; fi; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "warning: could not install Debian package(s)$$missing; their tests will skip"; \
+	  else echo "note: Debian package(s) $$missing missing and not root; their tests will skip"; fi; \
 	fi
 
 test: $(DEVSTAMP) system-deps lint
 	$(BIN)/python -m pytest -q
+
+# Real client CLIs from npm (not part of `make test`). Codex is pinned: the tests name its shell tool.
+CLI_DIR := $(VENV)/cli
+CODEX_VERSION ?= 0.169.0
+CLI_PACKAGES ?= @openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code
+test-cli: $(DEVSTAMP)
+	npm install --prefix $(CLI_DIR) --no-audit --no-fund --no-update-notifier $(CLI_PACKAGES)
+	PATH="$(abspath $(CLI_DIR))/node_modules/.bin:$$PATH" $(BIN)/python -m pytest -q -m cli
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check proxy tests

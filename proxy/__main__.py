@@ -41,6 +41,14 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("log-level", "log level (default info)", "str", LOG_LEVELS),
     ("log-bodies", "log request/response bodies at debug level, secrets redacted (default false)", "bool", None),
     ("max-body-bytes", "largest accepted request body in bytes (default 4194304); larger gets 413", "int", None),
+    ("max-header-bytes", "largest accepted request line + headers in bytes (default 65536); larger gets 431",
+     "int", None),
+    ("header-timeout", "seconds a client has to send a request's line and headers, from its first byte or the "
+     "connection's opening (default 10); slower gets 408", "float", None),
+    ("body-timeout", "seconds a client has to send a request's body once its headers are in (default 60); slower "
+     "gets 408", "float", None),
+    ("max-client-connections", "open client connections accepted (default 2048); more get 503 at once", "int",
+     None),
     ("connect-timeout", "seconds to connect to an upstream (default 10)", "float", None),
     ("first-byte-timeout", "seconds to wait for an upstream's response headers (default 600)", "float", None),
     ("idle-timeout", "seconds of upstream silence allowed between stream chunks (default 300)", "float", None),
@@ -53,6 +61,12 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "str", ("all", "any")),
     ("api-keys-env", "name of an environment variable holding the comma-separated API keys clients must send "
      "(Authorization: Bearer KEY) on /v1/*; unset = no client authentication", "str", None),
+    ("state-store", "where state that outlives a request is kept (stored Responses, reasoning continuity): memory "
+     "(default; per process) or a redis://[:PASSWORD@]HOST:PORT/DB or rediss:// URL shared by replicas", "str", None),
+    ("state-max-entries", "memory store: most entries kept, oldest out first (default 10000)", "int", None),
+    ("state-max-bytes", "memory store: most bytes kept, oldest out first (default 268435456)", "int", None),
+    ("state-ttl", "seconds each stored entry lives, memory or Redis (default 86400)", "float", None),
+    ("state-timeout", "seconds to connect to / hear from Redis before a 503 (default 2)", "float", None),
 ]
 CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("client-reasoning", "how clients receive reasoning: reasoning_content (default), reasoning, think_tags, none",
@@ -246,14 +260,16 @@ def configure_logging(level: str) -> None:
 def _uvicorn_config(app: Any, host: str, port: int, level: str, **kw: Any) -> Any:
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False,
-                          log_level=level, lifespan="on", proxy_headers=False, **kw)
+    kw.setdefault("http", "httptools")
+    return uvicorn.Config(app, host=host, port=port, loop="uvloop", access_log=False, log_level=level,
+                          lifespan="on", proxy_headers=False, **kw)
 
 
 def serve(settings: Settings) -> None:
     import uvicorn
 
     from .app import create_app
+    from .frontend import frontend_options
 
     s = settings.server
     configure_logging(s.log_level)
@@ -262,13 +278,14 @@ def serve(settings: Settings) -> None:
 
         prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
-                    loop="uvloop", http="httptools", access_log=False, log_level=s.log_level, proxy_headers=False,
-                    timeout_graceful_shutdown=s.shutdown_grace)  # type: ignore[arg-type]
+                    loop="uvloop", access_log=False, log_level=s.log_level, proxy_headers=False,
+                    timeout_graceful_shutdown=s.shutdown_grace, **frontend_options(s))  # type: ignore[arg-type]
         return
     from .server import ProxyServer
 
     app = create_app(settings)
-    config = _uvicorn_config(app, s.host, s.port, s.log_level, timeout_graceful_shutdown=s.shutdown_grace)
+    config = _uvicorn_config(app, s.host, s.port, s.log_level, timeout_graceful_shutdown=s.shutdown_grace,
+                             **frontend_options(s))
     ProxyServer(config, app.state.proxy).run()
 
 
@@ -294,6 +311,7 @@ def demo(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .app import create_app
+    from .frontend import frontend_options
     from .mock import create_app as create_mock
     from .settings import coerce_value
 
@@ -313,7 +331,8 @@ def demo(args: argparse.Namespace) -> None:
     configure_logging("info")
     mock_server = uvicorn.Server(_uvicorn_config(create_mock(args.dialect, full_text=full_text), "127.0.0.1",
                                                  mock_port, "warning"))
-    proxy_server = uvicorn.Server(_uvicorn_config(create_app(settings), "127.0.0.1", proxy_port, "warning"))
+    proxy_server = uvicorn.Server(_uvicorn_config(create_app(settings), "127.0.0.1", proxy_port, "warning",
+                                                  **frontend_options(settings.server)))
     base = f"http://127.0.0.1:{proxy_port}/v1"
     try:  # print the snippet for an interpreter that has the openai SDK, so that it works as printed
         import openai  # noqa: F401

@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.applications import Starlette
@@ -18,9 +19,12 @@ from starlette.routing import Route
 
 from . import __version__
 from .appstate import AppState
+from .clients import ClientDialect
 from .errors import ProxyError
 from .handlers import InferenceEndpoint
+from .redact import log_url
 from .settings import Settings, UpstreamSettings
+from .state import log_store, store_check
 from .upstream import read_body
 
 log = logging.getLogger("dialect_proxy")
@@ -37,7 +41,7 @@ def create_app(settings: Settings) -> ProxyApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # In the background: start-up is not held up by a slow upstream (each check is bounded by
         # readiness_timeout anyway).
-        checks = asyncio.create_task(log_upstream_checks(state))
+        checks = asyncio.gather(log_upstream_checks(state), log_store(state.store, settings))
         try:
             yield
         finally:
@@ -49,7 +53,8 @@ def create_app(settings: Settings) -> ProxyApp:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(request: Request) -> Response:
-        results = await asyncio.gather(*(_probe(state, u) for u in settings.upstreams))
+        results, store = await asyncio.gather(asyncio.gather(*(_probe(state, u) for u in settings.upstreams)),
+                                              store_check(state.store, settings.server.readiness_timeout))
         for u, result in zip(settings.upstreams, results, strict=True):
             state.metrics.upstream_up(u.name, result.ready)
         check = all if settings.server.ready_when == "all" else any
@@ -58,6 +63,8 @@ def create_app(settings: Settings) -> ProxyApp:
             "status": "ready" if ready else "not ready",
             "upstreams": {u.name: r.summary() for u, r in zip(settings.upstreams, results, strict=True)},
             "checks": {u.name: r.as_json() for u, r in zip(settings.upstreams, results, strict=True)},
+            # Reported, never a reason for 503: requests that need no state go on without it (README "State store").
+            "state_store": store,
         }
         if state.shutting_down:
             body["reason"] = "shutting down"
@@ -105,8 +112,12 @@ def create_app(settings: Settings) -> ProxyApp:
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
+    # Starlette would answer `/v1/models/` with a redirect built from the client's Host header (an open
+    # redirect); without the slash redirect such paths are served (inference, see ProxyApp) or 404.
+    app.router.redirect_slashes = False
     app.state.proxy = state
-    return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys)
+    return ProxyApp(app, {route.path: route.endpoint for route in inference}, settings.server.api_keys,
+                    list(state.client_dialects.values()))
 
 
 class ProxyApp:
@@ -114,31 +125,39 @@ class ProxyApp:
     and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
     `send` in two more coroutines, off the per-chunk path."""
 
-    def __init__(self, app: Starlette, fast: dict[str, Any], api_keys: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        fast: dict[str, Any],
+        api_keys: tuple[str, ...] = (),
+        clients: list[ClientDialect] | None = None,
+    ) -> None:
         self.app = app
         self.state = app.state
         self._fast = fast
         self._keys = tuple(f"Bearer {k}".encode() for k in api_keys)
+        self._raw_keys = tuple(k.encode() for k in api_keys)  # `x-api-key: <key>` (Anthropic clients)
+        self._clients = clients or []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
-                err = ProxyError("Incorrect or missing API key: send `Authorization: Bearer <key>`.", 401)
+                err = ProxyError(
+                    "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
+                )
+                status, headers, body = self._error(scope["path"], err)
                 await send(
                     {
                         "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                            *((k.encode(), v.encode()) for k, v in err.response_headers().items()),
-                        ],
+                        "status": status,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"), *headers],
                     }
                 )
-                await send({"type": "http.response.body", "body": err.body()})
+                await send({"type": "http.response.body", "body": body})
                 return
             if scope["method"] == "POST":
-                endpoint = self._fast.get(scope["path"])
+                path = scope["path"]
+                endpoint = self._fast.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
                 if endpoint is not None:
                     await endpoint(scope, receive, send)
                     return
@@ -146,7 +165,17 @@ class ProxyApp:
 
     def _authorized(self, scope: Any) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return any(hmac.compare_digest(given, key) for key in self._keys)
+        if any(hmac.compare_digest(given, key) for key in self._keys):
+            return True
+        api_key = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
+        return bool(api_key) and any(hmac.compare_digest(api_key, key) for key in self._raw_keys)
+
+    def _error(self, path: str, err: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """An error in the shape of the client dialect that owns `path` (OpenAI's elsewhere)."""
+        for client in self._clients:
+            if path == client.path or path.startswith(client.path + "/"):
+                return client.error_response(err)
+        return err.status, [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()], err.body()
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:
@@ -199,7 +228,8 @@ async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[st
 
 @dataclass(frozen=True, slots=True)
 class UpstreamCheck:
-    """One readiness check of one upstream: what was asked, what came back, and why it is (not) ready."""
+    """One readiness check of one upstream: what was asked, what came back, and why it is (not) ready. The open
+    /readyz shows the path asked and the reason, never the upstream's address (that goes to the log)."""
 
     url: str
     ready: bool
@@ -211,8 +241,8 @@ class UpstreamCheck:
         return "up" if self.ready else "down: " + self.reason
 
     def as_json(self) -> dict[str, Any]:
-        return {"url": self.url, "ready": self.ready, "reachable": self.reachable, "status": self.status,
-                "reason": self.reason}
+        return {"path": urlsplit(self.url).path or "/", "ready": self.ready, "reachable": self.reachable,
+                "status": self.status, "reason": self.reason}
 
 
 async def _probe(state: AppState, u: UpstreamSettings) -> UpstreamCheck:
@@ -221,29 +251,30 @@ async def _probe(state: AppState, u: UpstreamSettings) -> UpstreamCheck:
     wrong key. An upstream whose dialect has no such path (the engine API) is ready when it answers at all."""
     path = state.dialects[u.name].path("health")
     url = u.health_url or u.url + (path or "/")
+    shown = urlsplit(url).path or "/"
     headers = {"Authorization": f"Bearer {u.api_key}"} if u.api_key and u.health_url is None else {}
     timeout = state.settings.server.readiness_timeout
     try:
         resp = await state.clients[u.name].open("GET", url, headers=headers, timeout=timeout)
         resp.close()
     except ProxyError as err:
-        return UpstreamCheck(url, False, False, None, err.message)
+        return UpstreamCheck(url, False, False, None, state.redactor.for_client(err.message))
     status = resp.status
     if u.health_url is None and not path:
         if status < 500:
             return UpstreamCheck(url, True, True, status, f"answered HTTP {status} (the {u.dialect} dialect has no "
                                                          "health path: reachable is all that can be checked)")
-        return UpstreamCheck(url, False, True, status, f"GET {url} answered HTTP {status}")
+        return UpstreamCheck(url, False, True, status, f"GET {shown} answered HTTP {status}")
     if 200 <= status < 300:
-        return UpstreamCheck(url, True, True, status, f"GET {url} answered HTTP {status}")
+        return UpstreamCheck(url, True, True, status, f"GET {shown} answered HTTP {status}")
     if status == 404 and u.health_url is None:
-        reason = (f"GET {url} answered 404: the URL (host, port, path prefix) or the dialect ({u.dialect}) is "
-                  f"wrong; `dialect-proxy probe {u.url}` tells what the upstream speaks")
+        reason = (f"GET {shown} answered 404: the URL (host, port, path prefix) or the dialect ({u.dialect}) is "
+                  f"wrong; `dialect-proxy probe URL` tells what the upstream speaks")
     elif status in (401, 403) and u.health_url is None:
-        reason = (f"GET {url} answered {status}: the upstream refused the API key "
+        reason = (f"GET {shown} answered {status}: the upstream refused the API key "
                   + ("(check the variable named by api_key_env)" if u.api_key else "(set api_key_env)"))
     else:
-        reason = f"GET {url} answered HTTP {status} (expected 2xx)"
+        reason = f"GET {shown} answered HTTP {status} (expected 2xx)"
     return UpstreamCheck(url, False, True, status, reason)
 
 
@@ -251,6 +282,6 @@ async def log_upstream_checks(state: AppState) -> None:
     """At start-up: one log line per upstream saying whether it was reachable and ready."""
     checks = await asyncio.gather(*(_probe(state, u) for u in state.settings.upstreams))
     for u, check in zip(state.settings.upstreams, checks, strict=True):
-        line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": u.url,
+        line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": log_url(u.url),
                 "reachable": check.reachable, "ready": check.ready, "status": check.status, "detail": check.reason}
         (log.info if check.ready else log.warning)(orjson.dumps(line).decode())

@@ -7,6 +7,7 @@ import os
 from .clients import CLIENT_DIALECTS, ClientDialect
 from .dialects import Dialect, get_dialect
 from .metrics import Metrics
+from .redact import Redactor
 from .routing import Router
 from .settings import Settings
 from .state import open_store
@@ -20,8 +21,9 @@ class AppState:
         self.settings = settings
         self.router = Router(settings.upstreams)
         self.dialects: dict[str, Dialect] = {u.name: get_dialect(u.dialect) for u in settings.upstreams}
+        self.redactor = Redactor.from_settings(settings)  # upstream text -> clients, logs, metric labels
         self.clients: dict[str, UpstreamClient] = {
-            u.name: UpstreamClient(u, settings.server) for u in settings.upstreams
+            u.name: UpstreamClient(u, settings.server, self.redactor) for u in settings.upstreams
         }
         configured = self.router.configured_models()
         multiprocess = settings.server.workers > 1 or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from . import continuity
 from .canonical import RequestContext
 from .errors import (
     ClientRequestError,
@@ -32,6 +34,7 @@ from .errors import (
 from .events import Answer, Delta
 from .pipeline import Pipeline
 from .upstream import iter_stream, read_body, release
+from .validate import check_depth
 
 if TYPE_CHECKING:
     from .appstate import AppState
@@ -128,10 +131,8 @@ class InferenceEndpoint:
         state = self.state
         client = self.client
         started = time.perf_counter()
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        if len(request_id) > 200:
-            request_id = request_id[:200]
-        rid_header = (b"x-request-id", request_id.encode("latin-1", "replace"))
+        request_id, rid_bytes = _request_id(scope)
+        rid_header = (b"x-request-id", rid_bytes)
         info: dict[str, Any] = {"request_id": request_id, "route": self.route}
         obs: RequestObserver | None = None
         status = 500
@@ -140,7 +141,7 @@ class InferenceEndpoint:
             try:
                 body = await _read_request_body(scope, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
-                    raise ProxyError("The proxy is shutting down.", 503, code="upstream_unavailable")
+                    raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
                 call = await client.decode(_parse(body), _headers(scope))
                 ctx = self._context(call, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
@@ -150,6 +151,7 @@ class InferenceEndpoint:
                 watch = _Disconnect(receive)
                 status = await self._serve(call, ctx, send, watch, obs, rid_header, info)
             except ProxyError as err:
+                state.redactor.sanitize(err)
                 status = err.status
                 info["error"] = err.code
                 if obs is None:  # refused before routing (bad JSON, 413, unknown model): still counted
@@ -262,6 +264,8 @@ class InferenceEndpoint:
                 404,
                 code="unsupported_endpoint",
             )
+        # Reasoning continuity: strip or restore reasoning on assistant turns; a recorder only when the mode needs it.
+        recorder = await continuity.prepare(state.store, dialect, call.request, ctx, state.metrics)
         session = dialect.session(ctx)
         upstream_body = session.build_request(call.request)
         path = dialect.request_path(path, upstream_body, ctx)
@@ -284,7 +288,10 @@ class InferenceEndpoint:
         deadline = loop.time() + server.total_timeout
         obs.upstream_started()
         try:
-            resp = await http.open("POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers)
+            resp = await http.open(  # total_timeout bounds the wait for the headers too
+                "POST", upstream.url + path, body=orjson.dumps(upstream_body), headers=headers,
+                timeout=min(server.first_byte_timeout, server.total_timeout),
+            )
         except (UpstreamUnreachable, UpstreamTimeout):
             state.metrics.upstream_up(upstream.name, False)
             raise
@@ -299,7 +306,7 @@ class InferenceEndpoint:
             t_up = time.perf_counter()
             content_type = resp.headers.get("Content-Type", "")
             if not ctx.stream or resp.status >= 300 or "text/event-stream" not in content_type:
-                raw = await read_body(resp, min(server.idle_timeout, max(deadline - loop.time(), 0.001)))
+                raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout)
                 obs.add_upstream_wait(time.perf_counter() - t_up)
                 if resp.status >= 300:
                     raise dialect.error_from_body(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
@@ -318,14 +325,20 @@ class InferenceEndpoint:
                 info["finish_reason"] = answer.finish_reason
                 for event in events:
                     obs.chunk(event.has_token)
+                if recorder is not None:
+                    recorder.feed(events)
                 encoder.feed(events)
                 result = encoder.finish()
+                if recorder is not None:
+                    await recorder.save()
                 await self.client.completed(call, encoder)
                 watch.complete = True
                 await send_json(send, 200, result, extra_headers)
                 reusable = True
                 return 200
-            status = await self._relay(resp, call, pipeline, encoder, send, watch, obs, extra_headers, info, deadline)
+            status = await self._relay(
+                resp, call, pipeline, encoder, send, watch, obs, extra_headers, info, deadline, recorder
+            )
             reusable = status == 200
             return status
         finally:
@@ -346,6 +359,7 @@ class InferenceEndpoint:
         extra_headers: list[tuple[bytes, bytes]],
         info: dict[str, Any],
         deadline: float,
+        recorder: continuity.Recorder | None = None,
     ) -> int:
         """Upstream event stream -> client event stream.
 
@@ -368,6 +382,8 @@ class InferenceEndpoint:
                 obs.chunk(has_token)
                 if has_token or event.finish_reason is not None:
                     substantive = True
+            if recorder is not None:
+                recorder.feed(events)
             data = encoder.feed(events)
             events.clear()
             if data:
@@ -407,11 +423,14 @@ class InferenceEndpoint:
             self._observe(obs, session, pipeline.answer, info)
             info["finish_reason"] = pipeline.answer.finish_reason
             tail = encoder.finish()
+            if recorder is not None:
+                await recorder.save()  # before the last bytes: a fast client's next turn must find it
             await self.client.completed(call, encoder)
             watch.complete = True
             await flush(tail, more=False)
             return 200
         except ProxyError as err:
+            self.state.redactor.sanitize(err)
             if events:
                 encode()  # what arrived before the failure is still delivered, ahead of the error
             reason = err.reason if isinstance(err, StreamTruncated) else "upstream_error"
@@ -477,7 +496,28 @@ def _parse(body: bytes) -> dict[str, Any]:
         raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
     if not isinstance(req, dict):
         raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
+    check_depth(req)  # before anything serialises it: orjson parses 1024 levels but serialises only 254
     return req
+
+
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _request_id(scope: Scope) -> tuple[str, bytes]:
+    """The client's x-request-id (or a new one): as text for logs and the upstream header, and as the bytes to
+    return. Valid UTF-8 reaches the upstream byte for byte (aiohttp writes header text as UTF-8); other bytes as
+    U+FFFD. Cut to 200 bytes (at a character boundary); control characters (which no header may carry) get a new
+    id instead."""
+    raw = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+    if len(raw) > 200:
+        cut = 200
+        while cut > 196 and 0x80 <= raw[cut] < 0xC0:  # the cut falls inside a UTF-8 character: cut before it
+            cut -= 1
+        raw = raw[:cut]
+    if not raw.strip() or _CONTROL.search(raw):
+        rid = uuid.uuid4().hex
+        return rid, rid.encode()
+    return raw.decode("utf-8", "replace"), raw
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -64,6 +64,7 @@ FINISH_REASONS = frozenset(
 )
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
 DIALECTS = frozenset({"openai", "deepseek", "mindie", "siliconstorm", "engine", "any"})
+CONTINUITY_EVENTS = frozenset({"restored", "fallback", "recorded", "record_failed"})  # proxy/continuity.py
 
 # Units of MindIE's extras. queue_wait_time is documented in microseconds (mindie-chat-completions.md, usage
 # table). prefill_time and decode_time_arr have no documented unit; the documented examples (prefill 39..200,
@@ -261,6 +262,12 @@ class Metrics:
             f"{p}_finish_reasons", "Completed answers by finish_reason (as sent to the client).",
             ["upstream", "model", "reason"], registry=r,
         )
+        self.continuity = Counter(
+            f"{p}_reasoning_continuity",
+            "Reasoning continuity (proxy/continuity.py) by event: tool-call turns whose reasoning was restored from "
+            "the store or got the fallback; answers whose reasoning was recorded, or whose recording failed.",
+            ["upstream", "event"], registry=r,
+        )
         self.upstream_up_gauge = Gauge(
             f"{p}_upstream_up", "1 if the last health probe or connection to the upstream succeeded, else 0.",
             ["upstream"], multiprocess_mode="mostrecent", registry=r,
@@ -313,6 +320,10 @@ class Metrics:
         ``model`` the client's model name (bounded here). ``started_at`` is a ``time.perf_counter()`` value if the
         request started before the observer was made (for example before the body was parsed)."""
         return RequestObserver(self, route, upstream, model, stream, started_at)
+
+    def reasoning_continuity(self, upstream: str, event: str, count: int = 1) -> None:
+        label = event if event in CONTINUITY_EVENTS else OTHER
+        self.child(self.continuity, self.upstream_label(upstream), label).inc(count)
 
     def upstream_up(self, upstream: str, up: bool) -> None:
         self.child(self.upstream_up_gauge, self.upstream_label(upstream)).set(1 if up else 0)

@@ -10,6 +10,7 @@ produced before the failure are already in `out`, so the caller can still delive
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -19,6 +20,8 @@ from .errors import StreamTruncated, UpstreamError
 from .events import Answer, Delta
 from .normalize import Normalizer
 from .sse import SSEDecoder, SSEEvent
+
+log = logging.getLogger("dialect_proxy")
 
 
 class Pipeline:
@@ -35,7 +38,10 @@ class Pipeline:
 
     def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out`."""
-        self._take(self._decoder.feed(data), out)
+        try:
+            self._take(self._decoder.feed(data), out)
+        except _SHAPE_ERRORS as e:
+            raise _bad_shape(e, StreamTruncated) from None
 
     def finish(self, out: list[Delta]) -> None:
         """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
@@ -49,8 +55,16 @@ class Pipeline:
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise UpstreamError("The upstream answered with a body that is not JSON: " + preview(raw), 502) from None
-        out.extend(self._feed(self.session.response(data), True))
+            try:  # invalid UTF-8 inside the JSON: U+FFFD, as the stream decoder does (README "Streams")
+                data = orjson.loads(raw.decode("utf-8", "replace"))
+            except orjson.JSONDecodeError:
+                raise UpstreamError(
+                    "The upstream answered with a body that is not JSON: " + preview(raw), 502
+                ) from None
+        try:
+            out.extend(self._feed(self.session.response(data), True))
+        except _SHAPE_ERRORS as e:
+            raise _bad_shape(e, UpstreamError) from None
 
     def _take(self, events: list[SSEEvent], out: list[Delta]) -> None:
         for event in events:
@@ -76,6 +90,19 @@ class Pipeline:
             chunk = self._chunk(parsed)
             if chunk is not None:
                 out.extend(self._feed(chunk))
+
+
+# A JSON value of a shape no dialect expects (a string where an object belongs, a list for an index ...) ends up as
+# one of these deep in a spoke; it is the upstream's fault, so a 502 (or an error event), never our 500.
+_SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError)
+
+
+def _bad_shape(e: Exception, cls: type[UpstreamError]) -> UpstreamError:
+    log.warning("upstream data of an unexpected shape: %s", type(e).__name__)  # its text may quote upstream data
+    message = f"The upstream sent JSON of an unexpected shape ({type(e).__name__})."
+    if cls is StreamTruncated:
+        return StreamTruncated(message, reason="invalid_data")
+    return cls(message, 502)
 
 
 def preview(data: bytes | str, limit: int = 200) -> str:

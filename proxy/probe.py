@@ -17,7 +17,6 @@ to paste into the proxy's YAML file.
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,13 +25,14 @@ import aiohttp
 import orjson
 import yaml
 
+from .dialects.base import THINKING_MODEL_RE
 from .mapping import load_mapping
 from .sse import SSEDecoder
 from .upstream import connection_hint
 
 DIALECT_GUESS_ORDER = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
-# DECISIONS.md "Reasoning": these upstream names start inside the thinking block (same pattern as proxy/translate.py).
-R1_NAME = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
+# DECISIONS.md "Reasoning": these upstream names start inside the thinking block.
+R1_NAME = THINKING_MODEL_RE
 # Dialects that read `stream_options` (MindIE does not; it sends usage on its finish chunk anyway).
 _STREAM_OPTIONS = ("openai", "deepseek", "engine")
 _NO_MODEL = ("engine",)  # the engine API never takes `model`
@@ -355,6 +355,8 @@ class Prober:
         if tools:
             body["tools"] = [TOOL]
             body["tool_choice"] = "required"
+            if dialect == "deepseek":  # thinking mode (DeepSeek's default) refuses a forced tool_choice
+                body["thinking"] = {"type": "disabled"}
             body["messages"] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
         return body
 

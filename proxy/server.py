@@ -1,9 +1,11 @@
 """The uvicorn server the CLI runs, with graceful drain on SIGTERM.
 
-From the first SIGTERM on: no new connections; /readyz answers 503 and requests arriving on kept-alive connections
-get 503 (so load balancers move on); in-flight requests get `shutdown_grace` seconds to finish. uvicorn then
-cancels what is left, and the handler ends each such request with an error the client can see: an SSE error event
-(no [DONE]) for a stream already under way, a 503 envelope otherwise.
+From the first SIGTERM on: the listening socket is closed (new connections are refused); idle kept-alive
+connections are closed at once, without an answer (HTTP clients and the SDKs open a new connection, elsewhere);
+connections with a request in flight finish it, with `connection: close`. A request that still reaches the app
+while draining (it raced the close) gets 503 `shutting_down`, /readyz too. In-flight requests get `shutdown_grace`
+seconds to finish; uvicorn then cancels what is left, and the handler ends each such request with an error the
+client can see: an SSE error event (no [DONE]) for a stream already under way, a 503 envelope otherwise.
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import yaml
 
 DIALECT_NAMES = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
 CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
 REASONING_SOURCES = ("auto", "field", "tags", "off")
-REASONING_REPLAY = ("auto", "strip", "keep")
+REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
 USAGE_FIELDS = ("openai", "deepseek")
 RESPONSE_MODEL = ("client", "upstream")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -59,6 +60,10 @@ class UpstreamSettings:
 class ClientSettings:
     reasoning: str = "reasoning_content"
     usage_fields: str = "openai"
+    # env var with the secret that signs Anthropic `thinking` blocks (proxy/clients/signature.py); none: a random
+    # key per process, so signatures do not verify across workers, replicas or restarts (docs/messages.md)
+    thinking_key_env: str | None = None
+    thinking_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,17 @@ class ServerSettings:
     ready_when: str = "all"  # /readyz: every upstream up (a sidecar) or any (a gateway in front of several)
     api_keys_env: str | None = None  # env var with the comma-separated keys clients must send (none: open)
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # The state store (proxy/state/): "memory" (per process) or a redis:// / rediss:// URL (may hold a password).
+    state_store: str = field(default="memory", repr=False)
+    state_max_entries: int = 10_000  # memory store bounds; the oldest entries go first
+    state_max_bytes: int = 256 * 1024 * 1024
+    state_ttl: float = 24 * 3600.0  # seconds each entry lives (memory and Redis)
+    state_timeout: float = 2.0  # seconds to connect to / hear from Redis (an operation gives up after twice that)
+    # The HTTP front end (proxy/frontend.py): request head size, time to receive a request, open connections.
+    max_header_bytes: int = 65536
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_client_connections: int = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,10 +167,20 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "readiness_timeout": (float, None),
     "api_keys_env": (str, None),
     "ready_when": (str, ("all", "any")),
+    "state_store": (str, None),
+    "state_max_entries": (int, None),
+    "state_max_bytes": (int, None),
+    "state_ttl": (float, None),
+    "state_timeout": (float, None),
+    "max_header_bytes": (int, None),
+    "header_timeout": (float, None),
+    "body_timeout": (float, None),
+    "max_client_connections": (int, None),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
     "usage_fields": (str, USAGE_FIELDS),
+    "thinking_key_env": (str, None),
 }
 _UPSTREAM_KEYS = (
     "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
@@ -279,6 +305,59 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
     )
 
 
+_STORE_SCHEMES = ("redis", "rediss")
+_SECRET_PARAMS = ("password", "username")
+
+
+def redact_url(url: str) -> str:
+    """The URL with its user info and password parameters replaced by ***: fit for logs, errors and /readyz.
+    Works on the string (not urlsplit), so that an unescaped '/', '#' or '?' in a password cannot slip through."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***" if "@" in url else url
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    base, q, query = rest.partition("?")
+    if q:
+        pairs = [p.partition("=") for p in query.split("&")]
+        query = "&".join(k + e + ("***" if k.lower() in _SECRET_PARAMS else v) for k, e, v in pairs)
+    return scheme + sep + base + q + query
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The credentials a URL carries (raw and unquoted), to scrub from any text that might echo them."""
+    rest = url.partition("://")[2]
+    userinfo = rest.rpartition("@")[0]
+    found = [userinfo, userinfo.partition(":")[2]]
+    found += [v for k, _, v in (p.partition("=") for p in rest.partition("?")[2].split("&"))
+              if k.lower() in _SECRET_PARAMS]
+    return tuple(s for f in found if f for s in {f, unquote(f)})
+
+
+def state_store_value(key: str, value: str) -> str:
+    """`memory`, or a redis:// / rediss:// URL with a host, a valid port and an optional /DB number. Messages show
+    the URL without its credentials."""
+    if value.strip().lower() == "memory":
+        return "memory"
+    url = value.strip()
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{key}: {shown!r} is not a valid URL (bad host or port)") from None
+    if parts.scheme.lower() not in _STORE_SCHEMES:
+        raise ConfigError(f"{key}: expected memory or a redis:// or rediss:// URL, got {shown!r}")
+    if not parts.hostname:
+        raise ConfigError(f"{key}: {shown!r} names no host (e.g. redis://redis:6379/0)")
+    if port == 0:
+        raise ConfigError(f"{key}: {shown!r}: port 0 is not a TCP port")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"{key}: {shown!r}: the path is the database number (e.g. /0), got {db!r}")
+    return url
+
+
 def load_config_file(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -335,9 +414,19 @@ def build_settings(
         if not keys:
             raise ConfigError(f"server.api_keys_env: environment variable {keys_env} is not set (or holds no key)")
         server_values["api_keys"] = keys
+    thinking_env = client_values.get("thinking_key_env")
+    if thinking_env:
+        thinking_env = env_var_name("client.thinking_key_env", thinking_env)
+        if not environ.get(thinking_env):
+            raise ConfigError(f"client.thinking_key_env: environment variable {thinking_env} is not set")
+        client_values["thinking_key"] = environ[thinking_env]
+    if "state_store" in server_values:
+        server_values["state_store"] = state_store_value("server.state_store", server_values["state_store"])
     server = ServerSettings(**server_values)
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
-                "readiness_timeout", "max_body_bytes", "workers"):
+                "readiness_timeout", "max_body_bytes", "workers", "state_max_entries", "state_max_bytes",
+                "state_ttl", "state_timeout", "max_header_bytes", "header_timeout", "body_timeout",
+                "max_client_connections"):
         _positive(f"server.{key}", getattr(server, key))
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DONE", "KEEPALIVE", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data"]
+__all__ = ["DONE", "KEEPALIVE", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data", "encode_event"]
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -146,6 +146,11 @@ class SSEDecoder:
 def encode_data(payload: bytes) -> bytes:
     """Frame one JSON payload (already serialised, no newlines) as an SSE data event."""
     return b"data: " + payload + b"\n\n"
+
+
+def encode_event(event: bytes, payload: bytes) -> bytes:
+    """Frame one named event (`event: message_start` ...) with its JSON payload (already serialised, no newlines)."""
+    return b"event: " + event + b"\ndata: " + payload + b"\n\n"
 
 
 def encode_comment(text: str) -> bytes:

@@ -12,24 +12,30 @@ connect or first-byte timeout -> 504 `UpstreamTimeout`.
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import socket
 import ssl
 from collections.abc import AsyncGenerator, Mapping
 
 import aiohttp
+import orjson
 
 from .errors import ProxyError, StreamTruncated, UpstreamTimeout, UpstreamUnreachable
+from .redact import Redactor, log_url
 from .settings import ServerSettings, UpstreamSettings
 
 _READ_SIZE = 2**16
+log = logging.getLogger("dialect_proxy")
 
 
 class UpstreamClient:
     """The connection pool of one upstream."""
 
-    def __init__(self, upstream: UpstreamSettings, server: ServerSettings) -> None:
+    def __init__(self, upstream: UpstreamSettings, server: ServerSettings, redactor: Redactor | None = None) -> None:
         self.upstream = upstream
         self.server = server
+        self.redactor = redactor or Redactor([upstream.api_key or ""])
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -83,17 +89,19 @@ class UpstreamClient:
                 f"{self.server.connect_timeout:g} s."
             ) from None
         except aiohttp.ClientConnectorError as e:
-            raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` could not be reached ({_reason(e)}).{self._hint(url, e)}"
-            ) from None
+            raise self._unreachable(url, e, f"could not be reached ({_kind(e)})") from None
         except aiohttp.ServerDisconnectedError as e:
-            raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` closed the connection without answering.{self._hint(url, e)}"
-            ) from None
+            raise self._unreachable(url, e, "closed the connection without answering") from None
         except aiohttp.ClientError as e:
-            raise UpstreamUnreachable(
-                f"The upstream `{self.upstream.name}` failed: {_reason(e)}.{self._hint(url, e)}"
-            ) from None
+            raise self._unreachable(url, e, f"failed ({_kind(e)})") from None
+
+    def _unreachable(self, url: str, e: BaseException, what: str) -> UpstreamUnreachable:
+        """The client's error names the upstream and the kind of failure; its address and the full reason go to the
+        log only (README "Errors")."""
+        name = self.upstream.name
+        log.warning(orjson.dumps({"event": "upstream_unreachable", "upstream": name, "url": log_url(url),
+                                  "reason": self.redactor.secrets(_reason(e))}).decode())
+        return UpstreamUnreachable(f"The upstream `{name}` {what}.{self._hint(url, e)}")
 
     def _hint(self, url: str, e: BaseException) -> str:
         hint = connection_hint(url, e, bool(self.upstream.tls_cert_file))
@@ -142,14 +150,24 @@ def tls_context(upstream: UpstreamSettings) -> ssl.SSLContext | bool:
     return ctx
 
 
-async def read_body(resp: aiohttp.ClientResponse, timeout: float, limit: int = 64 * 2**20) -> bytes:
-    """A whole (non-stream) body, bounded in time and size."""
+async def read_body(
+    resp: aiohttp.ClientResponse, timeout: float, limit: int = 64 * 2**20, *, idle: float | None = None
+) -> bytes:
+    """A whole (non-stream) body, bounded in size, in time (`timeout` for all of it: what is left of the request's
+    total_timeout) and, with `idle`, in silence between two reads (idle_timeout), as for streams."""
     try:
         async with asyncio.timeout(timeout):
             chunks = []
             size = 0
             while True:
-                data = await resp.content.read(_READ_SIZE)
+                if idle is None:
+                    data = await resp.content.read(_READ_SIZE)
+                else:
+                    try:
+                        async with asyncio.timeout(idle):
+                            data = await resp.content.read(_READ_SIZE)
+                    except TimeoutError:
+                        raise UpstreamTimeout(f"The upstream sent nothing for {idle:g} s.") from None
                 if not data:
                     break
                 size += len(data)
@@ -256,6 +274,33 @@ async def release(resp: aiohttp.ClientResponse, drain_timeout: float = 1.0) -> N
         resp.release()
     else:
         resp.close()
+
+
+_ERRNO_KINDS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ECONNRESET: "connection reset",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.ENETUNREACH: "network unreachable",
+    errno.ETIMEDOUT: "timed out",
+}
+
+
+def _kind(e: BaseException) -> str:
+    """What went wrong, in words that carry no address."""
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        return "TLS certificate not trusted"
+    if isinstance(e, aiohttp.ClientSSLError) or isinstance(getattr(e, "os_error", None), ssl.SSLError):
+        return "TLS handshake failed"
+    if isinstance(e, aiohttp.ClientConnectorDNSError) or isinstance(getattr(e, "os_error", None), socket.gaierror):
+        return "host name not resolved"
+    os_error = getattr(e, "os_error", None)
+    if isinstance(os_error, OSError) and os_error.errno in _ERRNO_KINDS:
+        return _ERRNO_KINDS[os_error.errno]
+    text = _reason(e).lower()
+    for words in ("connection refused", "connection reset", "broken pipe", "timed out"):
+        if words in text:
+            return words
+    return type(e).__name__
 
 
 def _reason(e: BaseException) -> str:

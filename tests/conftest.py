@@ -1,13 +1,18 @@
-"""Real servers on loopback ports: the built-in mock upstream and the proxy, each a uvicorn server in a thread."""
+"""Real servers on loopback ports: the built-in mock upstream and the proxy, each a uvicorn server in a thread; a real
+redis-server for the state store (`redis_url`, `start_redis`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +21,7 @@ import pytest
 import uvicorn
 
 from proxy.app import create_app
+from proxy.frontend import frontend_options
 from proxy.settings import Settings, build_settings
 
 
@@ -32,8 +38,9 @@ class ServerThread:
     def __init__(self, app: Any, port: int | None = None, **config: Any) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, loop="uvloop", http="httptools",
-                             access_log=False, log_level="warning", lifespan="on", **config)
+        config.setdefault("http", "httptools")
+        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, loop="uvloop", access_log=False,
+                             log_level="warning", lifespan="on", **config)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -145,7 +152,7 @@ def start_proxy(servers: list[ServerThread]) -> Iterator[Callable[..., Proxy]]:
                           **upstream_kw}]
         config = {"upstreams": upstreams, "client": client or {}, "server": server or {}}
         settings = build_settings(config=config, environ=environ or {})
-        srv = ServerThread(create_app(settings)).start()
+        srv = ServerThread(create_app(settings), **frontend_options(settings.server)).start()
         servers.append(srv)
         proxy = Proxy(srv, settings)
         proxies.append(proxy)
@@ -163,3 +170,118 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: floa
             return True
         time.sleep(interval)
     return predicate()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A real redis-server (Debian package redis-server; `make system-deps` installs it) on a free loopback port, without
+# persistence. `redis_url` (an emptied server shared by the session) is what most tests want; `start_redis` gives a
+# test its own server to kill or restart.
+
+REDIS_SERVER = shutil.which("redis-server")
+REDIS_MISSING = "redis-server is not installed (Debian package redis-server; `make system-deps` installs it)"
+
+
+class RedisServer:
+    def __init__(self, directory: Path, *args: str) -> None:
+        self.directory = directory
+        self.args = args  # extra redis-server options, e.g. ("--requirepass", "secret")
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> RedisServer:
+        """Start (or restart, on the same port once it has one). Returns when the server answers PING."""
+        assert REDIS_SERVER and not self.running
+        for _ in range(3):  # a free port can be taken before redis binds it: try another
+            port = self.port or free_port()
+            with open(self.directory / "redis.log", "ab") as log:
+                self.proc = subprocess.Popen(
+                    [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                     "--daemonize", "no", "--dir", str(self.directory), *self.args],
+                    stdout=log, stderr=subprocess.STDOUT)
+            if self._wait_ready(port):
+                self.port = port
+                return self
+            self._reap()
+        raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
+
+    def _wait_ready(self, port: int) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.running:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                reply = sock.recv(64)
+                if reply.startswith((b"+PONG", b"-NOAUTH")):
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def command(self, *args: Any, password: str | None = None) -> Any:
+        import redis
+
+        with redis.Redis(host="127.0.0.1", port=self.port, password=password, socket_timeout=5) as client:
+            return client.execute_command(*args)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to connected clients."""
+        if self.proc is not None and self.running:
+            self.proc.send_signal(signal.SIGKILL)
+        self._reap()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.running:
+            self.proc.terminate()
+        self._reap()
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    if not REDIS_SERVER:
+        pytest.skip(REDIS_MISSING)
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """redis://127.0.0.1:PORT/0 of a running, empty redis-server (shared by the session; FLUSHALL per test)."""
+    if not redis_server.running:  # a test killed it
+        redis_server.start()
+    redis_server.command("FLUSHALL")
+    return redis_server.url
+
+
+@pytest.fixture
+def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """start_redis(*options) -> a redis-server of the test's own (to kill, restart, or run with --requirepass)."""
+    if not REDIS_SERVER:
+        pytest.skip(REDIS_MISSING)
+    started: list[RedisServer] = []
+
+    def start(*args: str) -> RedisServer:
+        directory = tmp_path / f"redis{len(started)}"
+        directory.mkdir()
+        srv = RedisServer(directory, *args).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()

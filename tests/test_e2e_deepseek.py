@@ -122,20 +122,20 @@ def sent(mock: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("mode", ["reasoning_content", "reasoning", "think_tags"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_r1_client_round_tripping_its_reasoning_just_works(mock, start_proxy, mode, stream) -> None:
-    """Replay policy: reasoning on an assistant turn without tool calls is stripped (R1 400s on it)."""
+    """Replay policy: R1-era models get no reasoning back (R1 400s on it); a DeepSeek-compatible host serving R1."""
     proxy = start_proxy(mock=mock, client={"reasoning": mode})
     client = proxy.client()
     history: list[Any] = [{"role": "user", "content": "Hi"}]
     if stream:
-        got = collect(client.chat.completions.create(model="deepseek-reasoner", messages=history, stream=True))
+        got = collect(client.chat.completions.create(model="deepseek-r1", messages=history, stream=True))
         field = "content" if mode == "think_tags" else mode
         assert got[field]
         history.append(as_message(got, mode if mode != "think_tags" else "reasoning_content"))
     else:
-        first = client.chat.completions.create(model="deepseek-reasoner", messages=history)
+        first = client.chat.completions.create(model="deepseek-r1", messages=history)
         history.append(first.choices[0].message)  # the SDK object itself, extras included
     history.append({"role": "user", "content": "And again?"})
-    again = client.chat.completions.create(model="deepseek-reasoner", messages=history, stream=stream)
+    again = client.chat.completions.create(model="deepseek-r1", messages=history, stream=stream)
     if stream:
         assert collect(again)["finish"] == ["stop"]
     else:
@@ -152,7 +152,8 @@ def test_r1_client_round_tripping_its_reasoning_just_works(mock, start_proxy, mo
 @pytest.mark.parametrize("stream", [False, True])
 def test_thinking_mode_tool_turn_round_trip_keeps_reasoning(mock, start_proxy, mode, stream) -> None:
     """Replay policy: on tool-call turns the reasoning is kept, as `reasoning_content` (thinking mode 400s
-    without it), whatever form the client received it in."""
+    without it), whatever form the client received it in — even none at all (`client.reasoning: none`): the proxy
+    restores what it recorded (proxy/continuity.py)."""
     proxy = start_proxy(mock=mock, client={"reasoning": mode})
     client = proxy.client()
     history: list[Any] = [{"role": "user", "content": "Weather in Paris? [mock:tool_calls]"}]
@@ -172,24 +173,23 @@ def test_thinking_mode_tool_turn_round_trip_keeps_reasoning(mock, start_proxy, m
     if stream:
         collect(again)
     replayed = sent(mock)["messages"][1]
-    want = "" if mode == "none" else "The user greets me; 先想一想 🤔 then answer politely."
-    assert replayed["reasoning_content"] == want
+    assert replayed["reasoning_content"] == "The user greets me; 先想一想 🤔 then answer politely."
     assert "reasoning" not in replayed and replayed["tool_calls"][0]["id"] == call_id
 
 
-def test_reasoning_replay_strip_override_for_an_r1_tool_history(mock, start_proxy) -> None:
-    """`reasoning_replay: strip`: an R1-era deployment with tool-call turns in the history (auto keeps them)."""
+def test_r1_tool_history_is_stripped_by_auto_and_keep_overrides(mock, start_proxy) -> None:
+    """`reasoning_replay: auto` is `strip` for an R1-era model, even on tool-call turns; `keep` sends it as is."""
     history = [{"role": "user", "content": "Weather?"},
                {"role": "assistant", "content": None, "reasoning_content": "call it",
                 "tool_calls": [{"id": "call_1", "type": "function",
                                 "function": {"name": "get_weather", "arguments": "{}"}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    auto = start_proxy(mock=mock)
+    keep = start_proxy(mock=mock, reasoning_replay="keep")
     with pytest.raises(openai.BadRequestError) as e:
-        auto.client().chat.completions.create(model="deepseek-reasoner", messages=history)
+        keep.client().chat.completions.create(model="deepseek-r1", messages=history)
     assert "reasoning_content" in e.value.message
-    strip = start_proxy(mock=mock, reasoning_replay="strip")
-    got = strip.client().chat.completions.create(model="deepseek-reasoner", messages=history)
+    auto = start_proxy(mock=mock)
+    got = auto.client().chat.completions.create(model="deepseek-r1", messages=history)
     assert got.choices[0].message.content and "reasoning_content" not in sent(mock)["messages"][1]
 
 
@@ -200,7 +200,7 @@ def test_r1_successive_same_role_messages_are_merged(mock, start_proxy, stream) 
     proxy = start_proxy(mock=mock)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Part one."},
                 {"role": "user", "content": "Part two."}]
-    got = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages, stream=stream)
+    got = proxy.client().chat.completions.create(model="deepseek-r1", messages=messages, stream=stream)
     if stream:
         assert collect(got)["finish"] == ["stop"]
     else:
@@ -212,9 +212,9 @@ def test_r1_successive_same_role_messages_are_merged(mock, start_proxy, stream) 
 def test_r1_logprobs_get_a_clear_400_from_the_proxy(mock, start_proxy, stream) -> None:
     proxy = start_proxy(mock=mock)
     with pytest.raises(openai.BadRequestError) as e:
-        proxy.client().chat.completions.create(model="deepseek-reasoner", messages=[{"role": "user", "content": "x"}],
+        proxy.client().chat.completions.create(model="deepseek-r1", messages=[{"role": "user", "content": "x"}],
                                                logprobs=True, top_logprobs=2, stream=stream)
-    assert e.value.body["param"] == "logprobs" and "deepseek-reasoner" in e.value.message
+    assert e.value.body["param"] == "logprobs" and "deepseek-r1" in e.value.message
     assert e.value.response.headers["x-should-retry"] == "false"
     assert mock.stats()["requests"] == 0
 
@@ -233,12 +233,32 @@ def test_forced_tool_choice_turns_thinking_off(mock, start_proxy, stream) -> Non
 
 
 def test_reasoning_effort_switches_thinking_on(mock, start_proxy) -> None:
+    """`deepseek-chat` (retired) is V4 Flash without thinking; an effort asks for thinking, graded DeepSeek's way."""
     proxy = start_proxy(mock=mock)
-    got = proxy.client().chat.completions.create(model="deepseek-chat", reasoning_effort="high",
+    got = proxy.client().chat.completions.create(model="deepseek-chat", reasoning_effort="medium",
                                                  messages=[{"role": "user", "content": "Hi"}])
     assert got.choices[0].message.model_extra["reasoning_content"]
     body = sent(mock)
-    assert body["thinking"] == {"type": "enabled"} and "reasoning_effort" not in body
+    assert body["thinking"] == {"type": "enabled"} and body["reasoning_effort"] == "high"
+    assert body["model"] == "deepseek-v4-flash"
+    got = proxy.client().chat.completions.create(model="deepseek-chat", messages=[{"role": "user", "content": "Hi"}])
+    assert "reasoning_content" not in (got.choices[0].message.model_extra or {})
+    assert sent(mock)["thinking"] == {"type": "disabled"}
+    got = proxy.client().chat.completions.create(model="deepseek-v4-pro", reasoning_effort="none",
+                                                 messages=[{"role": "user", "content": "Hi"}])
+    assert sent(mock)["thinking"] == {"type": "disabled"} and "reasoning_effort" not in sent(mock)
+
+
+def test_retired_names_reach_deepseek_as_v4_flash(mock, start_proxy) -> None:
+    """The live API refuses `deepseek-reasoner` (as the mock does); through the proxy it is V4 Flash thinking."""
+    direct = httpx.post(mock.url + "/chat/completions", timeout=10,
+                        json={"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "Hi"}]})
+    assert direct.status_code == 400 and direct.json()["error"]["message"] == "Model Not Exist"
+    proxy = start_proxy(mock=mock)
+    hi = [{"role": "user", "content": "Hi"}]
+    got = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=hi)
+    assert got.model == "deepseek-reasoner" and got.choices[0].message.model_extra["reasoning_content"]
+    assert sent(mock)["model"] == "deepseek-v4-flash" and sent(mock)["thinking"] == {"type": "enabled"}
 
 
 # -------------------------------------------------------------------------------------------------- usage
@@ -248,7 +268,7 @@ def test_non_stream_usage_maps_cache_hits_and_keeps_reasoning_tokens(mock, start
     proxy = start_proxy(mock=mock)
     messages = [{"role": "system", "content": "You are a helpful assistant. " * 40}, {"role": "user", "content": user}]
     direct = httpx.post(mock.url + "/chat/completions", timeout=10,
-                        json={"model": "deepseek-reasoner", "messages": messages}).json()["usage"]
+                        json={"model": "deepseek-flash", "messages": messages}).json()["usage"]
     assert direct["prompt_cache_hit_tokens"] > 0
     usage = proxy.client().chat.completions.create(model="deepseek-reasoner", messages=messages).usage
     assert usage.prompt_tokens_details.cached_tokens == direct["prompt_cache_hit_tokens"]
@@ -345,9 +365,9 @@ def test_request_parameters_per_the_spec(mock, start_proxy) -> None:
     proxy = start_proxy(mock=mock)
     client = proxy.client()
     msg = [{"role": "user", "content": "Hi"}]
-    # max_tokens above the documented 8192 is lowered (the upstream would refuse it); 0 is refused by us.
-    assert client.chat.completions.create(model="deepseek-chat", messages=msg, max_tokens=16000).choices
-    assert sent(mock)["max_tokens"] == 8192
+    # max_tokens above V4's 384K is lowered (the upstream would refuse it); 0 is refused by us.
+    assert client.chat.completions.create(model="deepseek-chat", messages=msg, max_tokens=400000).choices
+    assert sent(mock)["max_tokens"] == 384000
     client.chat.completions.create(model="deepseek-chat", messages=msg, max_completion_tokens=64)
     assert sent(mock)["max_tokens"] == 64 and "max_completion_tokens" not in sent(mock)
     assert client.chat.completions.create(model="deepseek-chat", messages=msg,

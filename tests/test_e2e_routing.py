@@ -31,14 +31,15 @@ def upstreams(mocks: dict[str, Mock]) -> list[dict[str, Any]]:
     return [
         {"name": "npu", "dialect": "mindie", "url": mocks["mindie"].url, "models": ["qwen-npu"]},
         {"name": "deepseek", "dialect": "deepseek", "url": mocks["deepseek"].url,
-         "models": ["deepseek-chat", "deepseek-reasoner"], "aliases": {"r1": "deepseek-reasoner"}},
+         "models": ["deepseek-chat", "deepseek-reasoner"], "aliases": {"thinker": "deepseek-reasoner"}},
         {"name": "engine", "dialect": "engine", "url": mocks["engine"].url, "models": ["engine-7b"]},
     ]
 
 
 ROUTES = {"qwen-npu": ("mindie", "/v1/chat/completions", "qwen-npu"),
-          "deepseek-chat": ("deepseek", "/chat/completions", "deepseek-chat"),
-          "r1": ("deepseek", "/chat/completions", "deepseek-reasoner"),
+          # DeepSeek's retired names reach it as V4 Flash (proxy/dialects/deepseek.py)
+          "deepseek-chat": ("deepseek", "/chat/completions", "deepseek-v4-flash"),
+          "thinker": ("deepseek", "/chat/completions", "deepseek-v4-flash"),
           "engine-7b": ("engine", "/chat", None)}
 
 
@@ -52,7 +53,7 @@ def test_models_are_routed_by_name_and_listed(mocks, start_proxy) -> None:
 
     listed = {m.id: m.owned_by for m in client.models.list()}
     assert listed == {"qwen-npu": "npu", "deepseek-chat": "deepseek", "deepseek-reasoner": "deepseek",
-                      "r1": "deepseek", "engine-7b": "engine"}
+                      "thinker": "deepseek", "engine-7b": "engine"}
     for stream in (False, True):
         for model, (dialect, path, sent_model) in ROUTES.items():
             before = requests()

@@ -28,4 +28,4 @@ def test_upstream_that_does_not_answer_still_shows_its_name(start_proxy) -> None
 
 def test_listing_upstream_shows_its_own_models(start_mock, start_proxy) -> None:
     proxy = start_proxy(mock=start_mock("deepseek"))
-    assert [m.id for m in proxy.client().models.list()] == ["deepseek-chat", "deepseek-reasoner"]
+    assert [m.id for m in proxy.client().models.list()] == ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"]

@@ -22,7 +22,7 @@ from tests.test_tls import pki  # noqa: F401  (the module-scoped certificate fix
 
 ROOT = Path(__file__).resolve().parent.parent
 MOCK_MODELS = {"openai": ["mock-gpt"], "mindie": ["mindie-mock"], "siliconstorm": ["DeepSeek-R1"],
-               "deepseek": ["deepseek-chat", "deepseek-reasoner"], "engine": []}
+               "deepseek": ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"], "engine": []}
 
 
 def run_probe(url: str, **kw: Any) -> Report:

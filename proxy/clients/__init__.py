@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from .base import ClientCall, ClientDialect, Encoder
 from .chat import ChatClient, CompletionsClient
+from .messages import MessagesClient
+from .responses import ResponsesClient
 
 CLIENT_DIALECTS: dict[str, type[ClientDialect]] = {
     "chat": ChatClient,
     "completions": CompletionsClient,
+    "responses": ResponsesClient,
+    "messages": MessagesClient,
 }
 
 __all__ = ["CLIENT_DIALECTS", "ClientCall", "ClientDialect", "Encoder"]

@@ -22,9 +22,103 @@ from ..errors import ClientRequestError, ProxyError
 from ..events import Answer, Delta
 from ..sse import DONE, KEEPALIVE, encode_data
 from ..stream.usage import deepseek_usage_fields
+from ..validate import (
+    ARRAY,
+    BOOLEAN,
+    INTEGER,
+    NULL,
+    NUMBER,
+    OBJECT,
+    STRING,
+    TypeSpec,
+    check_types,
+    compile_table,
+)
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+# The JSON types of the fields the hub and the upstream spokes read (OpenAI's API reference; `null` where OpenAI
+# accepts it). Checked once in decode: a wrong type is a 400 naming the parameter, never a 500 deeper down.
+_SAMPLING_FIELDS: dict[str, TypeSpec] = {
+    "model": STRING,
+    "stream": (BOOLEAN, NULL),
+    "stream_options": (OBJECT, NULL),
+    "stream_options.include_usage": (BOOLEAN, NULL),
+    "temperature": (NUMBER, NULL),
+    "top_p": (NUMBER, NULL),
+    "top_k": (INTEGER, NULL),
+    "n": (INTEGER, NULL),
+    "best_of": (INTEGER, NULL),
+    "max_tokens": (INTEGER, NULL),
+    "max_completion_tokens": (INTEGER, NULL),
+    "stop": (STRING, ARRAY, NULL),
+    "stop[]": STRING,
+    "presence_penalty": (NUMBER, NULL),
+    "frequency_penalty": (NUMBER, NULL),
+    "repetition_penalty": (NUMBER, NULL),
+    "logit_bias": (OBJECT, NULL),
+    "top_logprobs": (INTEGER, NULL),
+    "seed": (INTEGER, NULL),
+    "user": (STRING, NULL),
+    "response_format": (OBJECT, NULL),
+    "response_format.type": STRING,
+    "metadata": (OBJECT, NULL),
+    "store": (BOOLEAN, NULL),
+    "service_tier": (STRING, NULL),
+    "chat_template_kwargs": (OBJECT, NULL),
+    "chat_template_kwargs.enable_thinking": (BOOLEAN, NULL),
+    "enable_thinking": (BOOLEAN, NULL),
+    "reasoning_effort": (STRING, NULL),
+    "thinking": (OBJECT, NULL),
+    "thinking.type": STRING,
+}
+CHAT_FIELDS: dict[str, TypeSpec] = {
+    **_SAMPLING_FIELDS,
+    "logprobs": (BOOLEAN, NULL),
+    "messages": ARRAY,
+    "messages[]": OBJECT,
+    "messages[].role": STRING,
+    "messages[].content": (STRING, ARRAY, NULL),
+    "messages[].content[]": OBJECT,
+    "messages[].content[].type": STRING,
+    "messages[].content[].text": STRING,
+    "messages[].name": (STRING, NULL),
+    "messages[].prefix": (BOOLEAN, NULL),
+    "messages[].reasoning_content": (STRING, NULL),
+    "messages[].reasoning": (STRING, NULL),
+    "messages[].tool_call_id": (STRING, NULL),
+    "messages[].tool_calls": (ARRAY, NULL),
+    "messages[].tool_calls[]": OBJECT,
+    "messages[].tool_calls[].id": STRING,
+    "messages[].tool_calls[].type": STRING,
+    "messages[].tool_calls[].function": OBJECT,
+    "messages[].tool_calls[].function.name": STRING,
+    "messages[].tool_calls[].function.arguments": STRING,
+    "tools": (ARRAY, NULL),
+    "tools[]": OBJECT,
+    "tools[].type": STRING,
+    "tools[].function": OBJECT,
+    "tools[].function.name": STRING,
+    "tools[].function.description": (STRING, NULL),
+    "tools[].function.parameters": (OBJECT, NULL),
+    "tool_choice": (STRING, OBJECT, NULL),
+    "parallel_tool_calls": (BOOLEAN, NULL),
+    "functions": (ARRAY, NULL),
+    "function_call": (STRING, OBJECT, NULL),
+    "modalities": (ARRAY, NULL),
+}
+COMPLETIONS_FIELDS: dict[str, TypeSpec] = {
+    **_SAMPLING_FIELDS,
+    "logprobs": (INTEGER, NULL),  # completions: how many logprobs per token
+    "prompt": (STRING, ARRAY),
+    "prompt[]": (STRING, INTEGER, ARRAY),
+    "prompt[][]": INTEGER,
+    "echo": (BOOLEAN, NULL),
+    "suffix": (STRING, NULL),
+}
+_CHAT_TABLE = compile_table(CHAT_FIELDS)
+_COMPLETIONS_TABLE = compile_table(COMPLETIONS_FIELDS)
 
 
 class ChatClient(ClientDialect):
@@ -32,12 +126,14 @@ class ChatClient(ClientDialect):
     path = "/v1/chat/completions"
     id_prefix = "chatcmpl-"
     kind = CHAT
+    fields = _CHAT_TABLE
 
     async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
         self._check(body)
+        check_types(body, self.fields)
         stream = body.get("stream") is True
         opts = body.get("stream_options")
         include_usage = stream and isinstance(opts, dict) and opts.get("include_usage") is True
@@ -69,6 +165,7 @@ class CompletionsClient(ChatClient):
     path = "/v1/completions"
     id_prefix = "cmpl-"
     kind = COMPLETIONS
+    fields = _COMPLETIONS_TABLE
 
     def _check(self, body: dict[str, Any]) -> None:
         if "prompt" not in body:

@@ -24,6 +24,13 @@ MAX_ERROR_TEXT = 500
 
 # DECISIONS.md "Reasoning": upstream model names whose template opens the thinking block in the prompt (R1 family).
 THINKING_MODEL_RE = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
+# R1-era models (DeepSeek-R1 and its distills): reasoning must never be sent back to them. Not `reasoner`: DeepSeek's
+# `deepseek-reasoner` ended as an alias of V4 Flash's thinking mode (proxy/dialects/deepseek.py).
+R1_MODEL_RE = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
+
+
+def is_r1_era(model: str) -> bool:
+    return bool(R1_MODEL_RE.search(model))
 
 # Finish reasons that say the upstream broke the generation off, not that the answer is complete
 # (docs/deepseek-engine.md): a retryable error instead of a finish_reason — the whole answer for non-stream
@@ -64,8 +71,20 @@ class Dialect:
     # DeepSeek's assistant-prefix continuation (`prefix: true` on the last message); refused with a 400 elsewhere.
     supports_prefix: ClassVar[bool] = False
 
+    # What proxy/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the upstream
+    # needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
+    reasoning_fallback: ClassVar[str | None] = None
+
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)
+
+    def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
+        """What the hub does with the reasoning on this request's assistant turns (proxy/continuity.py): `strip`,
+        `keep` or `restore`. `auto`: R1-era models (they refuse or mis-read it) strip, others keep."""
+        mode = ctx.upstream.reasoning_replay
+        if mode != "auto":
+            return mode
+        return "strip" if is_r1_era(ctx.upstream_model) else "keep"
 
     # -- requests ---------------------------------------------------------------------------------------------
     def path(self, kind: str) -> str | None:
@@ -301,7 +320,7 @@ def _extract_error_message(raw: bytes) -> tuple[str, str | None, str | None]:
     if not text:
         return "", None, None
     try:
-        data = orjson.loads(text)
+        data = orjson.loads(text.decode("utf-8", "replace"))  # invalid UTF-8 becomes U+FFFD, as everywhere
     except orjson.JSONDecodeError:
         return _short(text.decode("utf-8", "replace")), None, None
     if isinstance(data, dict):

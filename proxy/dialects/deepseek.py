@@ -1,20 +1,29 @@
-"""The DeepSeek API (specs/deepseek-chat-completions-zh.md, WIRE-NOTES.md "DeepSeek API").
+"""The DeepSeek API as it is today (docs/deepseek.md; the seed document specs/deepseek-chat-completions-zh.md and
+WIRE-NOTES.md "DeepSeek API" for the fields they cover).
+
+Models: `deepseek-flash` (V4.1 Flash; `deepseek-v4-flash` still accepted) and `deepseek-v4-pro`, thinking mode on by
+default. The retired names behave as DeepSeek defined them at the end: `deepseek-chat` is `deepseek-v4-flash` with
+thinking disabled, `deepseek-reasoner` the same with thinking enabled (the upstream gets the V4 name). R1-era rules
+apply only to names matching the R1 pattern (`is_r1_era`: a DeepSeek-compatible host serving R1) or where the
+upstream says `reasoning_replay: strip`.
 
 What differs from OpenAI, and where it is handled:
 
-- parameter bounds (max_tokens 1..8192, stop <= 16, tools <= 128, ranges): mappings/deepseek.yaml;
-- reasoning replay (DECISIONS.md "DeepSeek reasoning replay"): `reasoning_content` / `reasoning` on assistant
-  turns is removed, except on turns that made tool calls, where thinking-mode models require it (renamed to
-  `reasoning_content`). `reasoning_replay: strip | keep` overrides per upstream. Reasoning a `think_tags` client
-  round-trips inside `content` (`<think>…</think>answer`) is taken out of the content first, so it is replayed
-  (or stripped) like a field;
+- parameter bounds (max_tokens, stop <= 16, tools <= 128, ranges): mappings/deepseek.yaml;
+- thinking: `thinking: {"type": "enabled" | "disabled"}` switches it; OpenAI's `reasoning_effort` grades it
+  (`low`/`high`/`max`: `minimal` -> low, `medium` -> high, `xhigh` -> max; `none` switches thinking off). A forced
+  `tool_choice` (`required` or a named function) turns thinking off for that request, because DeepSeek refuses the
+  combination. In thinking mode DeepSeek ignores temperature, top_p and the penalties (sent as given);
+- reasoning replay (`reasoning_replay`, proxy/continuity.py): in thinking mode every assistant turn that made tool
+  calls must carry its `reasoning_content` ("The `reasoning_content` in the thinking mode must be passed back to
+  the API."); `auto` is `restore` here — the hub puts back what a client dropped, and the empty reasoning on a turn
+  it never saw (`reasoning_fallback`). Reasoning on turns without tool calls is removed (DeepSeek ignores it there),
+  `reasoning` is renamed `reasoning_content`, and reasoning a `think_tags` client round-trips inside `content`
+  (`<think>…</think>answer`) is taken out of the content first. R1-era models: `auto` is `strip`;
 - messages: `developer` becomes `system` and text-only content parts one string (DeepSeek's four roles take
   string content);
-- R1-era models (`deepseek-reasoner`, any upstream name matching the R1 pattern): successive same-role messages are
-  merged, `logprobs` / `top_logprobs` are refused by us with a clear 400;
-- thinking: `reasoning_effort` becomes `thinking: {"type": "enabled" | "disabled"}` unless the client sent
-  `thinking`; a forced `tool_choice` (`required` or a named function) turns thinking off for that request, because
-  DeepSeek refuses the combination;
+- R1-era models: successive same-role messages are merged, `logprobs` / `top_logprobs` are refused by us with a
+  clear 400, and no `thinking` / `reasoning_effort` is sent (R1 always reasons);
 - DeepSeek-dialect clients: the assistant `prefix: true` continuation is sent to the `/beta` route it needs;
 - `insufficient_system_resource` is turned into a retryable 503 by the upstream session (proxy/dialects/base.py),
   so that an interrupted answer never looks like a normal `stop`.
@@ -28,24 +37,45 @@ from typing import Any
 
 from ..canonical import CHAT, ChatRequest, RequestContext
 from ..errors import ClientRequestError
-from .base import THINKING_MODEL_RE, Dialect, UpstreamSession, join_text_parts
+from .base import Dialect, UpstreamSession, is_r1_era, join_text_parts
 
 RESPONSE_FORMATS = ("text", "json_object")
-# OpenAI `reasoning_effort` -> DeepSeek `thinking.type` (DeepSeek has an on/off switch, no effort levels).
-THINKING_BY_EFFORT = {
-    "none": "disabled",
-    "minimal": "disabled",
-    "low": "enabled",
-    "medium": "enabled",
-    "high": "enabled",
-    "xhigh": "enabled",
-}
+# OpenAI `reasoning_effort` -> DeepSeek's effort (low / high / max), as DeepSeek maps them; `none` disables thinking.
+EFFORTS = {"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+# Retired on 2026-07-24; until then aliases of V4 Flash's two modes. Name -> its thinking type (model: RETIRED_TARGET).
+RETIRED_MODELS = {"deepseek-chat": "disabled", "deepseek-reasoner": "enabled"}
+RETIRED_TARGET = "deepseek-v4-flash"
 BETA = "/beta"
 
 
 def is_r1(model: str) -> bool:
-    """R1-era reasoner: `deepseek-reasoner`, `DeepSeek-R1`, ... (the pattern of DECISIONS.md "Reasoning")."""
-    return bool(THINKING_MODEL_RE.search(model))
+    """R1-era reasoner (`DeepSeek-R1`, `deepseek-r1-distill-…`): not `deepseek-reasoner`, see above."""
+    return is_r1_era(model)
+
+
+def thinking_on(body: dict[str, Any], model: str) -> bool:
+    """Whether DeepSeek answers this (canonical or built) request in thinking mode, so that tool-call turns in its
+    history need their reasoning back. R1-era models reason but refuse reasoning as input: False."""
+    if is_r1(model):
+        return False
+    kind = _thinking_type(body, model)
+    if kind == "enabled" and body.get("tools") and _forced_tool_choice(body.get("tool_choice")):
+        return False
+    return kind != "disabled"
+
+
+def _thinking_type(body: dict[str, Any], model: str) -> str | None:
+    """The switch a request asks for: explicit `thinking`, else `reasoning_effort` (`none` = off, a level = on), else
+    the retired name's mode; None = DeepSeek's default (enabled)."""
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
+        return str(thinking["type"])
+    effort = body.get("reasoning_effort")
+    if effort == "none":
+        return "disabled"
+    if isinstance(effort, str) and effort in EFFORTS:
+        return "enabled"
+    return RETIRED_MODELS.get(model)
 
 
 class DeepSeekSession(UpstreamSession):
@@ -61,25 +91,38 @@ class DeepSeekDialect(Dialect):
     session_class = DeepSeekSession
     default_reasoning_source = "field"
     supports_prefix = True
+    reasoning_fallback = ""  # the empty reasoning: DeepSeek's form for "this turn had no reasoning"
+
+    def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
+        """`auto`: `strip` for R1-era models, `restore` in thinking mode, else `keep` (nothing needs to come back)."""
+        mode = ctx.upstream.reasoning_replay
+        if mode in ("strip", "keep"):
+            return mode
+        if mode == "auto" and is_r1(ctx.upstream_model):
+            return "strip"
+        return "restore" if thinking_on(body, ctx.upstream_model) else "keep"
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
+        model = ctx.upstream_model
         out = super().build_request(body, ctx)
         if not ctx.stream:
             out.pop("stream_options", None)  # "只有在 stream 参数为 true 时,才可设置此参数"
         if ctx.kind != CHAT:
             return out
-        r1 = is_r1(ctx.upstream_model)
+        r1 = is_r1(model)
         _check_n(out)
         _check_response_format(out)
         if r1:
-            _refuse_logprobs(out, ctx.upstream_model)
-        _map_thinking(out, r1)
-        thinking = _thinking_enabled(out)
+            _refuse_logprobs(out, model)
+        thinking = _map_thinking(out, model, r1)
+        if model in RETIRED_MODELS:
+            out["model"] = RETIRED_TARGET
+        policy = ctx.upstream.reasoning_replay
+        if policy == "auto" and r1:
+            policy = "strip"
         messages = [_split_inline_reasoning(_plain(m)) for m in out["messages"]]
-        messages = [
-            _replay(m, ctx.upstream.reasoning_replay, i == len(messages) - 1, thinking) for i, m in enumerate(messages)
-        ]
+        messages = [_replay(m, policy, i == len(messages) - 1, thinking) for i, m in enumerate(messages)]
         if r1:
             messages = merge_successive(messages)
         out["messages"] = messages
@@ -140,18 +183,25 @@ def _forced_tool_choice(choice: Any) -> bool:
     return choice == "required" or isinstance(choice, dict)
 
 
-def _map_thinking(out: dict[str, Any], r1: bool) -> None:
+def _map_thinking(out: dict[str, Any], model: str, r1: bool) -> bool:
+    """`thinking` and `reasoning_effort` as DeepSeek takes them; True when the request is in thinking mode."""
+    if r1:  # R1 always reasons and has no switch
+        out.pop("thinking", None)
+        out.pop("reasoning_effort", None)
+        return False
+    kind = _thinking_type(out, model)
     effort = out.pop("reasoning_effort", None)
-    if "thinking" not in out and not r1 and isinstance(effort, str) and effort in THINKING_BY_EFFORT:
-        out["thinking"] = {"type": THINKING_BY_EFFORT[effort]}
-    if _thinking_enabled(out) and out.get("tools") and _forced_tool_choice(out.get("tool_choice")):
+    if kind == "enabled" and out.get("tools") and _forced_tool_choice(out.get("tool_choice")):
         # DeepSeek refuses a forced tool_choice in thinking mode; the forced call is what the client needs.
-        out["thinking"] = {**out["thinking"], "type": "disabled"}
-
-
-def _thinking_enabled(out: dict[str, Any]) -> bool:
-    thinking = out.get("thinking")
-    return isinstance(thinking, dict) and thinking.get("type") == "enabled"
+        kind = "disabled"
+    elif kind is None and out.get("tools") and _forced_tool_choice(out.get("tool_choice")):
+        kind = "disabled"  # thinking is on by default: say so
+    if kind is not None:
+        thinking = out.get("thinking")
+        out["thinking"] = {**(thinking if isinstance(thinking, dict) else {}), "type": kind}
+    if kind != "disabled" and isinstance(effort, str) and effort in EFFORTS:
+        out["reasoning_effort"] = EFFORTS[effort]
+    return kind != "disabled"
 
 
 def _has_prefix(body: dict[str, Any]) -> bool:
@@ -210,12 +260,12 @@ def _replay(message: Any, policy: str, last: bool, thinking: bool) -> Any:
     out = {k: v for k, v in message.items() if k not in ("reasoning_content", "reasoning")}
     tool_turn = bool(message.get("tool_calls"))
     # The beta prefix continuation takes the reasoning of the message being continued as input.
-    keep = (last and message.get("prefix") is True) or policy == "keep" or (policy == "auto" and tool_turn)
+    keep = (last and message.get("prefix") is True) or policy == "keep" or (policy != "strip" and tool_turn)
     if keep and isinstance(reasoning, str):
         out["reasoning_content"] = reasoning
-    elif keep and tool_turn and thinking and policy != "strip":
-        # A client that never received the reasoning (client.reasoning: none) cannot send it back; thinking mode
-        # refuses a tool-call turn without it. An empty reasoning is the honest value.
+    elif keep and tool_turn and thinking:
+        # proxy/continuity.py restores what it stored; should a turn still lack reasoning here (a `keep` upstream,
+        # a client that never received it), thinking mode refuses it without: the empty reasoning is the honest value.
         out["reasoning_content"] = ""
     return out
 

@@ -49,6 +49,18 @@ MAX_INT32 = 2147483647
 _EFFORT_OFF = frozenset({"none", "minimal"})
 _EFFORT_ON = frozenset({"low", "medium", "high", "xhigh"})
 _MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+# Chat templates whose thinking switch is the `thinking` kwarg (DeepSeek V3.1 and later); others (Qwen3, GLM ...)
+# read `enable_thinking`.
+_THINKING_KWARG_MODELS = re.compile(r"(?i)deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4")
+# Thinking models whose chat templates render the reasoning of the current tool loop's assistant turns (Qwen3 keeps
+# `reasoning_content` after the last user query; DeepSeek V3.1+ and GLM-4.5+ interleave it with tool calls): a client
+# that drops it changes the prompt, so `reasoning_replay: auto` restores it (proxy/continuity.py).
+_INTERLEAVED_THINKING = re.compile(r"(?i)qwen3|deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4|glm-?4\.[5-9]|kimi-k2")
+
+
+def thinking_kwarg(model: str) -> str:
+    """The chat_template_kwargs key that switches this model's thinking."""
+    return "thinking" if _THINKING_KWARG_MODELS.search(model) else "enable_thinking"
 
 # MindIE's "Model not found" (chat) and "Not found given model, please check modelName in config file." (completions)
 _MODEL_NOT_FOUND = re.compile(r"(?i)model not found|not found given model")
@@ -100,7 +112,7 @@ class MindIESession(UpstreamSession):
     def build_request(self, body: ChatRequest) -> dict[str, Any]:
         out = super().build_request(body)
         kwargs = out.get("chat_template_kwargs")
-        self.thinking_off = isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False
+        self.thinking_off = isinstance(kwargs, dict) and kwargs.get(thinking_kwarg(self.ctx.upstream_model)) is False
         return out
 
     def chunk(self, data: Any) -> ChatChunk | None:
@@ -155,6 +167,15 @@ class MindIEDialect(Dialect):
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
 
+    def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
+        """`auto`: R1-era models strip; thinking models whose templates render the tool loop's reasoning restore it
+        (a turn never seen stays without: the template's own "no reasoning" form); others keep."""
+        mode = super().reasoning_replay(body, ctx)
+        interleaved = _INTERLEAVED_THINKING.search(ctx.upstream_model)
+        if ctx.upstream.reasoning_replay == "auto" and mode == "keep" and interleaved:
+            return "restore"
+        return mode
+
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
         body = dict(body)
@@ -172,7 +193,7 @@ class MindIEDialect(Dialect):
         if enable is not None:
             kwargs = body.get("chat_template_kwargs")
             kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
-            kwargs.setdefault("enable_thinking", enable)
+            kwargs.setdefault(thinking_kwarg(ctx.upstream_model), enable)
             body["chat_template_kwargs"] = kwargs
         out = super().build_request(body, ctx)
         _check_stop(out)

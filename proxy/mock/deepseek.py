@@ -1,23 +1,31 @@
 """Mock DeepSeek API: `POST /chat/completions` (also under `/v1` and `/beta`), `GET /models`.
 
-Written from specs/deepseek-chat-completions-zh.md and WIRE-NOTES.md, and strict like the real API:
+Written from DeepSeek's API as it is today (docs/deepseek.md), specs/deepseek-chat-completions-zh.md and
+WIRE-NOTES.md, and strict like the real API:
+
+* Models: `deepseek-flash`, `deepseek-v4-flash`, `deepseek-v4-pro`. The retired `deepseek-chat` and
+  `deepseek-reasoner` -> 400 `Model Not Exist`. Any other name is served too (a DeepSeek-compatible host), R1-era
+  when it matches the R1 pattern (`deepseek-r1`, `DeepSeek-R1-Distill-…`).
+* Thinking mode is on by default; `thinking: {"type": "enabled" | "disabled"}` switches it, `reasoning_effort`
+  grades it (`low` `high` `max`, and `minimal` `medium` `xhigh` `ultra` which DeepSeek maps; anything else -> 422).
+  In thinking mode temperature, top_p and the penalties are ignored without error (not even range-checked), a
+  forced `tool_choice` -> 400, and an assistant message with `tool_calls` but no `reasoning_content` -> 400
+  "The `reasoning_content` in the thinking mode must be passed back to the API." (reasoning on other assistant
+  messages is accepted and ignored).
 
 * Errors are OpenAI-shaped with DeepSeek's status set: 400 Invalid Format / invalid parameter, 401 Authentication
   Fails, 402 Insufficient Balance, 422 Invalid Parameters (bodies that do not deserialize), 429 Rate Limit Reached
   (with `Retry-After`), 500 Server Error, 503 Server Overloaded.
-* `max_tokens` is an integer in [1, 8192] (default 4096); `stop` at most 16 strings; `temperature` [0, 2];
+* `max_tokens` is an integer in [1, 384000] (default 4096); `stop` at most 16 strings; `temperature` [0, 2];
   `top_p` (0, 1]; penalties [-2, 2]; at most 128 tools; `top_logprobs` <= 20 and only with `logprobs: true`;
   `stream_options` only with `stream: true`.
-* `deepseek-reasoner` (any model whose name contains "reasoner"): `reasoning_content` in input messages -> 400
-  (except on a last assistant message with `prefix: true`, the beta continuation), successive user/user or
-  assistant/assistant messages -> 400, `logprobs`/`top_logprobs` -> 400. Its stream starts with
-  `{"role":"assistant","content":null,"reasoning_content":""}`, then each delta has exactly one of
-  `reasoning_content` / `content` non-null.
-* Thinking mode (`thinking: {"type": "enabled"}` on another model, the V3.2 generation): the answer carries
-  `reasoning_content` too, and an assistant message with `tool_calls` but no `reasoning_content` -> 400.
+* R1-era models (names matching the R1 pattern): always reasoning, no switch; `reasoning_content` in input
+  messages -> 400 (except on a last assistant message with `prefix: true`, the beta continuation), successive
+  user/user or assistant/assistant messages -> 400, `logprobs`/`top_logprobs` -> 400.
+* A reasoning stream starts with `{"role":"assistant","content":null,"reasoning_content":""}`, then each delta has
+  exactly one of `reasoning_content` / `content` non-null.
 * `prefix: true` is accepted on the last message, which must be an assistant message, and only on the `/beta` route
   ("您必须设置 base_url=https://api.deepseek.com/beta 来使用此功能").
-* Thinking mode refuses a forced `tool_choice` (`required` or a named function).
 * Streams: `: keep-alive` comment lines before the first chunk (one by default; directive `keepalive` adds more and
   one after every chunk); every delta repeats `"role":"assistant"`; the last chunk has `"role": null`, the
   `finish_reason` AND the usage (non-empty `choices`, as observed in the wild), whether or not
@@ -58,8 +66,12 @@ from .openai import Style, completion_json, completion_stream, tool_call_delta
 from .textgen import Generation, Piece, generate, prompt_tokens_chat, structured_reply, tool_names
 
 FINGERPRINT = "fp_mock_ds01"
-MODELS = ["deepseek-chat", "deepseek-reasoner"]
-MAX_TOKENS = 8192
+MODELS = ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"]
+RETIRED = ("deepseek-chat", "deepseek-reasoner")
+EFFORTS = ("low", "high", "max", "minimal", "medium", "xhigh", "ultra")
+R1_MODEL = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
+PASS_BACK = "The `reasoning_content` in the thinking mode must be passed back to the API."
+MAX_TOKENS = 384000
 DEFAULT_MAX_TOKENS = 4096
 KEEPALIVE = b": keep-alive\n\n"
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -90,13 +102,16 @@ def _deserialize(message: str) -> Plan:
     return error_plan(422, f"Failed to deserialize the JSON body into the target type: {message}")
 
 
-def is_reasoner(model: str) -> bool:
-    return "reasoner" in model
+def is_r1(model: str) -> bool:
+    return bool(R1_MODEL.search(model))
 
 
 def thinking_enabled(body: dict[str, Any]) -> bool:
+    """Thinking mode: on by default for every model but R1-era ones (which always reason, with R1's rules)."""
+    if is_r1(str(body.get("model"))):
+        return False
     thinking = body.get("thinking")
-    return isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    return not (isinstance(thinking, dict) and thinking.get("type") == "disabled")
 
 
 # ------------------------------------------------------------------------------------------------- validation
@@ -113,7 +128,7 @@ def validate(body: Any, served: str | None) -> Plan | None:
         return _deserialize("model: invalid type, expected a string")
     if not isinstance(messages, list):
         return _deserialize("messages: invalid type, expected a sequence")
-    if served is not None and model != served:
+    if (served is not None and model != served) or (served is None and model in RETIRED):
         return _bad("Model Not Exist")
     if not messages:
         return _bad("Invalid messages: the messages list must not be empty")
@@ -125,22 +140,21 @@ def validate(body: Any, served: str | None) -> Plan | None:
         if message.get("prefix") is True and (role != "assistant" or i != len(messages) - 1):
             return _bad(f"Invalid messages[{i}]: `prefix` is only allowed on the last message, an assistant "
                         "message")
-    if (plan := _validate_params(body)) is not None:
+    if (plan := _validate_params(body, thinking_enabled(body))) is not None:
         return plan
-    reasoner = is_reasoner(model)
-    if reasoner:
+    if is_r1(model):
         if body.get("logprobs") or body.get("top_logprobs") is not None:
-            return _bad("deepseek-reasoner does not support logprobs or top_logprobs")
+            return _bad(f"{model} does not support logprobs or top_logprobs")
         last = len(messages) - 1
         for i, message in enumerate(messages):
             if "reasoning_content" in message and not (i == last and message.get("prefix") is True):
                 return _bad(f"The reasoning_content of messages[{i}] is not supported as input by "
-                            "deepseek-reasoner; remove it (it is only accepted on a last assistant message with "
+                            f"{model}; remove it (it is only accepted on a last assistant message with "
                             "prefix: true)")
         for i in range(1, len(messages)):
             prev, cur = messages[i - 1]["role"], messages[i]["role"]
             if prev == cur and cur in ("user", "assistant"):
-                return _bad(f"deepseek-reasoner does not support successive user or assistant messages "
+                return _bad(f"{model} does not support successive user or assistant messages "
                             f"(messages[{i - 1}] and messages[{i}] in your input). You should interleave the "
                             "user/assistant messages in the message sequence.")
     if thinking_enabled(body):
@@ -148,16 +162,14 @@ def validate(body: Any, served: str | None) -> Plan | None:
         if choice == "required" or isinstance(choice, dict):
             return _bad("Thinking mode does not support a forced tool_choice (`required` or a named function); "
                         "use `auto` or `none`, or disable thinking")
-        for i, message in enumerate(messages):
+        for message in messages:
             if message["role"] == "assistant" and message.get("tool_calls") and \
                     not isinstance(message.get("reasoning_content"), str):
-                return _bad(f"Missing `reasoning_content` field in the assistant message at message index {i}. "
-                            "In thinking mode the reasoning_content of assistant messages with tool_calls must be "
-                            "passed back to the API.")
+                return _bad(PASS_BACK)
     return None
 
 
-def _validate_params(body: dict[str, Any]) -> Plan | None:
+def _validate_params(body: dict[str, Any], thinking: bool) -> Plan | None:
     max_tokens = body.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                    or not 1 <= max_tokens <= MAX_TOKENS):
@@ -165,7 +177,7 @@ def _validate_params(body: dict[str, Any]) -> Plan | None:
     for key, lo, hi, lo_open in (("temperature", 0.0, 2.0, False), ("top_p", 0.0, 1.0, True),
                                  ("frequency_penalty", -2.0, 2.0, False), ("presence_penalty", -2.0, 2.0, False)):
         value = body.get(key)
-        if value is None:
+        if value is None or thinking:  # thinking mode ignores them, without error
             continue
         if not is_number(value) or value > hi or value < lo or (lo_open and value <= lo):
             return _bad(f"Invalid {key} value, the valid range of {key} is "
@@ -207,10 +219,12 @@ def _validate_params(body: dict[str, Any]) -> Plan | None:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object")):
         return _bad("Invalid response_format type, must be one of `text` or `json_object`")
-    thinking = body.get("thinking")
-    if thinking is not None and (not isinstance(thinking, dict) or
-                                 thinking.get("type") not in ("enabled", "disabled")):
+    switch = body.get("thinking")
+    if switch is not None and (not isinstance(switch, dict) or switch.get("type") not in ("enabled", "disabled")):
         return _deserialize("thinking.type: unknown variant, expected `enabled` or `disabled`")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        return _deserialize(f"reasoning_effort: unknown variant `{effort}`, expected one of `low`, `high`, `max`")
     return None
 
 
@@ -336,7 +350,7 @@ def _handle(call: Call) -> Plan:
         return _bad("The chat prefix completion (`prefix: true`) is a beta feature: set base_url to "
                     "https://api.deepseek.com/beta to use it")
     model = call.body["model"]
-    reasoning_mode = is_reasoner(model) or thinking_enabled(call.body)
+    reasoning_mode = is_r1(model) or thinking_enabled(call.body)
     return (chat_stream if call.stream else chat_json)(call, model, reasoning_mode)
 
 

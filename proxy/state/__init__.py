@@ -1,30 +1,54 @@
-"""State stores (proxy/state/base.py). Interim: a plain in-process dict until the bounded stores land."""
+"""State stores (proxy/state/base.py): `open_store(settings)` builds the configured one, memory or Redis."""
 
 from __future__ import annotations
 
-from ..settings import Settings
-from .base import StateStore, StoreUnavailable
+import asyncio
+import logging
+from typing import Any
 
+import orjson
 
-class _DictStore:
-    def __init__(self) -> None:
-        self._data: dict[tuple[str, str], bytes] = {}
+from ..settings import ConfigError, Settings
+from .base import StateStore, StoreUnavailable, ValueTooLarge
+from .memory import MemoryStore
 
-    async def get(self, namespace: str, key: str) -> bytes | None:
-        return self._data.get((namespace, key))
-
-    async def put(self, namespace: str, key: str, value: bytes, ttl: float | None = None) -> None:
-        self._data[(namespace, key)] = value
-
-    async def delete(self, namespace: str, key: str) -> bool:
-        return self._data.pop((namespace, key), None) is not None
-
-    async def close(self) -> None:
-        pass
+log = logging.getLogger("dialect_proxy")
 
 
 def open_store(settings: Settings) -> StateStore:
-    return _DictStore()
+    s = settings.server
+    if s.state_store == "memory":
+        return MemoryStore(s.state_max_entries, s.state_max_bytes, s.state_ttl)
+    try:
+        from .redis import RedisStore
+
+        return RedisStore(s.state_store, ttl=s.state_ttl, timeout=s.state_timeout)
+    except ImportError:
+        raise ConfigError("server.state_store: a Redis store needs the redis package "
+                          "(pip install 'dialect-proxy[redis]')") from None
 
 
-__all__ = ["StateStore", "StoreUnavailable", "open_store"]
+async def store_check(store: StateStore, timeout: float | None = None) -> dict[str, Any]:
+    """For /readyz and the start-up log: which store, and whether it answers (within `timeout` seconds, /readyz's
+    readiness_timeout, so that a silent Redis cannot make the readiness probe itself time out)."""
+    try:
+        await asyncio.wait_for(store.ping(), timeout)
+    except StoreUnavailable as e:
+        return {"store": store.describe(), "reachable": False, "detail": e.message}
+    except TimeoutError:
+        return {"store": store.describe(), "reachable": False, "detail": f"no answer within {timeout:g} s"}
+    return {"store": store.describe(), "reachable": True}
+
+
+async def log_store(store: StateStore, settings: Settings) -> None:
+    """At start-up: one line saying which store is in use (credentials redacted) and whether it answers."""
+    line: dict[str, Any] = {"event": "state_store", **await store_check(store), "ttl": settings.server.state_ttl}
+    if isinstance(store, MemoryStore):
+        line.update(max_entries=store.max_entries, max_bytes=store.max_bytes)
+        if settings.server.workers > 1:
+            line["note"] = ("each worker process has its own memory store; use a redis:// state store so that "
+                            "follow-up requests find their state on any worker")
+    (log.info if line["reachable"] and "note" not in line else log.warning)(orjson.dumps(line).decode())
+
+
+__all__ = ["MemoryStore", "StateStore", "StoreUnavailable", "ValueTooLarge", "log_store", "open_store", "store_check"]

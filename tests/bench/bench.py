@@ -83,10 +83,20 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
+# Client dialects: the path and the request body of one prompt (the same upstream request for each).
+CLIENT_APIS = {
+    "chat": ("/v1/chat/completions", lambda text, stream: {
+        "model": "bench", "stream": stream, "messages": [{"role": "user", "content": text}]}),
+    "responses": ("/v1/responses", lambda text, stream: {
+        "model": "bench", "stream": stream, "store": False, "input": text}),
+}
+
+
 async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency: int, seconds: float,
-               max_requests: int) -> Result:
+               max_requests: int, api: str = "chat") -> Result:
     directive = f"[mock:chunks={chunks}][mock:delay_ms={delay_ms}]" if stream else "[mock:chunks=16]"
-    body = {"model": "bench", "stream": stream, "messages": [{"role": "user", "content": "bench " + directive}]}
+    path, make = CLIENT_APIS[api]
+    body = make("bench " + directive, stream)
     res = Result()
     stop_at = time.monotonic() + seconds
     issued = 0
@@ -98,7 +108,7 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                 issued += 1
                 t0 = time.perf_counter()
                 try:
-                    async with s.post(base + "/v1/chat/completions", json=body) as r:
+                    async with s.post(base + path, json=body) as r:
                         if r.status != 200:
                             res.errors += 1
                             await r.read()
@@ -111,7 +121,7 @@ async def load(base: str, stream: bool, chunks: int, delay_ms: int, concurrency:
                             tail = b""
                             async for data in r.content.iter_any():
                                 buf = tail + data
-                                found = buf.count(b"data: {")
+                                found = buf.count(b"data: {")  # chat chunks / Responses events
                                 if found and not n:
                                     res.ttfb.append(time.perf_counter() - t0)
                                 n += found
@@ -195,6 +205,7 @@ async def main() -> None:
                       f"{pct(p.latencies, 50) * 1000:>8.2f}{pct(p.latencies, 99) * 1000:>8.2f}"
                       f"{pct(d.latencies, 50) * 1000:>7.2f}{ttfc}{per_req:>11.0f}{b_req:>6.0f}"
                       f"{chunk_cols}{p.errors + d.errors + b.errors:>5}", flush=True)
+        await client_dialects(proxy, proxy_url, seconds)
     finally:
         for proc in (proxy, bare, mock):
             proc.send_signal(signal.SIGINT)
@@ -203,6 +214,30 @@ async def main() -> None:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+async def client_dialects(proxy: subprocess.Popen[bytes], proxy_url: str, seconds: float, rounds: int = 3) -> None:
+    """The same upstream streams through each client dialect: proxy CPU per upstream chunk, and its ratio to chat.
+    The dialects take turns for `rounds` rounds and each keeps its lowest figure (the least disturbed run)."""
+    print(f"\nclient dialects (the same 64-chunk zero-delay upstream streams, 16 concurrent; CPU per upstream chunk, "
+          f"best of {rounds} alternating rounds)")
+    header = f"{'client dialect':<18}{'rps':>10}{'cpu/chunk µs':>13}{'vs chat':>8}{'err':>5}"
+    print(header)
+    print("-" * len(header))
+    best: dict[str, tuple[float, float]] = {}
+    errors: dict[str, int] = {}
+    for _ in range(rounds):
+        for api in CLIENT_APIS:
+            await load(proxy_url, True, 64, 0, 16, 0.3, 500, api)
+            c0 = cpu_seconds(proxy.pid)
+            p = await load(proxy_url, True, 64, 0, 16, seconds, 200_000, api)
+            per_chunk = (cpu_seconds(proxy.pid) - c0) / max(len(p.latencies) * 64, 1) * 1e6
+            if api not in best or per_chunk < best[api][1]:
+                best[api] = (p.rps, per_chunk)
+            errors[api] = errors.get(api, 0) + p.errors
+    base = best["chat"][1]
+    for api, (rps, per_chunk) in best.items():
+        print(f"{api:<18}{rps:>10.1f}{per_chunk:>13.1f}{per_chunk / base:>8.2f}{errors[api]:>5}", flush=True)
 
 
 if __name__ == "__main__":

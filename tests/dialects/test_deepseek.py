@@ -24,6 +24,7 @@ from proxy.sse import SSEDecoder
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "deepseek"
 DS = DeepSeekDialect()
 TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+MSG = [{"role": "user", "content": "q"}]
 
 
 def ctx(
@@ -164,7 +165,7 @@ def test_r1_merges_successive_same_role_messages() -> None:
         {"role": "assistant", "content": "a2"},
         {"role": "user", "content": "u3"},
     ]
-    out = build({"model": "deepseek-reasoner", "messages": msgs})
+    out = build({"model": "deepseek-r1", "messages": msgs})
     assert out["messages"] == [
         {"role": "system", "content": "s1\n\ns2"},
         {
@@ -203,10 +204,10 @@ def test_merge_keeps_tool_messages_apart_and_joins_tool_calls() -> None:
 @pytest.mark.parametrize("extra", [{"logprobs": True}, {"logprobs": True, "top_logprobs": 3}, {"top_logprobs": 0}])
 def test_r1_refuses_logprobs_clearly(extra: dict[str, Any]) -> None:
     with pytest.raises(ClientRequestError) as e:
-        build({"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "q"}], **extra})
+        build({"model": "DeepSeek-R1", "messages": [{"role": "user", "content": "q"}], **extra})
     assert e.value.status == 400 and e.value.param in ("logprobs", "top_logprobs")
-    assert "deepseek-reasoner" in e.value.message
-    out = build({"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "q"}], "logprobs": False})
+    assert "DeepSeek-R1" in e.value.message
+    out = build({"model": "DeepSeek-R1", "messages": [{"role": "user", "content": "q"}], "logprobs": False})
     assert "logprobs" not in out
     out = build(
         {"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}], "logprobs": True, "top_logprobs": 3}
@@ -218,11 +219,40 @@ def test_r1_refuses_logprobs_clearly(extra: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("effort", "thinking"), [("high", "enabled"), ("low", "enabled"), ("none", "disabled"), ("minimal", "disabled")]
+    ("effort", "sent"),
+    [("minimal", "low"), ("low", "low"), ("medium", "high"), ("high", "high"), ("xhigh", "max"), ("max", "max")],
 )
-def test_reasoning_effort_maps_to_thinking(effort: str, thinking: str) -> None:
-    out = build({"model": "deepseek-chat", "messages": [{"role": "user", "content": "q"}], "reasoning_effort": effort})
-    assert out["thinking"] == {"type": thinking} and "reasoning_effort" not in out
+def test_reasoning_effort_maps_to_deepseek_levels(effort: str, sent: str) -> None:
+    out = build({"model": "deepseek-v4-pro", "messages": MSG, "reasoning_effort": effort})
+    assert out["reasoning_effort"] == sent and out["thinking"] == {"type": "enabled"}
+
+
+def test_reasoning_effort_none_switches_thinking_off() -> None:
+    out = build({"model": "deepseek-flash", "messages": MSG, "reasoning_effort": "none"})
+    assert out["thinking"] == {"type": "disabled"} and "reasoning_effort" not in out
+
+
+def test_thinking_is_deepseeks_default_and_retired_names_are_v4_flash_modes() -> None:
+    out = build({"model": "deepseek-flash", "messages": MSG})
+    assert "thinking" not in out and out["model"] == "deepseek-flash"  # DeepSeek's default: enabled
+    chat = build({"model": "deepseek-chat", "messages": MSG})
+    assert chat["model"] == "deepseek-v4-flash" and chat["thinking"] == {"type": "disabled"}
+    reasoner = build({"model": "deepseek-reasoner", "messages": MSG, "reasoning_effort": "xhigh"})
+    assert reasoner["model"] == "deepseek-v4-flash" and reasoner["thinking"] == {"type": "enabled"}
+    assert reasoner["reasoning_effort"] == "max"
+    # An explicit switch wins over the retired name's mode.
+    on = build({"model": "deepseek-chat", "messages": MSG, "thinking": {"type": "enabled"}})
+    assert on["model"] == "deepseek-v4-flash" and on["thinking"] == {"type": "enabled"}
+
+
+def test_replay_mode_per_model() -> None:
+    assert DS.reasoning_replay({"messages": MSG}, ctx("deepseek-flash")) == "restore"
+    assert DS.reasoning_replay({"messages": MSG}, ctx("deepseek-reasoner")) == "restore"
+    assert DS.reasoning_replay({"messages": MSG}, ctx("deepseek-chat")) == "keep"  # non-thinking: nothing needed
+    assert DS.reasoning_replay({"messages": MSG, "thinking": {"type": "disabled"}}, ctx("deepseek-v4-pro")) == "keep"
+    assert DS.reasoning_replay({"messages": MSG}, ctx("DeepSeek-R1")) == "strip"
+    assert DS.reasoning_replay({"messages": MSG}, ctx("deepseek-r1", reasoning_replay="keep")) == "keep"
+    assert DS.reasoning_replay({"messages": MSG}, ctx("deepseek-flash", reasoning_replay="strip")) == "strip"
 
 
 def test_explicit_thinking_wins_and_r1_gets_no_switch() -> None:
@@ -235,9 +265,8 @@ def test_explicit_thinking_wins_and_r1_gets_no_switch() -> None:
         }
     )
     assert out["thinking"] == {"type": "disabled"}
-    out = build(
-        {"model": "deepseek-reasoner", "messages": [{"role": "user", "content": "q"}], "reasoning_effort": "high"}
-    )
+    assert "reasoning_effort" not in out
+    out = build({"model": "deepseek-r1", "messages": [{"role": "user", "content": "q"}], "reasoning_effort": "high"})
     assert "thinking" not in out and "reasoning_effort" not in out
 
 
@@ -264,15 +293,17 @@ def test_forced_tool_choice_disables_thinking(choice: Any) -> None:
         }
     )
     assert out["thinking"] == {"type": "enabled"}
+    # Thinking is on by default: a forced call without a switch says `disabled` too.
+    out = build({"model": "deepseek-flash", "messages": MSG, "tools": tools, "tool_choice": choice})
+    assert out["thinking"] == {"type": "disabled"}
 
 
 # ------------------------------------------------------------------------------------------- parameter bounds
 
-MSG = [{"role": "user", "content": "q"}]
-
 
 def test_max_tokens_bounds() -> None:
-    assert build({"model": "deepseek-chat", "messages": MSG, "max_tokens": 16000})["max_tokens"] == 8192
+    assert build({"model": "deepseek-chat", "messages": MSG, "max_tokens": 16000})["max_tokens"] == 16000
+    assert build({"model": "deepseek-chat", "messages": MSG, "max_tokens": 400000})["max_tokens"] == 384000
     assert build({"model": "deepseek-chat", "messages": MSG, "max_completion_tokens": 100})["max_tokens"] == 100
     assert "max_completion_tokens" not in build(
         {"model": "deepseek-chat", "messages": MSG, "max_completion_tokens": 100}
@@ -308,8 +339,8 @@ def test_stream_options_only_with_stream_and_usage_always_requested_on_streams()
     assert "stream_options" not in out
     out = build({"model": "deepseek-chat", "messages": MSG, "stream": True})
     assert out["stream_options"] == {"include_usage": True}
-    out = DS.build_request({"model": "alias", "messages": MSG}, ctx("deepseek-chat"))
-    assert out["model"] == "deepseek-chat"
+    out = DS.build_request({"model": "alias", "messages": MSG}, ctx("deepseek-v4-pro"))
+    assert out["model"] == "deepseek-v4-pro"
 
 
 # -------------------------------------------------------------------------------------------- response decoding

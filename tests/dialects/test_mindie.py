@@ -843,3 +843,23 @@ def test_spec_transcripts_are_cut_invariant(byte_cuts: list[int]) -> None:
         raw = fixture(f"mindie/{name}")
         c = {"stream": True, "include_usage": True, "full_text": full}
         assert client_view(raw, byte_cuts, ctx(**c)) == client_view(raw, [], ctx(**c)), name
+
+
+# ===================================================================== thinking switch and replay per model
+@pytest.mark.parametrize(("model", "key"), [("Qwen3-32B", "enable_thinking"), ("DeepSeek-V3.2-Exp", "thinking"),
+                                            ("deepseek-v3.1", "thinking"), ("GLM-4.6", "enable_thinking")])
+def test_thinking_switch_uses_the_models_template_kwarg(model: str, key: str) -> None:
+    up = UpstreamSettings(name="mi", dialect="mindie", url="http://127.0.0.1:9")
+    c = request_context(CHAT, model, up)
+    session = get_dialect("mindie").session(c)
+    out = session.build_request({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                 "reasoning_effort": "none"})
+    assert out["chat_template_kwargs"] == {key: False} and session.thinking_off
+
+
+@pytest.mark.parametrize(("model", "mode"), [("Qwen3-32B", "restore"), ("DeepSeek-V3.2", "restore"),
+                                             ("DeepSeek-R1", "strip"), ("Llama-3-70B", "keep")])
+def test_auto_replay_per_model(model: str, mode: str) -> None:
+    up = UpstreamSettings(name="mi", dialect="mindie", url="http://127.0.0.1:9")
+    c = request_context(CHAT, model, up)
+    assert get_dialect("mindie").reasoning_replay({"model": model, "messages": []}, c) == mode

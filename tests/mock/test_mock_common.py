@@ -20,7 +20,7 @@ def request_for(dialect: str, text: str, **extra: Any) -> tuple[str, dict[str, A
         del body["model"]
         return "/chat", body
     if dialect == "deepseek":
-        return "/chat/completions", chat(text, model="deepseek-chat", **extra)
+        return "/chat/completions", chat(text, model="deepseek-flash", thinking={"type": "disabled"}, **extra)
     return "/v1/chat/completions", chat(text, **extra)
 
 

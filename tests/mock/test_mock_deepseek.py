@@ -1,4 +1,5 @@
-"""The mock DeepSeek API: strict validation, reasoner and thinking mode, keep-alives, usage in the last chunk."""
+"""The mock DeepSeek API: strict validation, today's models and thinking mode, R1-era rules, keep-alives, usage in the
+last chunk."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ from mockutil import MockServer, chat
 PATH = "/chat/completions"
 
 
-def ds(text: str = "hi", model: str = "deepseek-chat", **extra: Any) -> dict[str, Any]:
+OFF = {"type": "disabled"}
+ON = {"type": "enabled"}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def ds(text: str = "hi", model: str = "deepseek-flash", **extra: Any) -> dict[str, Any]:
+    """A request in non-thinking mode unless `thinking` is given (thinking is DeepSeek's default)."""
+    if "thinking" not in extra and "deepseek" in model and "r1" not in model:
+        extra["thinking"] = OFF
+    elif extra.get("thinking") is None:
+        extra.pop("thinking", None)
     return chat(text, model=model, **extra)
 
 
@@ -29,7 +40,7 @@ def bad(srv: MockServer, body: Any, fragment: str, status: int = 400) -> dict[st
 def test_non_stream(mock_servers: Any) -> None:
     srv: MockServer = mock_servers("deepseek")
     body = srv.post(PATH, ds()).json()
-    assert body["object"] == "chat.completion" and body["model"] == "deepseek-chat"
+    assert body["object"] == "chat.completion" and body["model"] == "deepseek-flash"
     assert body["system_fingerprint"].startswith("fp_")
     assert body["choices"][0]["message"] == {"role": "assistant",
                                              "content": "Hello from the mock deepseek upstream! 你好, 世界 🌍."}
@@ -72,9 +83,27 @@ def test_keepalive_directive(mock_servers: Any) -> None:
     assert resp.content.startswith(b"\n") and resp.json()["object"] == "chat.completion"
 
 
-def test_reasoner_stream(mock_servers: Any) -> None:
+def test_today_models_thinking_by_default_and_retired_names(mock_servers: Any) -> None:
     srv: MockServer = mock_servers("deepseek")
-    _, events = srv.stream(PATH, ds("x [mock:chunks=2]", model="deepseek-reasoner", stream=True))
+    assert [m["id"] for m in srv.client.get("/models").json()["data"]] == [
+        "deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"]
+    for model in ("deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"):
+        body = srv.post(PATH, ds(model=model, thinking=None)).json()
+        assert body["choices"][0]["message"]["reasoning_content"], model  # thinking is on by default
+        assert "reasoning_content" not in srv.post(PATH, ds(model=model)).json()["choices"][0]["message"]
+    for retired in ("deepseek-chat", "deepseek-reasoner"):
+        bad(srv, ds(model=retired), "Model Not Exist")
+    for effort in ("low", "high", "max", "minimal", "medium", "xhigh"):
+        assert srv.post(PATH, ds(thinking=None, reasoning_effort=effort)).status_code == 200
+    bad(srv, ds(reasoning_effort="none"), "reasoning_effort", 422)
+    # thinking mode ignores sampling parameters without error; non-thinking mode checks them
+    assert srv.post(PATH, ds(thinking=ON, temperature=7, top_p=0, presence_penalty=9)).status_code == 200
+    bad(srv, ds(temperature=7), "temperature")
+
+
+def test_r1_stream(mock_servers: Any) -> None:
+    srv: MockServer = mock_servers("deepseek")
+    _, events = srv.stream(PATH, ds("x [mock:chunks=2]", model="deepseek-r1", stream=True))
     deltas = [c["choices"][0]["delta"] for c in data(events)]
     assert deltas[0] == {"role": "assistant", "content": None, "reasoning_content": ""}
     for delta in deltas[1:-1]:
@@ -83,13 +112,13 @@ def test_reasoner_stream(mock_servers: Any) -> None:
     assert kinds == sorted(kinds, reverse=True) and "r" in kinds and kinds[-2:] == ["c", "c"]
     usage = data(events)[-1]["usage"]
     assert usage["completion_tokens_details"]["reasoning_tokens"] == kinds.count("r")
-    body = srv.post(PATH, ds(model="deepseek-reasoner")).json()
+    body = srv.post(PATH, ds(model="deepseek-r1")).json()
     assert body["choices"][0]["message"]["reasoning_content"]
 
 
-def test_reasoner_rules(mock_servers: Any) -> None:
+def test_r1_rules(mock_servers: Any) -> None:
     srv: MockServer = mock_servers("deepseek")
-    r = "deepseek-reasoner"
+    r = "DeepSeek-R1-0528"
     bad(srv, {"model": r, "messages": [{"role": "user", "content": "a"},
                                        {"role": "assistant", "content": "b", "reasoning_content": "c"},
                                        {"role": "user", "content": "d"}]}, "reasoning_content")
@@ -102,23 +131,30 @@ def test_reasoner_rules(mock_servers: Any) -> None:
                                        {"role": "assistant", "content": "b", "reasoning_content": "c",
                                         "prefix": True}]}
     assert srv.post("/beta/chat/completions", prefix).status_code == 200
-    # deepseek-chat tolerates both
-    assert srv.post(PATH, {"model": "deepseek-chat", "messages": [{"role": "user", "content": "a"},
-                                                                  {"role": "user", "content": "b"}]}).status_code == 200
+    # today's models tolerate both
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    assert srv.post(PATH, {"model": "deepseek-flash", "messages": two}).status_code == 200
 
 
-def test_thinking_mode(mock_servers: Any) -> None:
+def test_thinking_mode_needs_the_reasoning_of_tool_call_turns_back(mock_servers: Any) -> None:
     srv: MockServer = mock_servers("deepseek")
-    thinking = {"type": "enabled"}
-    body = srv.post(PATH, ds(thinking=thinking)).json()
+    body = srv.post(PATH, ds(thinking=ON)).json()
     assert body["choices"][0]["message"]["reasoning_content"]
-    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [CALL]},
                {"role": "tool", "content": "r", "tool_call_id": "call_1"}]
-    bad(srv, {"model": "deepseek-chat", "thinking": thinking, "messages": history}, "reasoning_content")
-    history[1]["reasoning_content"] = "I should call f"
-    assert srv.post(PATH, {"model": "deepseek-chat", "thinking": thinking, "messages": history}).status_code == 200
-    _, events = srv.stream(PATH, ds(thinking=thinking, stream=True))
+    for thinking in (ON, None):  # explicit, or DeepSeek's default
+        err = bad(srv, ds(thinking=thinking, messages=history), "must be passed back")
+        assert err == {"message": "The `reasoning_content` in the thinking mode must be passed back to the API.",
+                       "type": "invalid_request_error", "param": None, "code": "invalid_request_error"}
+    assert srv.post(PATH, ds(thinking=OFF, messages=history)).status_code == 200  # non-thinking: not needed
+    for reasoning in ("I should call f", ""):  # the empty reasoning is DeepSeek's "no reasoning" form
+        turn = {**history[1], "reasoning_content": reasoning}
+        assert srv.post(PATH, ds(thinking=ON, messages=[history[0], turn, history[2]])).status_code == 200
+    # reasoning on a turn without tool calls is accepted (and ignored)
+    plain = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning_content": "c"},
+             {"role": "user", "content": "d"}]
+    assert srv.post(PATH, ds(thinking=ON, messages=plain)).status_code == 200
+    _, events = srv.stream(PATH, ds(thinking=ON, stream=True))
     assert data(events)[0]["choices"][0]["delta"]["reasoning_content"] == ""
 
 
@@ -126,18 +162,18 @@ def test_parameter_validation(mock_servers: Any) -> None:
     srv: MockServer = mock_servers("deepseek")
     bad(srv, ds(stop=[str(i) for i in range(17)]), "16")
     assert srv.post(PATH, ds(stop=[str(i) for i in range(16)])).status_code == 200
-    bad(srv, ds(max_tokens=0), "[1, 8192]")
-    bad(srv, ds(max_tokens=8193), "[1, 8192]")
-    assert srv.post(PATH, ds(max_tokens=8192)).status_code == 200
+    bad(srv, ds(max_tokens=0), "[1, 384000]")
+    bad(srv, ds(max_tokens=384001), "[1, 384000]")
+    assert srv.post(PATH, ds(max_tokens=384000, stream=True)).status_code == 200
     bad(srv, ds(temperature=2.1), "temperature")
     bad(srv, ds(top_logprobs=3), "logprobs")
     bad(srv, ds(stream_options={"include_usage": True}), "stream")
     bad(srv, ds(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "name")
-    bad(srv, {"model": "deepseek-chat", "messages": [{"role": "user", "content": "a"},
-                                                     {"role": "assistant", "content": "b", "prefix": True},
-                                                     {"role": "user", "content": "c"}]}, "prefix")
-    bad(srv, {"model": "deepseek-chat"}, "missing field `messages`", 422)
-    bad(srv, {"model": "deepseek-chat", "messages": [{"role": "wizard", "content": "a"}]}, "unknown variant", 422)
+    bad(srv, {"model": "deepseek-flash", "messages": [{"role": "user", "content": "a"},
+                                                      {"role": "assistant", "content": "b", "prefix": True},
+                                                      {"role": "user", "content": "c"}]}, "prefix")
+    bad(srv, {"model": "deepseek-flash"}, "missing field `messages`", 422)
+    bad(srv, {"model": "deepseek-flash", "messages": [{"role": "wizard", "content": "a"}]}, "unknown variant", 422)
     bad(srv, b"{", "JSON")
 
 
@@ -171,11 +207,11 @@ def test_finish_reasons_and_tools(mock_servers: Any) -> None:
 
 
 def test_served_model_and_key(mock_servers: Any) -> None:
-    srv: MockServer = mock_servers("deepseek", api_key="sk-ds", served_model="deepseek-chat")
+    srv: MockServer = mock_servers("deepseek", api_key="sk-ds", served_model="deepseek-flash")
     resp = srv.post(PATH, ds())
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "authentication_error"
     auth = {"Authorization": "Bearer sk-ds"}
     resp = srv.post(PATH, ds(model="deepseek-coder"), headers=auth)
     assert resp.status_code == 400 and resp.json()["error"]["message"] == "Model Not Exist"
     assert srv.post(PATH, ds(), headers=auth).status_code == 200
-    assert [m["id"] for m in srv.client.get("/models", headers=auth).json()["data"]] == ["deepseek-chat"]
+    assert [m["id"] for m in srv.client.get("/models", headers=auth).json()["data"]] == ["deepseek-flash"]

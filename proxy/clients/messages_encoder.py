@@ -1,0 +1,248 @@
+"""Hub events -> Anthropic Messages: SSE events (streaming) or one `Message` (non-streaming), from one state machine.
+
+Content blocks open in the order the answer produces them and one at a time, as Anthropic streams them: reasoning
+opens a `thinking` block, content a `text` block, each new tool call a `tool_use` block; a change of kind closes the
+open block (a `thinking` block closes with its `signature_delta`, proxy/clients/signature.py). Streaming:
+
+    message_start · (content_block_start · content_block_delta* · content_block_stop)* · message_delta · message_stop
+
+Non-streaming, the same machine keeps the blocks and `finish()` returns the Message, so both give the same final
+message (tests/clients/test_messages.py checks it through the anthropic SDK's own accumulator).
+
+Per chunk: a text or thinking delta costs one orjson dump of the delta's string and one bytes join.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..errors import ProxyError, UpstreamError
+from ..sse import encode_event
+from . import tool_ids
+from .messages_errors import error_body
+
+if TYPE_CHECKING:
+    import hmac
+
+    from ..canonical import RequestContext
+    from ..events import Answer, Delta
+    from .base import ClientCall
+    from .signature import ThinkingSigner
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
+                "content_filter": "refusal"}
+
+PING = encode_event(b"ping", b'{"type":"ping"}')
+_DELTA = b"content_block_delta"
+_STOP = b"content_block_stop"
+_START = b"content_block_start"
+
+
+def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
+    return encode_event(_DELTA, b'{"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":%s}}' % (
+        index, kind, field, orjson.dumps(value)))
+
+
+class _Block:
+    __slots__ = ("id", "index", "kind", "mac", "name", "parts", "signature")
+
+    def __init__(self, kind: str, index: int) -> None:
+        self.kind = kind  # "thinking" | "text" | "tool_use"
+        self.index = index
+        self.parts: list[str] = []  # text / thinking / argument fragments (kept when needed)
+        self.mac: hmac.HMAC | None = None
+        self.id = ""  # tool_use
+        self.name = ""  # tool_use
+        self.signature = ""  # thinking, once closed
+
+
+class MessagesEncoder:
+    keepalive = PING
+
+    def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner) -> None:
+        self.stream = call.stream
+        self.omit_thinking = bool(call.options.get("omit_thinking"))
+        self.stop_sequences = call.options.get("stop_sequences") or ()
+        self.ctx = ctx
+        self.answer = answer
+        self.signer = signer
+        self.blocks: list[_Block] = []
+        self.open: _Block | None = None
+        self.tools: dict[int, _Block] = {}  # upstream tool-call index -> its block
+        self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None
+
+    # ------------------------------------------------------------------ the block machine
+    def _close(self, out: list[bytes]) -> None:
+        block = self.open
+        if block is None:
+            return
+        self.open = None
+        if block.kind == "thinking":
+            assert block.mac is not None
+            block.signature = self.signer.sign(block.mac, "".join(block.parts) if self.omit_thinking else None)
+            if self.stream:
+                out.append(_delta_event(block.index, b"signature_delta", b"signature", block.signature))
+        if self.stream:
+            out.append(encode_event(_STOP, b'{"type":"content_block_stop","index":%d}' % block.index))
+
+    def _start(self, kind: str, out: list[bytes]) -> _Block:
+        self._close(out)
+        block = _Block(kind, len(self.blocks))
+        self.blocks.append(block)
+        self.open = block
+        if kind == "thinking":
+            block.mac = self.signer.mac()
+        if self.stream:
+            if kind == "thinking":
+                body: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+            else:
+                body = {"type": "text", "text": ""}
+            out.append(encode_event(_START, orjson.dumps(
+                {"type": "content_block_start", "index": block.index, "content_block": body})))
+        return block
+
+    def _reasoning(self, text: str, out: list[bytes]) -> None:
+        block = self.open
+        if block is None or block.kind != "thinking":
+            block = self._start("thinking", out)
+        assert block.mac is not None
+        block.mac.update(text.encode())
+        if self.omit_thinking or not self.stream:
+            block.parts.append(text)
+        else:
+            out.append(_delta_event(block.index, b"thinking_delta", b"thinking", text))
+
+    def _text(self, text: str, out: list[bytes]) -> None:
+        block = self.open
+        if block is None or block.kind != "text":
+            block = self._start("text", out)
+        if self.stream:
+            out.append(_delta_event(block.index, b"text_delta", b"text", text))
+        else:
+            block.parts.append(text)
+
+    def _tool(self, fragment: dict[str, Any], out: list[bytes]) -> None:
+        position = fragment.get("index", 0)
+        function = fragment.get("function") or {}
+        block = self.tools.get(position)
+        if block is None:
+            upstream_id = fragment.get("id") or f"call_{self.ctx.response_id}_{position}"
+            self._close(out)
+            block = _Block("tool_use", len(self.blocks))
+            block.id = tool_ids.to_client(upstream_id)
+            block.name = function.get("name") or ""
+            self.tools[position] = block
+            self.blocks.append(block)
+            self.open = block
+            if self.stream:
+                out.append(encode_event(_START, orjson.dumps({
+                    "type": "content_block_start", "index": block.index,
+                    "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}})))
+        args = function.get("arguments")
+        if args:
+            if self.stream:
+                out.append(_delta_event(block.index, b"input_json_delta", b"partial_json", args))
+            else:
+                block.parts.append(args)
+
+    def _events(self, deltas: list[Delta]) -> list[bytes]:
+        out: list[bytes] = []
+        for delta in deltas:
+            if delta.index:
+                continue  # Anthropic has one answer per request (the proxy never asks for more)
+            if delta.reasoning:
+                self._reasoning(delta.reasoning, out)
+            if delta.content:
+                self._text(delta.content, out)
+            if delta.tool_calls:
+                for fragment in delta.tool_calls:
+                    self._tool(fragment, out)
+            if delta.finish_reason is not None:
+                self.finish_reason = delta.finish_reason
+                extra = delta.choice_extra
+                matched = extra.get("stop_reason") if extra else None
+                if isinstance(matched, str) and matched in self.stop_sequences:
+                    self.stop_sequence = matched
+        return out
+
+    # ------------------------------------------------------------------ summary
+    def stop_reason(self) -> str:
+        finish = self.finish_reason or self.answer.finish_reason
+        if finish == "length":
+            return "max_tokens"
+        if self.tools:
+            return "tool_use"
+        if self.stop_sequence is not None:
+            return "stop_sequence"
+        return STOP_REASONS.get(finish or "stop", "end_turn")
+
+    def usage(self) -> dict[str, int]:
+        usage = self.answer.usage or {}
+        prompt = usage.get("prompt_tokens") or 0
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if not isinstance(cached, int):
+            cached = usage.get("prompt_cache_hit_tokens") or 0
+        cached = min(cached, prompt)
+        # Anthropic's input_tokens leave out the cached part; the proxy never writes a prompt cache of its own.
+        return {"input_tokens": prompt - cached, "output_tokens": usage.get("completion_tokens") or 0,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+    def _message(self, content: list[dict[str, Any]], stop_reason: str | None,
+                 usage: dict[str, int]) -> dict[str, Any]:
+        return {"id": self.ctx.response_id, "type": "message", "role": "assistant", "model": self.ctx.response_model,
+                "content": content, "stop_reason": stop_reason,
+                "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None, "usage": usage}
+
+    # ------------------------------------------------------------------ the Encoder protocol
+    def head(self) -> bytes:
+        # The upstream's counts arrive with its last chunk: message_delta carries them all (the SDK takes them).
+        start = self._message([], None, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                                         "cache_read_input_tokens": 0})
+        return encode_event(b"message_start", orjson.dumps({"type": "message_start", "message": start}))
+
+    def feed(self, deltas: list[Delta]) -> bytes:
+        out = self._events(deltas)
+        return b"".join(out) if out else b""
+
+    def finish(self) -> bytes:
+        out: list[bytes] = []
+        self._close(out)
+        stop_reason = self.stop_reason()
+        if self.stream:
+            out.append(encode_event(b"message_delta", orjson.dumps({
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason,
+                          "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None},
+                "usage": self.usage()})))
+            out.append(encode_event(b"message_stop", b'{"type":"message_stop"}'))
+            return b"".join(out)
+        return orjson.dumps(self._message([self._content(b, stop_reason) for b in self.blocks], stop_reason,
+                                          self.usage()))
+
+    def _content(self, block: _Block, stop_reason: str) -> dict[str, Any]:
+        if block.kind == "text":
+            return {"type": "text", "text": "".join(block.parts)}
+        if block.kind == "thinking":
+            return {"type": "thinking", "thinking": "" if self.omit_thinking else "".join(block.parts),
+                    "signature": block.signature}
+        args = "".join(block.parts)
+        if not args.strip():
+            value: Any = {}
+        else:
+            try:
+                value = orjson.loads(args)
+            except orjson.JSONDecodeError:
+                value = None
+            if not isinstance(value, dict):
+                if stop_reason != "max_tokens":
+                    raise UpstreamError(
+                        f"The upstream's arguments for tool call {block.name!r} are not a JSON object: {args[:200]!r}")
+                value = {}  # cut off by max_tokens: the call is incomplete, and stop_reason says so
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": value}
+
+    def error(self, err: ProxyError) -> bytes:
+        return encode_event(b"error", orjson.dumps(error_body(err)))

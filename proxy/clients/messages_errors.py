@@ -1,0 +1,46 @@
+"""Errors in the Anthropic shape: `{"type": "error", "error": {"type": ..., "message": ...}}` with Anthropic's
+statuses (DECISIONS.md "Client dialects and state": an overloaded upstream, 503, is 529 `overloaded_error`; 502 and 504
+stay, as `api_error`). The same body is the in-stream `event: error` after the stream head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..errors import ProxyError
+from .base import Headers
+
+
+def error_status(err: ProxyError) -> tuple[int, str]:
+    """Anthropic's status and error type for a proxy error (DECISIONS.md "Client dialects and state")."""
+    status = err.status
+    if status == 503:
+        if err.code == "state_store_unavailable":
+            return 503, "api_error"
+        return 529, "overloaded_error"
+    if status == 401:
+        return 401, "authentication_error"
+    if status == 402:
+        return 402, "billing_error"
+    if status == 403:
+        return 403, "permission_error"
+    if status == 404:
+        return 404, "not_found_error"
+    if status == 413:
+        return 413, "request_too_large"
+    if status == 429:
+        return 429, "rate_limit_error"
+    if 400 <= status < 500:
+        return status, "invalid_request_error"
+    return status, "api_error"
+
+
+def error_body(err: ProxyError) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_status(err)[1], "message": err.message}}
+
+
+def error_response(err: ProxyError) -> tuple[int, Headers, bytes]:
+    status, _ = error_status(err)
+    headers: Headers = [(k.lower().encode(), v.encode("latin-1", "replace")) for k, v in err.response_headers().items()]
+    return status, headers, orjson.dumps(error_body(err))

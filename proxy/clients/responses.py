@@ -1,0 +1,219 @@
+"""The OpenAI Responses API (`/v1/responses`) as a client spoke: request mapping in responses_request.py, the event
+stream and the response object in responses_events.py; this module adds conversation state.
+
+State (the state store, proxy/state): a response created with `store` (default true, as OpenAI) is kept under
+namespace "responses" as its response object plus the conversation so far in hub form, so that
+`previous_response_id` continues it and `GET`/`DELETE /v1/responses/{id}` answer. `store: false` keeps nothing
+(Codex sends the whole history every turn instead). An unknown, expired or unstored `previous_response_id` is a 400
+(DECISIONS.md "Client dialects and state"); a store that cannot be reached is a 503 for requests that need it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ..canonical import CHAT
+from ..errors import ClientRequestError, ProxyError
+from ..validate import (
+    ARRAY,
+    BOOLEAN,
+    INTEGER,
+    NULL,
+    NUMBER,
+    OBJECT,
+    STRING,
+    FieldTable,
+    check_types,
+    compile_table,
+)
+from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+from .responses_events import ResponsesEncoder
+from .responses_request import Decoded, ToolName, to_chat
+from .signature import ThinkingSigner
+
+if TYPE_CHECKING:
+    from ..canonical import RequestContext
+    from ..events import Answer
+    from ..settings import Settings
+    from ..state.base import StateStore
+
+NAMESPACE = "responses"
+# The fields' JSON types, checked once at the edge (proxy/validate.py): a wrong type is a 400 naming the parameter.
+RESPONSES_FIELDS: FieldTable = {
+    "model": STRING,
+    "input": (STRING, ARRAY, NULL),
+    "input[]": OBJECT,
+    "input[].role": STRING,
+    "input[].type": STRING,
+    "input[].content": (STRING, ARRAY, NULL),
+    "input[].call_id": STRING,
+    "input[].name": STRING,
+    "input[].arguments": (STRING, OBJECT),
+    "instructions": (STRING, NULL),
+    "stream": (BOOLEAN, NULL),
+    "store": (BOOLEAN, NULL),
+    "background": (BOOLEAN, NULL),
+    "tools": (ARRAY, NULL),
+    "tools[]": OBJECT,
+    "tools[].type": STRING,
+    "tools[].name": STRING,
+    "tool_choice": (STRING, OBJECT, NULL),
+    "parallel_tool_calls": (BOOLEAN, NULL),
+    "max_output_tokens": (INTEGER, NULL),
+    "temperature": (NUMBER, NULL),
+    "top_p": (NUMBER, NULL),
+    "top_logprobs": (INTEGER, NULL),
+    "previous_response_id": (STRING, NULL),
+    "include": (ARRAY, NULL),
+    "include[]": STRING,
+    "metadata": (OBJECT, NULL),
+    "reasoning": (OBJECT, NULL),
+    "reasoning.effort": (STRING, NULL),
+    "text": (OBJECT, NULL),
+    "text.format": (OBJECT, NULL),
+    "user": (STRING, NULL),
+}
+_TABLE = compile_table(RESPONSES_FIELDS)
+IGNORED_TOOLS_HEADER = b"x-dialect-proxy-ignored-tools"
+_ENCRYPTED = "reasoning.encrypted_content"
+
+
+class ResponsesClient(ClientDialect):
+    name = "responses"
+    path = "/v1/responses"
+    id_prefix = "resp_"
+    content_type = b"text/event-stream; charset=utf-8"
+
+    def __init__(self, settings: Settings, store: StateStore) -> None:
+        super().__init__(settings, store)
+        key = settings.client.thinking_key  # the same key signs Anthropic thinking blocks (proxy/clients/messages.py)
+        self.signer = ThinkingSigner(key.encode() if key else None)
+
+    async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
+        check_types(body, _TABLE)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
+        stream = body.get("stream") is True
+        store = body.get("store") is not False
+        include = body.get("include") or []
+        previous = body.get("previous_response_id")
+        history: list[dict[str, Any]] = []
+        if previous is not None:
+            history = await self._history(previous)
+        decoded = to_chat(body, history, self.signer)
+        headers_out: Headers = []
+        options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": _echo(body),
+                                   "seal": _ENCRYPTED in include}
+        if decoded.ignored_tools:
+            names = ",".join(dict.fromkeys(decoded.ignored_tools))
+            headers_out.append((IGNORED_TOOLS_HEADER, names.encode()))
+            options["log"] = {"ignored_tools": names}
+        return ClientCall(decoded.request, CHAT, model, stream, options, headers_out)
+
+    async def _history(self, previous: Any) -> list[dict[str, Any]]:
+        if not isinstance(previous, str) or not previous:
+            raise ClientRequestError("`previous_response_id` must be a string.", param="previous_response_id")
+        raw = await self.store.get(NAMESPACE, previous)
+        if raw is None:
+            raise ClientRequestError(
+                f"Previous response with id '{previous}' not found (unknown, expired, or created with store: false).",
+                param="previous_response_id", code="previous_response_not_found")
+        messages: list[dict[str, Any]] = orjson.loads(raw)["messages"]
+        return messages
+
+    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
+        decoded: Decoded = call.options["decoded"]
+        return ResponsesEncoder(ctx, answer, call.stream, call.options["echo"], decoded.tools,
+                                self.signer if call.options["seal"] else None)
+
+    def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
+        return openai_error_response(err)
+
+    async def completed(self, call: ClientCall, encoder: Encoder) -> None:
+        if not call.options["store"]:
+            return
+        assert isinstance(encoder, ResponsesEncoder)
+        decoded: Decoded = call.options["decoded"]
+        status = "incomplete" if encoder.finish_reason in ("length", "content_filter") else "completed"
+        record = {
+            "response": encoder.response(status),
+            "messages": [*decoded.messages, _assistant_turn(encoder.items, decoded.tools)],
+        }
+        await self.store.put(NAMESPACE, encoder.ctx.response_id, orjson.dumps(record))
+
+    def routes(self) -> list[BaseRoute]:
+        return [Route(self.path + "/{response_id}", self._get_or_delete, methods=["GET", "DELETE"])]
+
+    async def _get_or_delete(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        try:
+            if request.method == "DELETE":
+                if not await self.store.delete(NAMESPACE, response_id):
+                    raise _not_found(response_id)
+                body = orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True})
+                return Response(body, media_type="application/json")
+            raw = await self.store.get(NAMESPACE, response_id)
+            if raw is None:
+                raise _not_found(response_id)
+            return Response(orjson.dumps(orjson.loads(raw)["response"]), media_type="application/json")
+        except ProxyError as err:
+            status, headers, payload = openai_error_response(err)
+            return Response(payload, status, {k.decode(): v.decode() for k, v in headers},
+                            media_type="application/json")
+
+
+def _not_found(response_id: str) -> ProxyError:
+    return ProxyError(f"Response with id '{response_id}' not found.", 404, code="response_not_found")
+
+
+def _echo(body: dict[str, Any]) -> dict[str, Any]:
+    """The request fields a response object repeats (with OpenAI's defaults)."""
+    reasoning: dict[str, Any] = body["reasoning"] if isinstance(body.get("reasoning"), dict) else {}
+    text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
+    return {
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "store": body.get("store", True),
+        "temperature": body.get("temperature", 1.0),
+        "text": {**text, "format": text.get("format") or {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p", 1.0),
+        "truncation": body.get("truncation", "disabled"),
+        "user": body.get("user"),
+    }
+
+
+def _assistant_turn(items: list[dict[str, Any]], tools: dict[str, ToolName]) -> dict[str, Any]:
+    """This answer's output items as the hub's assistant message (what the next turn's history holds)."""
+    upstream = {(t.namespace, t.name): name for name, t in tools.items()}
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    text = "".join(p["text"] for item in items if item["type"] == "message" for p in item["content"])
+    reasoning = "".join(c["text"] for item in items if item["type"] == "reasoning" for c in item["content"])
+    calls = []
+    for item in items:
+        if item["type"] == "function_call":
+            arguments = item["arguments"]
+        elif item["type"] == "custom_tool_call":
+            arguments = orjson.dumps({"input": item["input"]}).decode()
+        else:
+            continue
+        name = upstream.get((item.get("namespace"), item["name"]), item["name"])
+        calls.append({"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": arguments}})
+    if text:
+        message["content"] = text
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message

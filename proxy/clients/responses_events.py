@@ -1,0 +1,331 @@
+"""Hub events -> a Responses API answer: the event stream the SDKs and Codex parse, or (folded) one `response`.
+
+    reasoning deltas ─▶ a `reasoning` item   (reasoning_text deltas; sealed `encrypted_content` when included)
+    content deltas   ─▶ a `message` item     (one output_text part)
+    tool-call deltas ─▶ `function_call` items, or `custom_tool_call` items for freeform tools
+    finish, usage    ─▶ `response.completed` / `response.incomplete` with the whole response
+
+A streamed answer is `response.created`, `response.in_progress`, then per item `output_item.added`, its deltas and
+`…done` events and `output_item.done`, then the terminal event; every event has a `sequence_number`. Items come in
+the order the upstream produced them (a reasoning item before the message it belongs to); an item is done when the
+next kind starts or the answer ends. A failure after the head is `response.failed` whose data also carries a
+top-level `error`, which makes the openai SDK raise `APIError` at once (Codex reads the response's `error`).
+Only choice 0 is answered (the Responses API has no `n`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..canonical import RequestContext
+from ..errors import ProxyError
+from ..events import Answer, Delta
+from ..sse import KEEPALIVE, encode_event
+from .responses_request import ToolName
+from .signature import ThinkingSigner
+
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+_dumps = orjson.dumps
+
+
+class _Item:
+    __slots__ = ("call_id", "custom", "delta_head", "id", "index", "kind", "name", "namespace", "parts")
+
+    def __init__(self, kind: str, item_id: str, index: int) -> None:
+        self.kind = kind
+        self.id = item_id
+        self.index = index
+        self.parts: list[str] = []
+        self.delta_head = b""  # the bytes of a delta event up to its `delta` value (built once per item)
+        self.call_id = ""
+        self.name = ""
+        self.namespace: str | None = None
+        self.custom = False
+
+
+class ResponsesEncoder:
+    keepalive = KEEPALIVE
+
+    def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: dict[str, Any],
+                 tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:
+        self.ctx = ctx
+        self.answer = answer
+        self.stream = stream
+        self.echo = echo  # request fields the response object repeats (instructions, tools, temperature ...)
+        self.tools = tools
+        self.signer = signer  # set when the client asked for reasoning.encrypted_content
+        self.items: list[dict[str, Any]] = []  # finished output items, in output order
+        self.finish_reason: str | None = None
+        self._seq = 2  # 0 and 1 are the head's (sent when the handler commits the stream, after the first feed)
+        self._out: list[bytes] = []
+        self._hex = ctx.response_id.partition("_")[2] or ctx.response_id
+        self._count = 0
+        self._reasoning: _Item | None = None
+        self._message: _Item | None = None
+        self._calls: dict[int, _Item] = {}
+
+    # -- the Encoder protocol -----------------------------------------------------------------------------------
+    def head(self) -> bytes:
+        skeleton = self.response("in_progress", with_output=False)
+        return b"".join(encode_event(name.encode(), _dumps({"type": name, "response": skeleton, "sequence_number": n}))
+                        for n, name in enumerate(("response.created", "response.in_progress")))
+
+    def feed(self, deltas: list[Delta]) -> bytes:
+        for d in deltas:
+            if d.index != 0:
+                continue
+            if d.reasoning:
+                self._reason(d.reasoning)
+            if d.content:
+                self._text(d.content)
+            if d.tool_calls:
+                for fragment in d.tool_calls:
+                    self._call(fragment)
+            if d.finish_reason is not None:
+                self.finish_reason = d.finish_reason
+        return self._take() if self.stream else b""
+
+    def finish(self) -> bytes:
+        self._close_all()
+        status = "incomplete" if self.finish_reason in _INCOMPLETE else "completed"
+        final = self.response(status)
+        if not self.stream:
+            self._out.clear()
+            return _dumps(final)
+        kind = "response." + status
+        self._event(kind.encode(), {"type": kind, "response": final})
+        return self._take()
+
+    def error(self, err: ProxyError) -> bytes:
+        failed = self.response("failed")
+        failed["error"] = {"code": err.code, "message": err.message}
+        self._event(b"response.failed", {"type": "response.failed", "response": failed,
+                                         "error": err.envelope()["error"]})
+        return self._take()
+
+    # -- the response object --------------------------------------------------------------------------------------
+    def response(self, status: str, with_output: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.ctx.response_id,
+            "object": "response",
+            "created_at": self.ctx.created,
+            "status": status,
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "model": self.ctx.response_model,
+            "output": self.items if with_output else [],
+            "usage": self._usage() if with_output else None,
+        }
+        out.update(self.echo)
+        if status == "incomplete":
+            out["incomplete_details"] = {"reason": _INCOMPLETE.get(self.finish_reason or "", "max_output_tokens")}
+        return out
+
+    def output_text(self) -> str:
+        return "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
+
+    def _usage(self) -> dict[str, Any] | None:
+        usage = self.answer.usage
+        if usage is None:
+            return None
+        prompt = usage.get("prompt_tokens") or 0
+        completion = usage.get("completion_tokens") or 0
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+        return {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": usage.get("total_tokens") or prompt + completion,
+        }
+
+    # -- items ----------------------------------------------------------------------------------------------------
+    def _new(self, kind: str, prefix: str) -> _Item:
+        item = _Item(kind, f"{prefix}_{self._hex}{self._count:02d}", self._count)
+        self._count += 1
+        return item
+
+    def _reason(self, text: str) -> None:
+        item = self._reasoning
+        if item is None:
+            self._close_message()
+            item = self._reasoning = self._new("reasoning", "rs")
+            if self.stream:
+                self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
+                item.delta_head = self._delta_head(b"response.reasoning_text.delta", item, content_index=True)
+        item.parts.append(text)
+        if self.stream:
+            self._delta(item, text)
+
+    def _text(self, text: str) -> None:
+        item = self._message
+        if item is None:
+            self._close_reasoning()
+            item = self._message = self._new("message", "msg")
+            if self.stream:
+                self._added({"id": item.id, "type": "message", "role": "assistant", "status": "in_progress",
+                             "content": []}, item.index)
+                self._event(b"response.content_part.added", {
+                    "type": "response.content_part.added", "item_id": item.id, "output_index": item.index,
+                    "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
+                item.delta_head = self._delta_head(b"response.output_text.delta", item, content_index=True,
+                                                   logprobs=True)
+        item.parts.append(text)
+        if self.stream:
+            self._delta(item, text)
+
+    def _call(self, fragment: dict[str, Any]) -> None:
+        index = fragment.get("index", 0)
+        fn = fragment.get("function") or {}
+        item = self._calls.get(index)
+        if item is None:
+            self._close_reasoning()
+            self._close_message()
+            upstream = fn.get("name") or ""
+            tool = self.tools.get(upstream) or ToolName(upstream)
+            item = self._new("custom_tool_call" if tool.custom else "function_call", "ctc" if tool.custom else "fc")
+            item.call_id = fragment.get("id") or "call_" + item.id.partition("_")[2]
+            item.name, item.namespace, item.custom = tool.name, tool.namespace, tool.custom
+            self._calls[index] = item
+            if self.stream:
+                added = self._call_item(item, "", "in_progress")
+                self._added(added, item.index)
+                if not item.custom:
+                    item.delta_head = self._delta_head(b"response.function_call_arguments.delta", item)
+        arguments = fn.get("arguments")
+        if arguments:
+            item.parts.append(arguments)
+            if self.stream and not item.custom:  # a custom tool's input is known once its JSON is complete
+                self._delta(item, arguments)
+
+    def _call_item(self, item: _Item, payload: str, status: str) -> dict[str, Any]:
+        if item.custom:
+            out: dict[str, Any] = {"id": item.id, "type": "custom_tool_call", "status": status,
+                                   "call_id": item.call_id, "name": item.name, "input": payload}
+        else:
+            out = {"id": item.id, "type": "function_call", "status": status, "call_id": item.call_id,
+                   "name": item.name, "arguments": payload}
+        if item.namespace is not None:
+            out["namespace"] = item.namespace
+        return out
+
+    # -- closing items ----------------------------------------------------------------------------------------------
+    def _close_all(self) -> None:
+        self._close_reasoning()
+        self._close_message()
+        for index in sorted(self._calls, key=lambda i: self._calls[i].index):
+            self._close_call(self._calls[index])
+        self._calls.clear()
+
+    def _item_status(self) -> str:
+        return "incomplete" if self.finish_reason in _INCOMPLETE else "completed"
+
+    def _close_reasoning(self) -> None:
+        item = self._reasoning
+        if item is None:
+            return
+        self._reasoning = None
+        text = "".join(item.parts)
+        done: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": [],
+                                "content": [{"type": "reasoning_text", "text": text}]}
+        if self.signer is not None:
+            done["encrypted_content"] = self.signer.sign_text(text, carry=True)
+        if self.stream:
+            self._event(b"response.reasoning_text.done", {
+                "type": "response.reasoning_text.done", "item_id": item.id, "output_index": item.index,
+                "content_index": 0, "text": text})
+            self._done(done, item.index)
+        self.items.append(done)
+
+    def _close_message(self) -> None:
+        item = self._message
+        if item is None:
+            return
+        self._message = None
+        text = "".join(item.parts)
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        done = {"id": item.id, "type": "message", "role": "assistant", "status": self._item_status(),
+                "content": [part]}
+        if self.stream:
+            common = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+            self._event(b"response.output_text.done",
+                        {"type": "response.output_text.done", **common, "text": text, "logprobs": []})
+            self._event(b"response.content_part.done", {"type": "response.content_part.done", **common,
+                                                        "part": part})
+            self._done(done, item.index)
+        self.items.append(done)
+
+    def _close_call(self, item: _Item) -> None:
+        raw = "".join(item.parts)
+        payload = _custom_input(raw) if item.custom else raw
+        done = self._call_item(item, payload, self._item_status())
+        if self.stream:
+            common = {"item_id": item.id, "output_index": item.index}
+            if item.custom:
+                if payload:
+                    self._event(b"response.custom_tool_call_input.delta",
+                                {"type": "response.custom_tool_call_input.delta", **common, "delta": payload})
+                self._event(b"response.custom_tool_call_input.done",
+                            {"type": "response.custom_tool_call_input.done", **common, "input": payload})
+            else:
+                self._event(b"response.function_call_arguments.done",
+                            {"type": "response.function_call_arguments.done", **common, "name": item.name,
+                             "arguments": payload})
+            self._done(done, item.index)
+        self.items.append(done)
+
+    # -- event framing --------------------------------------------------------------------------------------------
+    def _event(self, name: bytes, data: dict[str, Any]) -> None:
+        data["sequence_number"] = self._seq
+        self._seq += 1
+        self._out.append(encode_event(name, _dumps(data)))
+
+    def _added(self, item: dict[str, Any], index: int) -> None:
+        self._event(b"response.output_item.added", {"type": "response.output_item.added", "output_index": index,
+                                                    "item": item})
+
+    def _done(self, item: dict[str, Any], index: int) -> None:
+        self._event(b"response.output_item.done", {"type": "response.output_item.done", "output_index": index,
+                                                   "item": item})
+
+    def _delta_head(self, name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False) -> bytes:
+        # The per-token events are the hot path: their fixed part is serialised once per item.
+        head = b'event: ' + name + b'\ndata: {"type":"' + name + b'","item_id":"' + item.id.encode() + \
+            b'","output_index":' + str(item.index).encode()
+        if content_index:
+            head += b',"content_index":0'
+        if logprobs:
+            head += b',"logprobs":[]'
+        return head + b',"delta":'
+
+    def _delta(self, item: _Item, text: str) -> None:
+        self._out.append(item.delta_head + _dumps(text) + b',"sequence_number":' + str(self._seq).encode() +
+                         b"}\n\n")
+        self._seq += 1
+
+    def _take(self) -> bytes:
+        data = b"".join(self._out)
+        self._out.clear()
+        return data
+
+
+def _custom_input(arguments: str) -> str:
+    """A freeform tool's input from the upstream's arguments for the one-string-parameter function it was given:
+    `{"input": "..."}`; an object with one other string value, or text that is not JSON, is taken as it is."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    if isinstance(value, dict):
+        if isinstance(value.get("input"), str):
+            return str(value["input"])
+        strings = [v for v in value.values() if isinstance(v, str)]
+        if len(strings) == 1:
+            return strings[0]
+    if isinstance(value, str):
+        return value
+    return arguments

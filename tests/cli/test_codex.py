@@ -1,0 +1,134 @@
+"""Codex CLI (npm `@openai/codex`) through the proxy, in front of the built-in mock: a whole shell-tool turn.
+
+`make test-cli` installs the CLI into .venv/cli and runs these (`pytest -m cli`); the normal suite leaves them out.
+The binary is taken from $CODEX_BIN, else .venv/cli/node_modules/.bin/codex, else PATH; without it they skip.
+
+The prompt carries a `[mock:call_tool=exec_command {...}]` directive: the mock answers the first request with a call
+to Codex's shell tool (`exec_command`, argument `cmd`, in Codex 0.169.0: tests/fixtures/clients/README.md) whose
+command writes a marker file, Codex runs it and sends the output back, and the mock's second answer quotes it.
+Codex runs with a fresh CODEX_HOME, no approvals or sandbox, no update check, analytics, feedback or telemetry, and
+every proxy variable pointing at a closed loopback port: only the proxy is reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Mock, Proxy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def codex_binary() -> str | None:
+    for candidate in (os.environ.get("CODEX_BIN"), str(ROOT / ".venv" / "cli" / "node_modules" / ".bin" / "codex")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("codex")
+
+
+CODEX = codex_binary()
+pytestmark = [pytest.mark.cli,
+              pytest.mark.skipif(CODEX is None, reason="codex CLI not installed (make test-cli installs it)")]
+
+CONFIG = """\
+model = "{model}"
+model_provider = "proxy"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+trace_exporter = "none"
+
+[model_providers.proxy]
+name = "dialect-proxy"
+base_url = "{base_url}"
+wire_api = "responses"
+env_key = "DIALECT_PROXY_TEST_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+"""
+
+
+def run_codex(proxy: Proxy, tmp: Path, prompt: str, model: str = "mock-gpt",
+              ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    home, work = tmp / "codex-home", tmp / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(CONFIG.format(base_url=proxy.base_url, model=model))
+    dead = "http://127.0.0.1:9"  # nothing listens there: any request that is not for the proxy fails at once
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(home),
+           "DIALECT_PROXY_TEST_KEY": "sk-client-key", "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead,
+           "NO_PROXY": "127.0.0.1,localhost", "NO_COLOR": "1"}
+    assert CODEX is not None
+    argv = [CODEX, "exec", "--strict-config", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+            "--color", "never", "-o", str(tmp / "last-message.txt"), prompt]
+    proc = subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=180)
+    return proc, work
+
+
+DIALECTS = ["openai", "mindie", "mindie+full_text", "siliconstorm", "deepseek", "engine"]
+
+
+def start(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy], dialect: str) -> tuple[Mock, Proxy]:
+    name, _, mode = dialect.partition("+")
+    mock = start_mock(name, full_text=bool(mode))
+    return mock, start_proxy(mock=mock, **({"full_text": True} if mode else {}))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_codex_exec_runs_a_shell_tool_through_the_proxy(start_mock: Callable[..., Mock],
+                                                       start_proxy: Callable[..., Proxy], tmp_path: Path,
+                                                       dialect: str) -> None:
+    mock, proxy = start(start_mock, start_proxy, dialect)
+    marker = f"codex-marker-{uuid.uuid4().hex[:12]}"
+    arguments = json.dumps({"cmd": f"echo {marker} > marker.txt && cat marker.txt"})
+    proc, work = run_codex(proxy, tmp_path, f"Write the marker file. [mock:call_tool=exec_command {arguments}]")
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, report
+    # the command really ran, in Codex's working directory ...
+    assert (work / "marker.txt").read_text().strip() == marker, report
+    # ... and the mock's final answer quotes its output (it saw the tool result Codex sent back)
+    last = (tmp_path / "last-message.txt").read_text()
+    assert last.startswith("Tool exec_command returned:") and marker in last, report
+    assert marker in proc.stdout, report
+    stats: dict[str, Any] = mock.stats()
+    assert stats["requests"] == 2 and stats["completed"] == 2, stats
+
+
+@pytest.mark.parametrize("dialect", ["openai", "mindie+full_text", "deepseek"])
+def test_codex_applies_a_patch_with_its_freeform_tool(start_mock: Callable[..., Mock],
+                                                      start_proxy: Callable[..., Proxy], tmp_path: Path,
+                                                      dialect: str) -> None:
+    """With a model Codex knows (gpt-5.5) it offers `apply_patch` as a `custom` (freeform, grammar) tool: the proxy
+    offers it upstream as a function with one string parameter and turns the upstream's call back into a
+    `custom_tool_call` whose raw input Codex applies."""
+    mock, proxy = start(start_mock, start_proxy, dialect)
+    marker = f"patched-{uuid.uuid4().hex[:12]}"
+    patch = f"*** Begin Patch\n*** Add File: hello.txt\n+{marker}\n*** End Patch\n"
+    arguments = json.dumps({"input": patch})
+    proc, work = run_codex(proxy, tmp_path, f"Add the file. [mock:call_tool=apply_patch {arguments}]", model="gpt-5.5")
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, report
+    assert (work / "hello.txt").read_text().strip() == marker, report
+    assert mock.stats()["requests"] == 2, report
+    # the upstream saw a function tool for it, and the call and its output came back as chat messages
+    body = mock.last_request()["body"]
+    offered = {t["function"]["name"]: t["function"] for t in body["tools"]}
+    assert offered["apply_patch"]["parameters"]["required"] == ["input"]
+    assert body["messages"][-1]["role"] == "tool"

@@ -1,0 +1,249 @@
+"""End to end: the openai SDK's Responses API -> proxy `/v1/responses` -> the built-in mock of every upstream kind.
+
+What a Responses client sees: items in order (reasoning before the message), the SDK's stream helper accepting the
+event sequence, tool round trips, conversation state, errors as the SDK's own exceptions (mid-stream too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Mock, Proxy
+
+DIALECTS = ["openai", "mindie", "mindie+full_text", "siliconstorm", "deepseek", "engine"]
+TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+USER = {"role": "user", "content": "Weather?"}
+
+
+def greeting(dialect: str) -> str:
+    return f"Hello from the mock {dialect.partition('+')[0]} upstream! 你好, 世界 🌍."
+
+
+@pytest.fixture
+def stack(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy]) -> Callable[..., tuple[Mock, Proxy]]:
+    def start(dialect: str = "openai") -> tuple[Mock, Proxy]:
+        name, _, mode = dialect.partition("+")
+        mock = start_mock(name, full_text=bool(mode))
+        return mock, start_proxy(mock=mock, **({"full_text": True} if mode else {}))
+    return start
+
+
+def raw_events(proxy: Proxy, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(event name, data) of a streamed answer, read without the SDK."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    with httpx.stream("POST", proxy.base_url + "/responses", json={**body, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        name = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[6:])))
+    return events
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_text_answer_stream_and_not(stack: Callable[..., tuple[Mock, Proxy]], dialect: str) -> None:
+    _, proxy = stack(dialect)
+    client = proxy.client()
+    response = client.responses.create(model="m", input="Hello!", instructions="Be brief.")
+    assert response.status == "completed" and response.output_text == greeting(dialect)
+    thinks = dialect == "deepseek"  # today's DeepSeek thinks unless told not to
+    assert [item.type for item in response.output] == ["reasoning", "message"] if thinks else ["message"]
+    assert response.id.startswith("resp_") and response.instructions == "Be brief."
+    assert response.usage is not None and response.usage.output_tokens > 0 and response.usage.input_tokens > 0
+    with client.responses.stream(model="m", input="Hello!") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == greeting(dialect)
+    assert final.usage is not None and final.usage.output_tokens > 0
+
+
+def test_event_sequence_is_complete_and_numbered(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    _, proxy = stack("mindie+full_text")
+    events = raw_events(proxy, {"model": "m", "input": "Hi [mock:think]"})
+    names = [name for name, _ in events]
+    assert [data["type"] for _, data in events] == names
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert names[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert names[-1] == "response.completed"
+    reasoning_done = names.index("response.reasoning_text.done")
+    message_added = [i for i, (n, d) in enumerate(events) if n == "response.output_item.added"
+                     and d["item"]["type"] == "message"][0]
+    assert reasoning_done < message_added  # the reasoning item is done before the message starts
+    final = events[-1][1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
+    reasoning = "".join(d["delta"] for n, d in events if n == "response.reasoning_text.delta")
+    assert final["output"][0]["content"][0]["text"] == reasoning and reasoning
+    assert "<think>" not in final["output"][1]["content"][0]["text"]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_tool_round_trip_with_function_call_output(stack: Callable[..., tuple[Mock, Proxy]], dialect: str) -> None:
+    mock, proxy = stack(dialect)
+    client = proxy.client()
+    first = client.responses.create(model="m", tools=[TOOL],  # type: ignore[list-item]
+                                    input='Weather? [mock:call_tool=get_weather {"city": "Oslo"}]')
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Oslo"}
+    assert calls[0].call_id and calls[0].status == "completed"
+    history: list[Any] = [{"role": "user", "content": 'Weather? [mock:call_tool=get_weather {"city": "Oslo"}]'},
+                          *[item.model_dump(exclude_none=True) for item in first.output],
+                          {"type": "function_call_output", "call_id": calls[0].call_id, "output": "12 C, rain"}]
+    second = client.responses.create(model="m", tools=[TOOL], input=history)  # type: ignore[list-item]
+    assert second.output_text == "Tool get_weather returned: 12 C, rain"
+    messages = mock.last_request()["body"]["messages"]
+    assert messages[-1]["role"] == "tool" and messages[-1]["content"] == "12 C, rain"
+
+
+def test_streamed_tool_call_events(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    _, proxy = stack("mindie")
+    events = raw_events(proxy, {"model": "m", "tools": [TOOL], "input": "Weather? [mock:call_tool]"})
+    args = "".join(d["delta"] for n, d in events if n == "response.function_call_arguments.delta")
+    done = [d for n, d in events if n == "response.function_call_arguments.done"]
+    assert json.loads(args) == {"city": "Paris"} and done[0]["arguments"] == args
+    final = events[-1][1]["response"]
+    assert final["status"] == "completed" and final["output"][-1]["type"] == "function_call"
+
+
+def test_previous_response_id_continues_the_conversation(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    mock, proxy = stack("deepseek")
+    client = proxy.client()
+    first = client.responses.create(model="m", tools=[TOOL],  # type: ignore[list-item]
+                                    input="Weather in Oslo? [mock:call_tool]")
+    call = next(item for item in first.output if item.type == "function_call")
+    second = client.responses.create(
+        model="m", tools=[TOOL], previous_response_id=first.id,  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert second.output_text == "Tool get_weather returned: sunny" and second.previous_response_id == first.id
+    messages = mock.last_request()["body"]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["tool_calls"][0]["id"] == call.call_id
+    # stored: GET answers; DELETE removes; then both are 404 and continuing is a 400
+    assert client.responses.retrieve(first.id).output[-1].type == "function_call"
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(first.id)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="m", previous_response_id=first.id, input="again")
+    assert info.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert info.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
+
+
+def test_store_false_keeps_nothing(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    _, proxy = stack("openai")
+    client = proxy.client()
+    response = client.responses.create(model="m", input="Hello!", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+
+
+@pytest.mark.parametrize("dialect", ["openai", "mindie+full_text", "deepseek"])
+def test_failure_after_the_head_raises_in_the_sdk(stack: Callable[..., tuple[Mock, Proxy]], dialect: str) -> None:
+    _, proxy = stack(dialect)
+    client = proxy.client()
+    seen: list[str] = []
+    with pytest.raises(openai.APIError) as info:
+        stream = client.responses.create(model="m", input="Hi [mock:drop=4]", stream=True,
+                                         reasoning={"effort": "none"})  # text, also on DeepSeek
+        for event in stream:
+            seen.append(event.type)
+    assert "response.output_text.delta" in seen and "response.completed" not in seen
+    assert "upstream" in str(info.value).lower()
+    with pytest.raises(openai.InternalServerError):  # not streamed: a 502 envelope
+        client.responses.create(model="m", input="Hi [mock:drop=4]")
+
+
+def test_errors_are_the_sdks_exceptions(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    _, proxy = stack("openai")
+    client = proxy.client()
+    with pytest.raises(openai.RateLimitError):
+        client.responses.create(model="m", input="Hi [mock:error=429]")
+    with pytest.raises(openai.RateLimitError):
+        client.responses.create(model="m", input="Hi [mock:error=429]", stream=True)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="m", input=[{"type": "message", "role": "robot", "content": "x"}])
+    assert info.value.body["param"] == "input[0].role"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="m", input="x", background=True)
+    assert info.value.body["param"] == "background"  # type: ignore[index]
+
+
+def test_length_is_incomplete(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    _, proxy = stack("mindie")
+    client = proxy.client()
+    response = client.responses.create(model="m", input="Hello!", max_output_tokens=3)
+    assert response.status == "incomplete" and response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    events = raw_events(proxy, {"model": "m", "input": "Hello!", "max_output_tokens": 3})
+    assert events[-1][0] == "response.incomplete"
+    assert events[-1][1]["response"]["output"][0]["status"] == "incomplete"
+
+
+def test_hosted_tools_are_left_out_and_named(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    mock, proxy = stack("mindie")
+    body = {"model": "m", "input": "Hi", "tools": [{"type": "web_search"}, TOOL]}
+    r = httpx.post(proxy.base_url + "/responses", json=body, timeout=30)
+    assert r.status_code == 200 and r.headers["x-dialect-proxy-ignored-tools"] == "web_search"
+    assert [t["function"]["name"] for t in mock.last_request()["body"]["tools"]] == ["get_weather"]
+    forced = httpx.post(proxy.base_url + "/responses", timeout=30,
+                        json={**body, "tool_choice": {"type": "web_search_preview"}})
+    assert forced.status_code == 400 and forced.json()["error"]["param"] == "tool_choice"
+
+
+def test_namespace_tools_are_flattened_and_named_back(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    mock, proxy = stack("openai")
+    spawn = {"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {}}}
+    tools = [{"type": "namespace", "name": "agents", "description": "sub-agents", "tools": [spawn]}]
+    r = httpx.post(proxy.base_url + "/responses", timeout=30,
+                   json={"model": "m", "input": "Go [mock:call_tool=spawn]", "tools": tools}).json()
+    call = r["output"][-1]
+    assert call["type"] == "function_call" and call["name"] == "spawn" and call["namespace"] == "agents"
+    assert mock.last_request()["body"]["tools"][0]["function"]["name"] == "spawn"
+
+
+def test_text_format_becomes_response_format(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    mock, proxy = stack("openai")
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    httpx.post(proxy.base_url + "/responses", timeout=30, json={
+        "model": "m", "input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}})
+    assert mock.last_request()["body"]["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def test_reasoning_comes_back_only_when_sealed_by_us(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    mock, proxy = stack("openai")
+    client = proxy.client()
+    first = client.responses.create(model="m", tools=[TOOL], include=["reasoning.encrypted_content"],  # type: ignore
+                                    input="Weather? [mock:reasoning_field,call_tool]", store=False)
+    items = [item.model_dump(exclude_none=True) for item in first.output]
+    assert [i["type"] for i in items] == ["reasoning", "function_call"]
+    reasoning = items[0]["content"][0]["text"]
+    assert reasoning and items[0]["encrypted_content"]
+    output = {"type": "function_call_output", "call_id": items[1]["call_id"], "output": "ok"}
+    client.responses.create(model="m", tools=[TOOL], input=[USER, *items, output],  # type: ignore
+                            store=False)
+    turn = mock.last_request()["body"]["messages"][1]
+    assert turn["role"] == "assistant" and turn.get("reasoning_content") == reasoning
+    forged = {**items[0], "encrypted_content": "not ours", "content": [{"type": "reasoning_text", "text": "lies"}]}
+    client.responses.create(model="m", tools=[TOOL], input=[USER, forged, items[1], output],  # type: ignore
+                            store=False)
+    assert "reasoning_content" not in mock.last_request()["body"]["messages"][1]
+
+
+def test_route_in_metrics(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    _, proxy = stack("openai")
+    proxy.client().responses.create(model="m", input="Hello!")
+    metrics = httpx.get(proxy.url + "/metrics", timeout=10).text
+    assert 'route="/v1/responses"' in metrics
