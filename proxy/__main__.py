@@ -21,6 +21,7 @@ from .settings import (
     DIALECT_NAMES,
     LOG_LEVELS,
     REASONING_SOURCES,
+    RESPONSE_FORMAT,
     USAGE_FIELDS,
     ConfigError,
     Settings,
@@ -87,6 +88,13 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      REASONING_SOURCES),
     ("upstream-thinking-models", "comma-separated upstream model names that start inside a <think> block", "str",
      None),
+    ("models", "comma-separated client model names routed to the upstream (default: every name); /v1/models lists "
+     "them", "str", None),
+    ("aliases", "comma-separated client=upstream model names, e.g. gpt-4o=DeepSeek-R1,gpt-4o-mini=Qwen3-8B", "str",
+     None),
+    ("upstream-response-format", "response_format (structured output): pass (default for openai, deepseek), reject "
+     "with a 400 (default for mindie, siliconstorm: set pass for MindIE >= 2.3), drop (default for engine)", "str",
+     RESPONSE_FORMAT),
     ("upstream-tls-ca-file", "CA bundle to verify an https upstream (e.g. MindIE with httpsEnabled)", "str", None),
     ("upstream-tls-cert-file", "client certificate for mutual TLS to the upstream", "str", None),
     ("upstream-tls-key-file", "private key of that client certificate", "str", None),
@@ -231,6 +239,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         for flag, key in (("upstream-name", "name"), ("full-text", "full_text"),
                           ("upstream-api-key-env", "api_key_env"), ("upstream-health-url", "health_url"),
                           ("upstream-reasoning-source", "reasoning_source"),
+                          ("upstream-response-format", "response_format"),
                           ("upstream-tls-ca-file", "tls_ca_file"), ("upstream-tls-cert-file", "tls_cert_file"),
                           ("upstream-tls-key-file", "tls_key_file"), ("upstream-tls-verify", "tls_verify")):
             v = _value(args, flag, environ)
@@ -239,12 +248,34 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         thinking = _value(args, "upstream-thinking-models", environ)
         if thinking:
             single["thinking_models"] = [m.strip() for m in thinking.split(",") if m.strip()]
+        models = _value(args, "models", environ)
+        if models:
+            single["models"] = [m.strip() for m in models.split(",") if m.strip()]
+        aliases = _value(args, "aliases", environ)
+        if aliases:
+            single["aliases"] = _aliases(aliases)
+    elif any(_value(args, flag, environ) for flag in ("models", "aliases")):
+        raise ConfigError("--models / --aliases go with --upstream-url; in a config file they are upstreams[].models "
+                          "and upstreams[].aliases")
     elif not config_path:
         raise ConfigError("no upstream: give --upstream-url URL --upstream-dialect D, or --config FILE.yaml "
                           "(or try `dialect-proxy demo`)")
     config = load_config_file(config_path) if config_path else None
     return build_settings(config=config, server_overrides=server, client_overrides=client, single_upstream=single,
                           environ=environ)
+
+
+def _aliases(text: str) -> dict[str, str]:
+    """`a=b,c=d` -> {"a": "b", "c": "d"} (the --aliases flag)."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        client, sep, upstream = item.partition("=")
+        if not sep or not client.strip() or not upstream.strip():
+            raise ConfigError(f"--aliases: {item.strip()!r} is not client=upstream (e.g. gpt-4o=DeepSeek-R1)")
+        out[client.strip()] = upstream.strip()
+    return out
 
 
 def configure_logging(level: str) -> None:

@@ -354,24 +354,26 @@ def _handle(call: Call) -> Plan:
     return (chat_stream if call.stream else chat_json)(call, model, reasoning_mode)
 
 
-FIM_STYLE = Style(name="deepseek", fingerprint=FINGERPRINT, refusal=False, default_model="deepseek-chat",
+FIM_STYLE = Style(name="deepseek", fingerprint=FINGERPRINT, refusal=False, default_model=MODELS[0],
                   completion_default_max_tokens=None)
 FIM_MAX_TOKENS = 4096  # "FIM 补全的 max_tokens 最大为 4K"
 
 
 def _handle_fim(call: Call) -> Plan:
-    """`POST /beta/completions`: FIM (fill in the middle) completion, deepseek-chat only, OpenAI text_completion
-    shape (`prompt`, optional `suffix`, `max_tokens` <= 4K, `echo`, `logprobs`, `stream`)."""
+    """`POST /beta/completions`: FIM (fill in the middle) completion in OpenAI's text_completion shape (`prompt`,
+    optional `suffix`, `max_tokens` <= 4K, `echo`, `logprobs`, `stream`). No thinking; retired names are refused as
+    on the chat route, R1-era models do not complete."""
     if (plan := preamble(call, error_plan)) is not None:
         return plan
     body = call.body
     if not call.json_ok or not isinstance(body, dict):
         return _bad("Failed to parse the request body as JSON")
     model = body.get("model")
-    if not isinstance(model, str) or (call.cfg.served_model and model != call.cfg.served_model):
+    served = call.cfg.served_model
+    if not isinstance(model, str) or (served and model != served) or (not served and model in RETIRED):
         return _bad("Model Not Exist")
-    if is_reasoner(model):
-        return _bad(f"{model} does not support FIM completion; use deepseek-chat")
+    if is_r1(model):
+        return _bad(f"{model} does not support FIM completion; use {MODELS[0]}")
     if not isinstance(body.get("prompt"), str):
         return _bad("Missing or invalid `prompt`: FIM completion takes one prompt string")
     max_tokens = body.get("max_tokens")

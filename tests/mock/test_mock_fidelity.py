@@ -100,7 +100,7 @@ def test_upstreams_without_structured_output_ignore_it(start_mock) -> None:
 
 def test_deepseek_json_object(start_mock) -> None:
     mock = start_mock("deepseek")
-    body = {"model": "deepseek-chat", "messages": [{"role": "user", "content": "json please"}],
+    body = {"model": "deepseek-flash", "messages": [{"role": "user", "content": "json please"}],
             "response_format": {"type": "json_object"}}
     answer = httpx.post(mock.url + "/chat/completions", json=body, timeout=10).json()
     assert isinstance(json.loads(answer["choices"][0]["message"]["content"]), dict)
@@ -109,19 +109,24 @@ def test_deepseek_json_object(start_mock) -> None:
 def test_deepseek_fim_on_beta_completions(start_mock) -> None:
     mock = start_mock("deepseek")
     with openai.OpenAI(base_url=mock.url + "/beta", api_key="k", max_retries=0) as client:
-        got = client.completions.create(model="deepseek-chat", prompt="def fib(a):", suffix="    return fib(a-1)",
+        got = client.completions.create(model="deepseek-flash", prompt="def fib(a):", suffix="    return fib(a-1)",
                                         max_tokens=64)
         assert got.object == "text_completion" and got.choices[0].text.startswith("Hello from the mock")
         streamed = "".join(c.choices[0].text for c in client.completions.create(
-            model="deepseek-chat", prompt="def fib(a):", stream=True) if c.choices)
+            model="deepseek-flash", prompt="def fib(a):", stream=True) if c.choices)
         assert streamed == got.choices[0].text
         with pytest.raises(openai.BadRequestError):
-            client.completions.create(model="deepseek-reasoner", prompt="x")
+            client.completions.create(model="deepseek-reasoner", prompt="x")  # retired
         with pytest.raises(openai.BadRequestError):
-            client.completions.create(model="deepseek-chat", prompt="x", max_tokens=5000)
+            client.completions.create(model="DeepSeek-R1", prompt="x")
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="deepseek-flash", prompt="x", max_tokens=5000)
 
 
 def test_deepseek_fim_through_the_proxy(start_mock, start_proxy) -> None:
     proxy = start_proxy(mock=start_mock("deepseek"))
-    got = proxy.client().completions.create(model="deepseek-chat", prompt="def fib(a):", max_tokens=32)
+    client = proxy.client()
+    got = client.completions.create(model="deepseek-flash", prompt="def fib(a):", max_tokens=32)
     assert got.choices[0].text.startswith("Hello from the mock deepseek")
+    retired = client.completions.create(model="deepseek-chat", prompt="def fib(a):", max_tokens=32)
+    assert retired.model == "deepseek-chat" and retired.choices[0].text == got.choices[0].text
