@@ -3,7 +3,7 @@
 #   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
 #   make bench  the benchmark (separate from the tests; prints figures)
-#   make soak   a bounded soak run against the mock (loopback only)
+#   make soak   a bounded soak run against the mock (loopback only); SECONDS=N (default 120)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -58,8 +58,10 @@ lint: $(DEVSTAMP)
 bench: $(DEVSTAMP)
 	$(BIN)/python tests/bench/bench.py
 
+# make soak SECONDS=600 CONCURRENCY=64 DIALECT=deepseek (each optional)
 soak: $(DEVSTAMP)
-	$(BIN)/python tests/bench/soak.py
+	$(BIN)/python tests/bench/soak.py $(if $(SECONDS),--seconds $(SECONDS)) \
+	    $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(DIALECT),--dialect $(DIALECT))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
