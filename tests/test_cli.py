@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import free_port, wait_for
+
+from tests.conftest import free_port, wait_for
 
 
 def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

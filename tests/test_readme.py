@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import httpx
-from conftest import free_port, wait_for
+
+from tests.conftest import free_port, wait_for
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
