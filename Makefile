@@ -3,7 +3,7 @@
 #   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
 #   make bench  the benchmark (separate from the tests; prints figures)
-#   make soak   a bounded soak run against the mock (loopback only)
+#   make soak   a bounded soak run against the mock (loopback only); SECONDS=N (default 120)
 #   make gateway-soak  a bounded soak with mock replicas going down and up (loopback only)
 #   make affinity-bench  prefix-cache hit rate: least_outstanding vs prefix_affinity
 PYTHON ?= python3
@@ -60,8 +60,10 @@ lint: $(DEVSTAMP)
 bench: $(DEVSTAMP)
 	$(BIN)/python tests/bench/bench.py
 
+# make soak SECONDS=600 CONCURRENCY=64 DIALECT=deepseek (each optional)
 soak: $(DEVSTAMP)
-	$(BIN)/python tests/bench/soak.py
+	$(BIN)/python tests/bench/soak.py $(if $(SECONDS),--seconds $(SECONDS)) \
+	    $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(DIALECT),--dialect $(DIALECT))
 
 gateway-soak: $(DEVSTAMP)
 	$(BIN)/python tests/bench/gateway_soak.py

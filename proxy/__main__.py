@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from .settings import (
     DIALECT_NAMES,
     LOG_LEVELS,
     REASONING_SOURCES,
+    RESPONSE_FORMAT,
     USAGE_FIELDS,
     ConfigError,
     Settings,
@@ -79,7 +81,7 @@ CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
 UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("upstream-url", "the upstream server's base URL, with or without /v1 (single-upstream form; every model "
      "name routes there unchanged). Several replicas: repeat the flag or separate URLs with commas", "str", None),
-    ("upstream-dialect", "the upstream's dialect", "str", DIALECT_NAMES),
+    ("upstream-dialect", f"the upstream's dialect: {', '.join(DIALECT_NAMES)} (any case)", "str", None),
     ("upstream-name", "a name for the upstream in logs and metrics (default: the dialect)", "str", None),
     ("full-text", "the MindIE upstream runs with fullTextEnabled (cumulative stream text)", "bool", None),
     ("upstream-api-key-env", "name of the environment variable holding the upstream's API key", "str", None),
@@ -89,6 +91,13 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      REASONING_SOURCES),
     ("upstream-thinking-models", "comma-separated upstream model names that start inside a <think> block", "str",
      None),
+    ("models", "comma-separated client model names routed to the upstream (default: every name); /v1/models lists "
+     "them", "str", None),
+    ("aliases", "comma-separated client=upstream model names, e.g. gpt-4o=DeepSeek-R1,gpt-4o-mini=Qwen3-8B", "str",
+     None),
+    ("upstream-response-format", "response_format (structured output): pass (default for openai, deepseek), reject "
+     "with a 400 (default for mindie, siliconstorm: set pass for MindIE >= 2.3), drop (default for engine)", "str",
+     RESPONSE_FORMAT),
     ("upstream-tls-ca-file", "CA bundle to verify an https upstream (e.g. MindIE with httpsEnabled)", "str", None),
     ("upstream-tls-cert-file", "client certificate for mutual TLS to the upstream", "str", None),
     ("upstream-tls-key-file", "private key of that client certificate", "str", None),
@@ -107,6 +116,12 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
 
 def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.upper().replace("-", "_")
+
+
+def _mock_env(flag: str) -> str:
+    """The mock's own variables (DIALECT_PROXY_MOCK_*): it never reads the proxy's, so that a mock started where the
+    proxy's DIALECT_PROXY_PORT (or HOST ...) is set does not take the proxy's port."""
+    return _env_name("mock-" + flag)
 
 
 def _add_flags(p: argparse.ArgumentParser, flags: list[tuple[str, str, str, tuple[str, ...] | None]]) -> None:
@@ -139,7 +154,14 @@ def parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the proxy", description=(
         "Run the proxy. Either one upstream from flags (--upstream-url and --upstream-dialect), or many from a "
-        "YAML config file (--config). Flags override the file's server/client settings."))
+        "YAML config file (--config). Flags override the file's server/client settings."),
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+        "examples:\n"
+        "  dialect-proxy serve --upstream-url http://127.0.0.1:1025 --upstream-dialect mindie --full-text\n"
+        "  dialect-proxy serve --config proxy.yaml --port 9000\n"
+        "  DIALECT_PROXY_UPSTREAM_URL=https://api.deepseek.com DIALECT_PROXY_UPSTREAM_DIALECT=deepseek \\\n"
+        "    DIALECT_PROXY_UPSTREAM_API_KEY_ENV=DEEPSEEK_API_KEY dialect-proxy serve\n"
+        "Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG."))
     serve.add_argument("--config", default=None, help=f"YAML config file [env {_env_name('config')}]")
     _add_flags(serve, SERVER_FLAGS)
     _add_flags(serve, CLIENT_FLAGS)
@@ -147,24 +169,35 @@ def parser() -> argparse.ArgumentParser:
 
     mock = sub.add_parser("mock", help="run the built-in fake upstream for one dialect", description=(
         "Run the built-in fake upstream server. Pick behaviours per request with [mock:...] directives in the last "
-        "user message (see proxy/mock/README.md)."))
-    mock.add_argument("--host", default=None, help=f"(default 127.0.0.1) [env {_env_name('host')}]")
-    mock.add_argument("--port", default=None, help=f"(default 1025) [env {_env_name('port')}]")
-    mock.add_argument("--dialect", default=None, choices=DIALECT_NAMES,
-                      help=f"dialect to speak (default mindie) [env {_env_name('dialect')}]")
+        "user message (see proxy/mock/README.md). It reads only its own DIALECT_PROXY_MOCK_* variables, never the "
+        "proxy's."), formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+        "examples:\n"
+        "  dialect-proxy mock --dialect mindie --full-text --port 1025\n"
+        "  dialect-proxy mock --dialect deepseek --port 1030 --api-key sk-test"))
+    mock.add_argument("--host", default=None, help=f"(default 127.0.0.1) [env {_mock_env('host')}]")
+    mock.add_argument("--port", default=None, help=f"(default 1025) [env {_mock_env('port')}]")
+    mock.add_argument("--dialect", default=None,
+                      help=f"dialect to speak: {', '.join(DIALECT_NAMES)} (default mindie) "
+                      f"[env {_mock_env('dialect')}]")
     mock.add_argument("--full-text", nargs="?", const="true", default=None, metavar="BOOL",
-                      help=f"MindIE fullTextEnabled mode (cumulative text) [env {_env_name('full-text')}]")
+                      help=f"MindIE fullTextEnabled mode (cumulative text) [env {_mock_env('full-text')}]")
     mock.add_argument("--api-key", default=None,
-                      help=f"require this bearer key [env {_env_name('api-key')}]")
+                      help=f"require this bearer key [env {_mock_env('api-key')}]")
     mock.add_argument("--served-model", default=None,
-                      help=f"only accept this model name [env {_env_name('served-model')}]")
+                      help=f"only accept this model name [env {_mock_env('served-model')}]")
 
-    demo = sub.add_parser("demo", help="run a mock MindIE upstream (full-text mode) and the proxy in front of it")
+    demo = sub.add_parser("demo", help="run a mock MindIE upstream (full-text mode) and the proxy in front of it",
+                          description=(
+        "Start a mock upstream and the proxy in front of it, and print a curl command and a Python snippet that "
+        "talk to it. Stops with Ctrl+C."), formatter_class=argparse.RawDescriptionHelpFormatter, epilog=(
+        "examples:\n"
+        "  dialect-proxy demo\n"
+        "  dialect-proxy demo --dialect deepseek --port 8000"))
     demo.add_argument("--port", default=None, help=f"proxy port (default: a free port) [env {_env_name('port')}]")
     demo.add_argument("--mock-port", default=None,
                       help=f"mock upstream port (default: a free port) [env {_env_name('mock-port')}]")
-    demo.add_argument("--dialect", default=None, choices=DIALECT_NAMES,
-                      help=f"mock dialect (default mindie) [env {_env_name('dialect')}]")
+    demo.add_argument("--dialect", default=None,
+                      help=f"mock dialect: {', '.join(DIALECT_NAMES)} (default mindie) [env {_mock_env('dialect')}]")
     probe = sub.add_parser("probe", help="find out what an upstream speaks and print the config block for it",
                            description=(
         "Talk to an upstream the way the proxy would (a few tiny requests, each bounded in time) and report: "
@@ -225,6 +258,29 @@ def probe_command(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
     return 0 if report.reachable and report.dialect and report.chat == "ok" and not report.problems else 1
 
 
+class StartupError(Exception):
+    """A server cannot start (its port is taken): one line, exit status 2."""
+
+
+def check_port(host: str, port: int, flag: str) -> None:
+    """Fail with one line when host:port cannot be listened on (uvicorn would log a bind error and a traceback-free
+    but multi-line exit); SO_REUSEADDR as uvicorn sets it, so a port in TIME_WAIT is not mistaken for a taken one."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise StartupError(f"cannot listen on {host}:{port}: {e.strerror} (check --host)") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            what = "the port is already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+            raise StartupError(f"cannot listen on {host}:{port}: {what} (choose another {flag})") from None
+
+
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Settings:
     server = {flag.replace("-", "_"): _value(args, flag, environ) for flag, *_ in SERVER_FLAGS}
     client = {flag[len("client-"):].replace("-", "_"): _value(args, flag, environ) for flag, *_ in CLIENT_FLAGS}
@@ -245,6 +301,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         for flag, key in (("upstream-name", "name"), ("full-text", "full_text"),
                           ("upstream-api-key-env", "api_key_env"), ("upstream-health-url", "health_url"),
                           ("upstream-reasoning-source", "reasoning_source"),
+                          ("upstream-response-format", "response_format"),
                           ("upstream-tls-ca-file", "tls_ca_file"), ("upstream-tls-cert-file", "tls_cert_file"),
                           ("upstream-tls-key-file", "tls_key_file"), ("upstream-tls-verify", "tls_verify"),
                           ("upstream-retries", "retries"), ("upstream-balance", "balance"),
@@ -256,12 +313,34 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         thinking = _value(args, "upstream-thinking-models", environ)
         if thinking:
             single["thinking_models"] = [m.strip() for m in thinking.split(",") if m.strip()]
+        models = _value(args, "models", environ)
+        if models:
+            single["models"] = [m.strip() for m in models.split(",") if m.strip()]
+        aliases = _value(args, "aliases", environ)
+        if aliases:
+            single["aliases"] = _aliases(aliases)
+    elif any(_value(args, flag, environ) for flag in ("models", "aliases")):
+        raise ConfigError("--models / --aliases go with --upstream-url; in a config file they are upstreams[].models "
+                          "and upstreams[].aliases")
     elif not config_path:
         raise ConfigError("no upstream: give --upstream-url URL --upstream-dialect D, or --config FILE.yaml "
                           "(or try `dialect-proxy demo`)")
     config = load_config_file(config_path) if config_path else None
     return build_settings(config=config, server_overrides=server, client_overrides=client, single_upstream=single,
                           environ=environ)
+
+
+def _aliases(text: str) -> dict[str, str]:
+    """`a=b,c=d` -> {"a": "b", "c": "d"} (the --aliases flag)."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        client, sep, upstream = item.partition("=")
+        if not sep or not client.strip() or not upstream.strip():
+            raise ConfigError(f"--aliases: {item.strip()!r} is not client=upstream (e.g. gpt-4o=DeepSeek-R1)")
+        out[client.strip()] = upstream.strip()
+    return out
 
 
 def configure_logging(level: str) -> None:
@@ -289,6 +368,7 @@ def serve(settings: Settings) -> None:
     from .frontend import frontend_options
 
     s = settings.server
+    check_port(s.host, s.port, "--port")
     configure_logging(s.log_level)
     if s.workers > 1:
         from .metrics import prepare_multiprocess_dir
@@ -337,9 +417,9 @@ def demo(args: argparse.Namespace) -> None:
     mock_port_value = args.mock_port or environ.get(_env_name("mock-port"))
     proxy_port = coerce_value("--port", port, int) if port else _free_port()
     mock_port = coerce_value("--mock-port", mock_port_value, int) if mock_port_value else _free_port()
-    args.dialect = args.dialect or environ.get(_env_name("dialect")) or "mindie"
-    if args.dialect not in DIALECT_NAMES:
-        raise ConfigError(f"--dialect: {args.dialect!r} is not one of {', '.join(DIALECT_NAMES)}")
+    args.dialect = dialect_name("--dialect", args.dialect or environ.get(_mock_env("dialect")) or "mindie")
+    check_port("127.0.0.1", mock_port, "--mock-port")
+    check_port("127.0.0.1", proxy_port, "--port")
     full_text = args.dialect in ("mindie", "siliconstorm")
     settings = build_settings(single_upstream={
         "url": f"http://127.0.0.1:{mock_port}", "dialect": args.dialect, "full_text": full_text,
@@ -400,14 +480,13 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     from .mock import run
     from .settings import coerce_value
 
-    host = args.host or environ.get(_env_name("host")) or "127.0.0.1"
-    port = coerce_value("--port", args.port or environ.get(_env_name("port")) or 1025, int)
-    dialect = args.dialect or environ.get(_env_name("dialect")) or "mindie"
-    if dialect not in DIALECT_NAMES:
-        raise ConfigError(f"--dialect: {dialect!r} is not one of {', '.join(DIALECT_NAMES)}")
-    full_text = coerce_value("--full-text", args.full_text or environ.get(_env_name("full-text")) or "false", bool)
-    api_key = args.api_key or environ.get(_env_name("api-key")) or None
-    served = args.served_model or environ.get(_env_name("served-model")) or None
+    host = args.host or environ.get(_mock_env("host")) or "127.0.0.1"
+    port = coerce_value("--port", args.port or environ.get(_mock_env("port")) or 1025, int)
+    dialect = dialect_name("--dialect", args.dialect or environ.get(_mock_env("dialect")) or "mindie")
+    full_text = coerce_value("--full-text", args.full_text or environ.get(_mock_env("full-text")) or "false", bool)
+    api_key = args.api_key or environ.get(_mock_env("api-key")) or None
+    served = args.served_model or environ.get(_mock_env("served-model")) or None
+    check_port(host, port, "--port")
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''} on http://{host}:{port}", flush=True)
     run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served)
 
@@ -432,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
             demo(args)
     except ConfigError as e:
         print(f"dialect-proxy: config error: {e}", file=sys.stderr)
+        return 2
+    except StartupError as e:
+        print(f"dialect-proxy: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

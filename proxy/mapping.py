@@ -6,7 +6,10 @@ the dialect modules hold only what must be computed. Schema (every section optio
     paths: {chat: /v1/chat/completions, completions: /v1/completions, models: /v1/models, health: /v1/models}
     request:
       rename: {max_completion_tokens: max_tokens}      # applied only when the target is absent
-      drop: [stream_options, store]                    # removed before sending
+      drop: [stream_options, store]                    # removed before sending (safe to ignore, or computed)
+      refuse:                                          # set by a client -> 400 naming it (proxy/params.py)
+        logit_bias: "no logit bias"                    # why; null and empty values ask for nothing
+        modalities: {why: "text only", harmless: [[text]]}
       ranges:                                          # checked after renames; error 400 names the param
         temperature: {min: 0, max: 2}
         top_p: {min: 0, max: 1, min_exclusive: true, clamp_min: 1.0e-6}   # clamp instead of refusing
@@ -33,6 +36,7 @@ from typing import Any
 import yaml
 
 from .errors import ClientRequestError
+from .params import Refusal, load_refusals
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,7 @@ class DialectMapping:
     paths: Mapping[str, str | None] = field(default_factory=dict)
     rename: Mapping[str, str] = field(default_factory=dict)
     drop: frozenset[str] = frozenset()
+    refuse: Mapping[str, Refusal] = field(default_factory=dict)
     ranges: Mapping[str, Range] = field(default_factory=dict)
     max_items: Mapping[str, int] = field(default_factory=dict)
     integer: frozenset[str] = frozenset()
@@ -125,6 +130,7 @@ def load_mapping(dialect: str) -> DialectMapping:
         paths=dict(data.get("paths") or {}),
         rename=dict(request.get("rename") or {}),
         drop=frozenset(request.get("drop") or ()),
+        refuse=load_refusals(request.get("refuse")),
         ranges={k: Range(**v) for k, v in (request.get("ranges") or {}).items()},
         max_items=dict(request.get("max_items") or {}),
         integer=frozenset(request.get("integer") or ()),

@@ -9,6 +9,8 @@ path, so a probe works even where that path has a bug):
 3. one small streamed chat request: cumulative text (MindIE `fullTextEnabled`), reasoning as a field, as `<think>`
    tags or as R1's lone `</think>`, where usage comes;
 4. one small streamed request with a tool and `tool_choice: required`: are tool calls streamed, with `index`?
+5. MindIE / Siliconstorm only: one small `response_format` json_schema request: is structured output honoured
+   (MindIE 2.3 and later), so the config block says `response_format: pass`?
 
 The result is a `Report`: a short table for people, one JSON object for scripts (`--json`), and the config block
 to paste into the proxy's YAML file.
@@ -38,6 +40,9 @@ _STREAM_OPTIONS = ("openai", "deepseek", "engine")
 _NO_MODEL = ("engine",)  # the engine API never takes `model`
 _BODY_LIMIT = 2**20
 _MAX_EVENTS = 2000
+_STRUCTURED_CHECK = ("mindie", "siliconstorm")  # dialects whose default is `response_format: reject`
+_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+           "additionalProperties": False}
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -75,6 +80,8 @@ class Report:
     reasoning: str = "none"      # field | tags | close_only | none
     usage: str = "none"          # final_chunk | finish_chunk | every_chunk | none
     tool_calls: str = "untested"  # streamed | streamed_without_index | one_piece | not_called | refused | untested
+    # MindIE / Siliconstorm only (elsewhere the dialect's default is right): honoured | ignored | refused | untested
+    response_format: str = "untested"
     chat: str = "untested"       # ok | HTTP <status>: <message> | ...
     problems: list[dict[str, str]] = field(default_factory=list)  # {"problem", "hint"}
     requests: int = 0
@@ -102,6 +109,7 @@ class Report:
             ("reasoning", self.reasoning),
             ("usage", self.usage),
             ("tool calls", self.tool_calls),
+            ("response_format", self.response_format),
         ]
         width = max(len(k) for k, _ in rows)
         lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
@@ -227,6 +235,8 @@ class Prober:
             await self._chat()
             if r.chat == "ok":
                 await self._tools()
+                if r.dialect in _STRUCTURED_CHECK:
+                    await self._structured()
 
     async def _connect(self) -> bool:
         """The first request: on a connection failure, find out what is wrong with the TLS settings."""
@@ -413,6 +423,29 @@ class Prober:
         else:
             r.tool_calls = "streamed_without_index"
 
+    async def _structured(self) -> None:
+        """Does the server honour `response_format` (MindIE 2.3 and later do)? One small json_schema request."""
+        r = self.report
+        assert r.dialect is not None
+        path = load_mapping(r.dialect).paths.get("chat") or "/v1/chat/completions"
+        body = {"model": self._model(), "max_tokens": self.opts.max_tokens, "stream": False,
+                "messages": [{"role": "user", "content": "Is water wet? Answer in JSON."}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": _SCHEMA}}}
+        try:
+            answer, _ = await self._request("POST", path, body)
+        except _Failed as f:
+            r.response_format = f"failed: {f.problem}"
+            return
+        if answer.status >= 400:
+            r.response_format = f"refused: HTTP {answer.status}: {_message(answer.body)}"
+            return
+        try:
+            content = orjson.loads(answer.body)["choices"][0]["message"]["content"]
+            value = orjson.loads(content)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            value = None
+        r.response_format = "honoured" if isinstance(value, dict) and isinstance(value.get("ok"), bool) else "ignored"
+
     def _finish(self) -> Report:
         self.report.config = config_block(self.report, self.opts)
         return self.report
@@ -554,6 +587,8 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
         entry["full_text"] = True
     if opts.api_key_env or r.api_key_required:
         entry["api_key_env"] = opts.api_key_env or "UPSTREAM_API_KEY"
+    if r.response_format == "honoured" and dialect in _STRUCTURED_CHECK:
+        entry["response_format"] = "pass"  # structured output (MindIE >= 2.3): let clients' response_format through
     if r.reasoning == "close_only" and r.model_used and not R1_NAME.search(r.model_used):
         entry["thinking_models"] = [r.model_used]
     if r.tls != "none" or url.startswith("https://"):

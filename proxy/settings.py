@@ -24,6 +24,7 @@ REASONING_SOURCES = ("auto", "field", "tags", "off")
 REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
 USAGE_FIELDS = ("openai", "deepseek")
 RESPONSE_MODEL = ("client", "upstream")
+RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 BALANCE = ("least_outstanding", "prefix_affinity")
 
@@ -58,6 +59,7 @@ class UpstreamSettings:
     reasoning_replay: str = "auto"
     keep_upstream_id: bool = False
     response_model: str = "client"
+    response_format: str | None = None  # pass | reject | drop; None = the dialect's default (proxy/params.py)
     max_connections: int = 1000
     # TLS to the upstream (MindIE with httpsEnabled uses mutual TLS): CA bundle to verify the server, client
     # certificate and key to present; tls_verify false accepts any server certificate (testing only).
@@ -214,7 +216,7 @@ _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 }
 _UPSTREAM_KEYS = (
     "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
-    "thinking_models", "reasoning_replay", "keep_upstream_id", "response_model", "max_connections",
+    "thinking_models", "reasoning_replay", "keep_upstream_id", "response_model", "response_format", "max_connections",
     "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify",
     "retries", "balance", "max_in_flight", "queue_size", "queue_timeout", "outlier_failures", "outlier_backoff",
     "outlier_backoff_max", "health_interval", "affinity_load", "affinity_turns",
@@ -292,6 +294,9 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
     reasoning_source = data.get("reasoning_source")
     if reasoning_source is not None:
         reasoning_source = coerce_value(prefix + "reasoning_source", reasoning_source, str, REASONING_SOURCES)
+    response_format = data.get("response_format")
+    if response_format is not None:
+        response_format = coerce_value(prefix + "response_format", response_format, str, RESPONSE_FORMAT)
     max_connections = coerce_value(prefix + "max_connections", data.get("max_connections", 1000), int)
     _positive(prefix + "max_connections", max_connections)
     tls: dict[str, str | None] = {}
@@ -330,6 +335,7 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         response_model=coerce_value(
             prefix + "response_model", data.get("response_model", "client"), str, RESPONSE_MODEL
         ),
+        response_format=response_format,
         max_connections=max_connections,
         tls_ca_file=tls["tls_ca_file"],
         tls_cert_file=tls["tls_cert_file"],

@@ -54,11 +54,15 @@ def test_detects_every_mock_flavour(start_mock, dialect: str, full_text: bool) -
     # MindIE puts usage on its finish chunk (and so does DeepSeek, as seen in the wild); OpenAI-style servers send
     # a final `choices: []` chunk when asked with stream_options.
     assert report.usage == ("finish_chunk" if dialect in ("mindie", "siliconstorm", "deepseek") else "final_chunk")
-    assert report.requests <= 5
+    assert report.requests <= 6
     assert not report.problems
     entry = accepted_config(report)
     assert entry["url"] == mock.url
     assert entry.get("full_text", False) is full_text
+    # Structured output: the MindIE mock imitates MindIE >= 2.3 (honoured), Siliconstorm ignores response_format.
+    expected = {"mindie": "honoured", "siliconstorm": "ignored"}.get(dialect, "untested")
+    assert report.response_format == expected
+    assert entry.get("response_format") == ("pass" if expected == "honoured" else None)
 
 
 def test_url_with_v1_and_the_engine_without_model_listing(start_mock) -> None:

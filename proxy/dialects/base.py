@@ -19,6 +19,7 @@ import orjson
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from ..errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamError, error_type_for
 from ..mapping import DialectMapping, load_mapping
+from ..params import apply_response_format, refuse_unsupported
 
 MAX_ERROR_TEXT = 500
 
@@ -70,6 +71,8 @@ class Dialect:
     stream_usage_option: ClassVar[bool] = True
     # DeepSeek's assistant-prefix continuation (`prefix: true` on the last message); refused with a 400 elsewhere.
     supports_prefix: ClassVar[bool] = False
+    # `response_format` unless the upstream's config says otherwise (proxy/params.py): pass | reject | drop.
+    default_response_format: ClassVar[str] = "pass"
 
     # What proxy/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the upstream
     # needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
@@ -93,6 +96,9 @@ class Dialect:
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
         if not self.supports_prefix and ctx.kind == CHAT:
             _refuse_prefix(body, ctx)
+        body = refuse_unsupported(body, self.mapping.refuse, ctx.upstream.name)
+        mode = ctx.upstream.response_format or self.default_response_format
+        body = apply_response_format(body, mode, ctx.upstream.name, self.name)
         out = self.mapping.apply_request(body)
         out["model"] = ctx.upstream_model
         if ctx.stream and self.stream_usage_option:

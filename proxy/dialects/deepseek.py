@@ -109,6 +109,8 @@ class DeepSeekDialect(Dialect):
         if not ctx.stream:
             out.pop("stream_options", None)  # "只有在 stream 参数为 true 时,才可设置此参数"
         if ctx.kind != CHAT:
+            if model in RETIRED_MODELS:  # FIM on /beta/completions: the retired names' model, no thinking there
+                out["model"] = RETIRED_TARGET
             return out
         r1 = is_r1(model)
         _check_n(out)

@@ -40,6 +40,7 @@ class EngineSession(UpstreamSession):
 class EngineDialect(Dialect):
     name = "engine"
     session_class = EngineSession
+    default_response_format = "drop"  # "[won't support]" (DECISIONS.md "The engine dialect")
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:

@@ -164,6 +164,8 @@ class MindIEDialect(Dialect):
     session_class = MindIESession
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
     stream_usage_option = False
+    # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
+    default_response_format = "reject"
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
 

@@ -47,6 +47,7 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
+from . import scenario as scenarios
 from .asgi import JSON_HEADERS, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
 from .common import (
     Call,
@@ -61,8 +62,8 @@ from .common import (
     static_response,
     stream_directives,
 )
-from .openai import tool_call_delta
-from .textgen import Generation, Piece, generate, prompt_tokens_chat, tool_names
+from .openai import Style, completion_json, completion_stream, tool_call_delta
+from .textgen import Generation, Piece, generate, prompt_tokens_chat, structured_reply, tool_names
 
 FINGERPRINT = "fp_mock_ds01"
 MODELS = ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"]
@@ -252,7 +253,7 @@ def _generation(call: Call, reasoning_mode: bool) -> Generation:
     max_tokens = body.get("max_tokens") or DEFAULT_MAX_TOKENS
     cut = "insufficient_system_resource" if sc.has("insufficient_resource") else None
     return generate(sc, dialect="deepseek", max_tokens=max_tokens, reasoning_field=reasoning_mode,
-                    tools=tool_names(body), cut_reason=cut)
+                    tools=tool_names(body), cut_reason=cut, reply=structured_reply(body, ("json_object",)))
 
 
 def chat_stream(call: Call, model: str, reasoning_mode: bool) -> Plan:
@@ -353,6 +354,34 @@ def _handle(call: Call) -> Plan:
     return (chat_stream if call.stream else chat_json)(call, model, reasoning_mode)
 
 
+FIM_STYLE = Style(name="deepseek", fingerprint=FINGERPRINT, refusal=False, default_model=MODELS[0],
+                  completion_default_max_tokens=None)
+FIM_MAX_TOKENS = 4096  # "FIM 补全的 max_tokens 最大为 4K"
+
+
+def _handle_fim(call: Call) -> Plan:
+    """`POST /beta/completions`: FIM (fill in the middle) completion in OpenAI's text_completion shape (`prompt`,
+    optional `suffix`, `max_tokens` <= 4K, `echo`, `logprobs`, `stream`). No thinking; retired names are refused as
+    on the chat route, R1-era models do not complete."""
+    if (plan := preamble(call, error_plan)) is not None:
+        return plan
+    body = call.body
+    if not call.json_ok or not isinstance(body, dict):
+        return _bad("Failed to parse the request body as JSON")
+    model = body.get("model")
+    served = call.cfg.served_model
+    if not isinstance(model, str) or (served and model != served) or (not served and model in RETIRED):
+        return _bad("Model Not Exist")
+    if is_r1(model):
+        return _bad(f"{model} does not support FIM completion; use {MODELS[0]}")
+    if not isinstance(body.get("prompt"), str):
+        return _bad("Missing or invalid `prompt`: FIM completion takes one prompt string")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or not 1 <= max_tokens <= FIM_MAX_TOKENS):
+        return _bad(f"Invalid max_tokens value, the valid range of max_tokens is [1, {FIM_MAX_TOKENS}]")
+    return (completion_stream if call.stream else completion_json)(call, FIM_STYLE, model)
+
+
 def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     endpoint = inference(cfg, stats, _handle)
 
@@ -365,5 +394,6 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         Route("/chat/completions", endpoint, methods=["POST"]),
         Route("/v1/chat/completions", endpoint, methods=["POST"]),
         Route("/beta/chat/completions", endpoint, methods=["POST"]),
+        Route("/beta/completions", inference(cfg, stats, _handle_fim, scenarios.from_prompt), methods=["POST"]),
         *models_routes(stats, names, "deepseek", paths=("/models", "/v1/models"), check_auth=check),
     ]

@@ -44,7 +44,7 @@ from .common import (
 )
 from .openai import Style, chat_json, chat_stream, completion_json, completion_stream, error_plan
 
-STYLE = Style(name="engine", fingerprint=None, refusal=False, default_model="engine",
+STYLE = Style(name="engine", fingerprint=None, refusal=False, default_model="engine", response_formats=(),
               completion_default_max_tokens=16)
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 UNSUPPORTED_CHAT = ("model", "user", "response_format")

@@ -50,7 +50,7 @@ from .common import (
     stream_directives,
 )
 from .scenario import Scenario
-from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, tool_names
+from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, structured_reply, tool_names
 
 MAX_ITER_TIMES = 512
 MAX_INT32 = 2147483647
@@ -80,6 +80,8 @@ class Flavour:
     perf_usage: bool = True          # usage.prompt_tokens_details / batch_size / queue_wait_time
     null_tool_calls: bool = False    # message.tool_calls when there are none: [] (MindIE) or null
     top_k_zero_ok: bool = False      # top_k range [0, ...] instead of (0, ...]
+    # response_format types honoured (MindIE >= 2.3 does structured output); others are ignored, as before 2.3
+    response_formats: tuple[str, ...] = ("text", "json_object", "json_schema")
     # hooks: return a plan to answer with, or None to carry on
     auth_error: Callable[[], Plan] | None = None
     pre: Callable[[Call], Plan | None] | None = None
@@ -440,8 +442,12 @@ def _generations(call: Call, flavour: Flavour, *, text_only: bool = False) -> li
     if text_only:
         sc = Scenario({k: v for k, v in sc.flags.items()
                        if k not in ("reasoning_field", "tool_calls", "tool_calls_noindex")})
+    else:
+        sc = scenarios.r1_thinking(body, sc)
     names = tool_names(body)
-    return [generate(sc, dialect=flavour.name, max_tokens=cap, tools=names) for _ in range(_choices(call))]
+    reply = None if text_only else structured_reply(body, flavour.response_formats)
+    return [generate(sc, dialect=flavour.name, max_tokens=cap, tools=names, reply=reply)
+            for _ in range(_choices(call))]
 
 
 

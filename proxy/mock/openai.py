@@ -40,7 +40,7 @@ from .common import (
     stream_directives,
 )
 from .scenario import Scenario
-from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, tool_names
+from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, structured_reply, tool_names
 
 EXTRA = {"x_vendor": {"a": 1}}
 
@@ -74,6 +74,7 @@ class Style:
     refusal: bool = True  # `refusal: null` in the first delta and in messages
     default_model: str = "mock-gpt"
     completion_default_max_tokens: int | None = None
+    response_formats: tuple[str, ...] = ("text", "json_object", "json_schema")  # the ones the server honours
 
 
 def _ident(prefix: str) -> str:
@@ -129,9 +130,13 @@ def generations(call: Call, style: Style, *, text: bool = False, max_default: in
     if text:
         sc = scenarios.Scenario({k: v for k, v in sc.flags.items()
                                  if k not in ("reasoning_field", "tool_calls", "tool_calls_noindex")})
+    else:
+        sc = scenarios.r1_thinking(call.body, sc)
     max_tokens = int_param(call.body, "max_tokens") or int_param(call.body, "max_completion_tokens") or max_default
     names = tool_names(call.body)
-    return [generate(sc, dialect=style.name, max_tokens=max_tokens, tools=names) for _ in range(_n(call))]
+    reply = None if text else structured_reply(call.body, style.response_formats)
+    return [generate(sc, dialect=style.name, max_tokens=max_tokens, tools=names, reply=reply)
+            for _ in range(_n(call))]
 
 
 def chat_stream(call: Call, style: Style, model: str) -> Plan:

@@ -17,6 +17,8 @@ from typing import Any
 _OPEN = re.compile(r"\[mock:", re.IGNORECASE)
 _CALL_TOOL = re.compile(r"\s*call_tool\s*(?:=\s*([^\s,\]{]*))?\s*", re.IGNORECASE)
 _JSON = json.JSONDecoder()
+_R1_NAME = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
+_THINK_FLAGS = ("think", "think_close_only", "think_unclosed")
 
 
 @dataclass(frozen=True)
@@ -166,3 +168,17 @@ def from_prompt(body: Any) -> Scenario:
     if isinstance(prompt, list):
         prompt = "".join(p for p in prompt if isinstance(p, str))
     return parse(prompt) if isinstance(prompt, str) else EMPTY
+
+
+def r1_thinking(body: Any, sc: Scenario) -> Scenario:
+    """An R1-named model on a server without a reasoning parser (MindIE, vLLM): its chat template puts `<think>` in
+    the prompt, so the model always reasons and ends the reasoning with a lone `</think>` (WIRE-NOTES.md "MindIE
+    Server"). `[mock:think]` / `[mock:think_unclosed]` keep that form (no opening tag). No thinking with
+    `chat_template_kwargs.enable_thinking: false`, `[mock:no_think]`, or a reasoning parser (`reasoning_field`)."""
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not _R1_NAME.search(model) or sc.has("reasoning_field") or sc.has("no_think"):
+        return sc
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False and not any(map(sc.has, _THINK_FLAGS)):
+        return sc
+    return Scenario({**sc.flags, "think_close_only": ""})

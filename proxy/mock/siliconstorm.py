@@ -56,6 +56,7 @@ FLAVOUR = mindie.Flavour(
     perf_usage=False,
     null_tool_calls=True,
     top_k_zero_ok=True,
+    response_formats=(),  # its document has no response_format: ignored
     auth_error=lambda: code_error(801),
     pre=_pre,
 )

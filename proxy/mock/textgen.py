@@ -15,6 +15,7 @@ Each token counts as one completion token, whatever it decodes to.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import string
@@ -122,21 +123,24 @@ def tool_names(body: dict[str, Any]) -> list[str]:
 
 
 def generate(sc: Scenario, *, dialect: str, max_tokens: int | None = None, reasoning_field: bool = False,
-             tools: list[str] | None = None, id_factory: Any = call_id, cut_reason: str | None = None) -> Generation:
+             tools: list[str] | None = None, id_factory: Any = call_id, cut_reason: str | None = None,
+             reply: str | None = None) -> Generation:
     """The generation a request gets, from its directives (treat the result as read-only: it may be shared).
 
     reasoning_field: the dialect always puts reasoning in a separate field (DeepSeek reasoner / thinking mode);
       otherwise `reasoning_field`, `think`, `think_close_only` and `think_unclosed` decide.
     cut_reason: cut the generation halfway with this finish_reason (DeepSeek `insufficient_system_resource`).
+    reply: the answer instead of the default reply (structured output: see `structured_reply`).
     """
     if sc.has("tool_calls") or sc.has("tool_calls_noindex") or sc.has("call_tool"):  # fresh ids, request text
-        return _generate(sc, dialect, max_tokens, reasoning_field, tools, id_factory, cut_reason)
-    key = (tuple(sorted(sc.flags.items())), dialect, max_tokens, reasoning_field, cut_reason)
+        return _generate(sc, dialect, max_tokens, reasoning_field, tools, id_factory, cut_reason, reply)
+    key = (tuple(sorted(sc.flags.items())), dialect, max_tokens, reasoning_field, cut_reason, reply)
     gen = _CACHE.get(key)
     if gen is None:
         if len(_CACHE) >= 256:
             _CACHE.clear()
-        gen = _CACHE[key] = _generate(sc, dialect, max_tokens, reasoning_field, tools, id_factory, cut_reason)
+        gen = _CACHE[key] = _generate(sc, dialect, max_tokens, reasoning_field, tools, id_factory, cut_reason,
+                                      reply)
     return gen
 
 
@@ -144,7 +148,7 @@ _CACHE: dict[tuple[Any, ...], Generation] = {}
 
 
 def _generate(sc: Scenario, dialect: str, max_tokens: int | None, reasoning_field: bool, tools: list[str] | None,
-              id_factory: Any, cut_reason: str | None) -> Generation:
+              id_factory: Any, cut_reason: str | None, reply: str | None = None) -> Generation:
     toks: list[_Tok] = []
     finish = "stop"
     split = sc.has("split_tags")
@@ -185,7 +189,7 @@ def _generate(sc: Scenario, dialect: str, max_tokens: int | None, reasoning_fiel
     elif sc.has("rewrite"):
         toks += [_Tok("content", override=pair) for pair in REWRITE]
     else:
-        words = tokenize(DEFAULT_REPLY.format(dialect=dialect))
+        words = tokenize(reply if reply is not None else DEFAULT_REPLY.format(dialect=dialect))
         if sc.has("split_utf8_end"):
             first_half = next(i for i, w in enumerate(words) if _incomplete(w))
             words = words[:first_half + 1]
@@ -265,3 +269,59 @@ def prompt_tokens_text(prompt: Any) -> int:
             return max(1, len(prompt))
         prompt = "".join(p for p in prompt if isinstance(p, str))
     return max(1, len(str(prompt or "").encode()) // 4)
+
+
+JSON_OBJECT_REPLY = '{"greeting": "Hello from the mock", "language": "en"}'
+
+
+def structured_reply(body: Any, kinds: tuple[str, ...]) -> str | None:
+    """The answer to a request whose `response_format` type is one of `kinds` (what the imitated server honours):
+    a JSON object for `json_object`, an instance of the schema for `json_schema`. None otherwise."""
+    fmt = body.get("response_format") if isinstance(body, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in kinds or kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT_REPLY
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        return JSON_OBJECT_REPLY
+    return json.dumps(schema_instance(schema, schema, 0), ensure_ascii=False)
+
+
+def schema_instance(schema: Any, root: dict[str, Any], depth: int) -> Any:
+    """A small value that the JSON schema accepts (objects get every listed property, as strict mode wants)."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        return schema_instance(target, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema_instance(schema[key][0], root, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or (kind is None and "properties" in schema):
+        props: dict[str, Any] = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
+        return {name: schema_instance(sub, root, depth + 1) for name, sub in props.items()}
+    if kind == "array":
+        count = max(1, int(schema.get("minItems") or 1))
+        return [schema_instance(schema.get("items"), root, depth + 1) for _ in range(min(count, 3))]
+    if kind == "string":
+        return "Paris"
+    if kind == "integer":
+        return max(1, int(schema.get("minimum", 1)))
+    if kind == "number":
+        return max(1.5, float(schema.get("minimum", 1.5)))
+    if kind == "boolean":
+        return True
+    return None

@@ -1,7 +1,8 @@
 """deploy/Dockerfile: parsed with Docker's own parser (the `dockerfile` package), checked for the rules the image
 promises, and its build stage emulated: the files the build context lets through must build the package.
 
-Not covered here: running `docker build` (no daemon or registry on CI machines)."""
+Not covered here: running `docker build` (no daemon or registry on CI machines). What would make a build fail
+with the classic builder, on arm64, or without a public registry is checked on the text instead."""
 
 from __future__ import annotations
 
@@ -79,6 +80,45 @@ def test_runtime_stage_rules() -> None:
     assert not any(c.cmd == "ADD" for c in instructions()), "COPY only (ADD fetches URLs and unpacks archives)"
     stop = [c for c in stage if c.cmd == "STOPSIGNAL"]
     assert not stop or stop[-1].value[0] == "SIGTERM"
+
+
+def test_builds_with_the_classic_builder_on_any_architecture_without_a_public_registry() -> None:
+    text = DOCKERFILE.read_text()
+    cmds = instructions()
+    # BuildKit-only syntax: a `# syntax=` directive (BuildKit fetches that frontend image from Docker Hub),
+    # RUN --mount / --network / --security, heredocs, COPY --link / --chmod / --exclude.
+    assert not re.search(r"(?im)^#\s*syntax\s*=", text), "the syntax directive pulls a frontend image from a registry"
+    assert "<<" not in "".join(c.original for c in cmds if c.cmd in ("RUN", "COPY")), "heredocs are BuildKit-only"
+    for c in cmds:
+        flags = [f.split("=")[0] for f in c.flags]
+        if c.cmd == "RUN":
+            assert not flags, f"RUN {flags}: BuildKit-only"
+        if c.cmd == "COPY":
+            assert set(flags) <= {"--from", "--chown"}, f"COPY {flags}: BuildKit-only"
+        if c.cmd == "FROM":
+            assert not flags, "no --platform: the image builds for the builder's (or buildx's) architecture"
+            assert c.value[0] == "${PYTHON_IMAGE}", "the base image is a build argument"
+    code = "\n".join(c.original for c in cmds)
+    assert not re.search(r"(?i)amd64|x86_64|x86-64|arm64|aarch64", code), "nothing architecture-specific"
+    args = arg_defaults(cmds)
+    assert "PYTHON_IMAGE" in args and "PIP_INDEX_URL" in args
+    installs = [c.original for c in cmds if c.cmd == "RUN" and "pip install" in c.original]
+    assert installs and all('--index-url "$PIP_INDEX_URL"' in i for i in installs), "pip uses the index build arg"
+    assert not any(c.cmd == "RUN" and re.search(r"\b(curl|wget|apt-get|git)\b", c.original) for c in cmds)
+
+
+def test_classic_builder_ignore_file_equals_buildkits() -> None:
+    """The classic builder reads only <context>/.dockerignore; BuildKit prefers deploy/Dockerfile.dockerignore."""
+    def rules(path: Path) -> list[str]:
+        return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+    assert rules(REPO / ".dockerignore") == rules(DOCKERIGNORE)
+
+
+def test_license_file_ships() -> None:
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0" in text
+    assert 'license = "Apache-2.0"' in (REPO / "pyproject.toml").read_text()
 
 
 # -- the build context -------------------------------------------------------------------------------------------

@@ -131,9 +131,12 @@ def test_openai_only_fields_are_renamed_dropped_or_translated() -> None:
             "store": True,
             "metadata": {"a": "b"},
             "parallel_tool_calls": False,
-            "response_format": {"type": "json_object"},
-            "logit_bias": {"1": 2},
+            "response_format": {"type": "text"},  # asks for nothing
+            "logit_bias": {},
+            "modalities": ["text"],
             "service_tier": "auto",
+            "verbosity": "low",
+            "prompt_cache_key": "k",
             "top_k": 5,
             "repetition_penalty": 1.1,
         },
@@ -148,10 +151,42 @@ def test_openai_only_fields_are_renamed_dropped_or_translated() -> None:
         "parallel_tool_calls",
         "response_format",
         "logit_bias",
+        "modalities",
         "service_tier",
+        "verbosity",
+        "prompt_cache_key",
     ):
         assert key not in out, key
     assert out["top_k"] == 5 and out["repetition_penalty"] == 1.1 and out["stream"] is True  # MindIE's own
+
+
+@pytest.mark.parametrize("dialect", [MINDIE, SILICON])
+@pytest.mark.parametrize("param,value", [
+    ("logit_bias", {"50256": -100}), ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy"}),
+    ("web_search_options", {"search_context_size": "low"}),
+])
+def test_parameters_mindie_cannot_honour_are_refused_by_name(dialect: MindIEDialect, param: str, value: Any) -> None:
+    with pytest.raises(ClientRequestError) as e:
+        build({param: value}, c=ctx(dialect=dialect.name), dialect=dialect)
+    assert e.value.param == param and e.value.status == 400 and e.value.code == "unsupported_parameter"
+    assert f"`{param}`" in e.value.message
+
+
+@pytest.mark.parametrize("kind", ["json_object", "json_schema"])
+def test_response_format_is_refused_by_default_and_passed_when_configured(kind: str) -> None:
+    fmt: dict[str, Any] = {"type": kind}
+    if kind == "json_schema":
+        fmt["json_schema"] = {"name": "w", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
+    for dialect in (MINDIE, SILICON):
+        with pytest.raises(ClientRequestError) as e:
+            build({"response_format": fmt}, c=ctx(dialect=dialect.name), dialect=dialect)
+        assert e.value.param == "response_format" and "response_format: pass" in e.value.message
+        out = build({"response_format": fmt}, c=ctx(dialect=dialect.name, response_format="pass"), dialect=dialect)
+        assert out["response_format"] == fmt
+        out = build({"response_format": fmt}, c=ctx(dialect=dialect.name, response_format="drop"), dialect=dialect)
+        assert "response_format" not in out
+    passed = build({"response_format": {"type": "text"}}, c=ctx(response_format="pass"))
+    assert passed["response_format"] == {"type": "text"}
 
 
 def test_explicit_max_tokens_wins_over_max_completion_tokens() -> None:
