@@ -35,6 +35,7 @@ from prometheus_client import values as _prom_values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from proxy import __version__
+from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 
 __all__ = [
     "CONTENT_TYPE",
@@ -64,7 +65,7 @@ FINISH_REASONS = frozenset(
     {"stop", "length", "tool_calls", "function_call", "content_filter", "insufficient_system_resource"}
 )
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
-DIALECTS = frozenset({"openai", "deepseek", "mindie", "siliconstorm", "engine", "any"})
+DIALECTS = frozenset({*DIALECT_REGISTRY, "any"})  # the `dialect` label: the registry's names, or "any"
 CONTINUITY_EVENTS = frozenset({"restored", "fallback", "recorded", "record_failed"})  # proxy/continuity.py
 
 # Units of MindIE's extras. queue_wait_time is documented in microseconds (mindie-chat-completions.md, usage

@@ -21,7 +21,6 @@ from typing import Any
 
 from .errors import ClientRequestError
 
-RESPONSE_FORMAT_MODES = ("pass", "reject", "drop")
 STRUCTURED = ("json_object", "json_schema")
 
 
@@ -67,8 +66,9 @@ def refuse_unsupported(body: dict[str, Any], refusals: Mapping[str, Refusal], up
     return {k: v for k, v in body.items() if k not in refusals}
 
 
-def apply_response_format(body: dict[str, Any], mode: str, upstream: str, dialect: str) -> dict[str, Any]:
-    """`response_format` per the upstream's `response_format` mode (returns the body, copied when changed)."""
+def apply_response_format(body: dict[str, Any], mode: str, upstream: str, dialect: str, hint: str) -> dict[str, Any]:
+    """`response_format` per the upstream's `response_format` mode (returns the body, copied when changed). `hint`:
+    the dialect's advice when it is refused (proxy/dialects/base.py `response_format_hint`)."""
     if "response_format" not in body:
         return body
     if mode == "pass":
@@ -76,11 +76,9 @@ def apply_response_format(body: dict[str, Any], mode: str, upstream: str, dialec
     fmt = body["response_format"]
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if mode == "reject" and kind in STRUCTURED:
-        hint = " MindIE 2.3 and later honour it: set `response_format: pass` for this upstream." if dialect in (
-            "mindie", "siliconstorm") else " Set `response_format: pass` for this upstream if it honours it."
         raise ClientRequestError(
             f"`response_format` {kind!r} is not supported by the upstream {upstream!r} ({dialect}): it would be "
-            f"ignored, and the answer would not follow the format, so it is refused.{hint}",
+            f"ignored, and the answer would not follow the format, so it is refused. {hint}",
             param="response_format",
             code="unsupported_parameter",
         )

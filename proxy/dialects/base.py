@@ -73,6 +73,7 @@ class Dialect:
     supports_prefix: ClassVar[bool] = False
     # `response_format` unless the upstream's config says otherwise (proxy/params.py): pass | reject | drop.
     default_response_format: ClassVar[str] = "pass"
+    response_format_hint: ClassVar[str] = "Set `response_format: pass` for this upstream if it honours it."
 
     # What proxy/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the upstream
     # needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
@@ -98,7 +99,7 @@ class Dialect:
             _refuse_prefix(body, ctx)
         body = refuse_unsupported(body, self.mapping.refuse, ctx.upstream.name)
         mode = ctx.upstream.response_format or self.default_response_format
-        body = apply_response_format(body, mode, ctx.upstream.name, self.name)
+        body = apply_response_format(body, mode, ctx.upstream.name, self.name, self.response_format_hint)
         out = self.mapping.apply_request(body)
         out["model"] = ctx.upstream_model
         if ctx.stream and self.stream_usage_option:

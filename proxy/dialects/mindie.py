@@ -166,6 +166,7 @@ class MindIEDialect(Dialect):
     stream_usage_option = False
     # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
     default_response_format = "reject"
+    response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
 
