@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from proxy.canonical import RequestContext
+from proxy.clients.base import Encoder
 from proxy.clients.chat import ChatEncoder
 from proxy.dialects.base import Dialect, UpstreamSession
 from proxy.events import Answer, Delta
@@ -100,8 +101,14 @@ def relay(
     `session`: one that already built the request (its state, e.g. the thinking switch, matters)."""
     session = session or dialect.session(c)
     answer = Answer()
-    pipeline = Pipeline(session, answer)
-    encoder = _encoder(c, answer, client, True)
+    out = drive(pieces, Pipeline(session, answer), _encoder(c, answer, client, True))
+    return chunks_of(out), Run(session, answer)
+
+
+def drive(pieces: list[bytes], pipeline: Pipeline, encoder: Encoder, stream: bool = True) -> bytes:
+    """Upstream stream bytes, in the given pieces, through a pipeline and any client encoder (as the handler
+    does, without I/O) -> the client's body: streaming, the head, what each piece produced and the closing bytes;
+    not streaming, the folded body."""
     out = b""
     events: list[Delta] = []
     for piece in pieces:
@@ -109,8 +116,8 @@ def relay(
         out += encoder.feed(events)
         events.clear()
     pipeline.finish(events)
-    out += encoder.feed(events) + encoder.finish()
-    return chunks_of(out), Run(session, answer)
+    out += encoder.feed(events)
+    return encoder.head() + out + encoder.finish() if stream else encoder.finish()
 
 
 def complete(

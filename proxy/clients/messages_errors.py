@@ -11,6 +11,9 @@ import orjson
 from ..errors import ProxyError
 from .base import Headers
 
+_TYPES = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
+          413: "request_too_large", 429: "rate_limit_error"}
+
 
 def error_status(err: ProxyError) -> tuple[int, str]:
     """Anthropic's status and error type for a proxy error (DECISIONS.md "Client dialects and state")."""
@@ -19,18 +22,8 @@ def error_status(err: ProxyError) -> tuple[int, str]:
         if err.code == "state_store_unavailable":
             return 503, "api_error"
         return 529, "overloaded_error"
-    if status == 401:
-        return 401, "authentication_error"
-    if status == 402:
-        return 402, "billing_error"
-    if status == 403:
-        return 403, "permission_error"
-    if status == 404:
-        return 404, "not_found_error"
-    if status == 413:
-        return 413, "request_too_large"
-    if status == 429:
-        return 429, "rate_limit_error"
+    if status in _TYPES:
+        return status, _TYPES[status]
     if 400 <= status < 500:
         return status, "invalid_request_error"
     return status, "api_error"

@@ -87,7 +87,6 @@ class ResponsesClient(ClientDialect):
     name = "responses"
     path = "/v1/responses"
     id_prefix = "resp_"
-    content_type = b"text/event-stream; charset=utf-8"
 
     def __init__(self, settings: Settings, store: StateStore) -> None:
         super().__init__(settings, store)

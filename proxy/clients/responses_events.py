@@ -31,10 +31,9 @@ _dumps = orjson.dumps
 
 
 class _Item:
-    __slots__ = ("call_id", "custom", "delta_head", "id", "index", "kind", "name", "namespace", "parts")
+    __slots__ = ("call_id", "custom", "delta_head", "id", "index", "name", "namespace", "parts")
 
-    def __init__(self, kind: str, item_id: str, index: int) -> None:
-        self.kind = kind
+    def __init__(self, item_id: str, index: int) -> None:
         self.id = item_id
         self.index = index
         self.parts: list[str] = []
@@ -144,8 +143,8 @@ class ResponsesEncoder:
         }
 
     # -- items ----------------------------------------------------------------------------------------------------
-    def _new(self, kind: str, prefix: str) -> _Item:
-        item = _Item(kind, f"{prefix}_{self._hex}{self._count:02d}", self._count)
+    def _new(self, prefix: str) -> _Item:
+        item = _Item(f"{prefix}_{self._hex}{self._count:02d}", self._count)
         self._count += 1
         return item
 
@@ -153,7 +152,7 @@ class ResponsesEncoder:
         item = self._reasoning
         if item is None:
             self._close_message()
-            item = self._reasoning = self._new("reasoning", "rs")
+            item = self._reasoning = self._new("rs")
             if self.stream:
                 self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
                 item.delta_head = self._delta_head(b"response.reasoning_text.delta", item, content_index=True)
@@ -165,7 +164,7 @@ class ResponsesEncoder:
         item = self._message
         if item is None:
             self._close_reasoning()
-            item = self._message = self._new("message", "msg")
+            item = self._message = self._new("msg")
             if self.stream:
                 self._added({"id": item.id, "type": "message", "role": "assistant", "status": "in_progress",
                              "content": []}, item.index)
@@ -187,7 +186,7 @@ class ResponsesEncoder:
             self._close_message()
             upstream = fn.get("name") or ""
             tool = self.tools.get(upstream) or ToolName(upstream)
-            item = self._new("custom_tool_call" if tool.custom else "function_call", "ctc" if tool.custom else "fc")
+            item = self._new("ctc" if tool.custom else "fc")
             item.call_id = fragment.get("id") or "call_" + item.id.partition("_")[2]
             item.name, item.namespace, item.custom = tool.name, tool.namespace, tool.custom
             self._calls[index] = item

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -24,21 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.clis import cli_binary, cli_marks
 from tests.conftest import Mock, Proxy
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def claude_binary() -> str | None:
-    for candidate in (os.environ.get("CLAUDE_BIN"), str(ROOT / ".venv" / "cli" / "node_modules" / ".bin" / "claude")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return shutil.which("claude")
-
-
-CLAUDE = claude_binary()
-pytestmark = [pytest.mark.cli,
-              pytest.mark.skipif(CLAUDE is None, reason="claude CLI not installed (make test-cli installs it)")]
+CLAUDE = cli_binary("claude")
+pytestmark = cli_marks(CLAUDE, "claude")
 
 
 def run_claude(proxy: Proxy, tmp: Path, prompt: str) -> tuple[subprocess.CompletedProcess[str], Path]:

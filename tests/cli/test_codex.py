@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -23,21 +22,11 @@ from typing import Any
 
 import pytest
 
+from tests.cli.clis import cli_binary, cli_marks
 from tests.conftest import Mock, Proxy
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def codex_binary() -> str | None:
-    for candidate in (os.environ.get("CODEX_BIN"), str(ROOT / ".venv" / "cli" / "node_modules" / ".bin" / "codex")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return shutil.which("codex")
-
-
-CODEX = codex_binary()
-pytestmark = [pytest.mark.cli,
-              pytest.mark.skipif(CODEX is None, reason="codex CLI not installed (make test-cli installs it)")]
+CODEX = cli_binary("codex")
+pytestmark = cli_marks(CODEX, "codex")
 
 CONFIG = """\
 model = "{model}"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from hub_harness import drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,7 @@ from proxy.clients.responses_events import ResponsesEncoder
 from proxy.clients.responses_request import ToolName, to_chat
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
-from proxy.events import Answer, Delta
+from proxy.events import Answer
 from proxy.pipeline import Pipeline
 from proxy.settings import UpstreamSettings
 
@@ -64,15 +65,7 @@ def run(pieces: list[bytes], dialect: str, stream: bool = True, **up: Any) -> by
     session = get_dialect(dialect).session(ctx)
     pipeline = Pipeline(session, answer)
     encoder = ResponsesEncoder(ctx, answer, stream, {"store": False}, TOOLS, ThinkingSigner(b"k"))
-    body = b""
-    events: list[Delta] = []
-    for piece in pieces:
-        pipeline.feed(piece, events)
-        body += encoder.feed(events)
-        events.clear()
-    pipeline.finish(events)
-    body += encoder.feed(events)
-    return (encoder.head() + body + encoder.finish()) if stream else encoder.finish()
+    return drive(pieces, pipeline, encoder, stream)
 
 
 def parse(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
