@@ -12,6 +12,11 @@ protocol with three guards, all below the ASGI app (so they hold for every route
   started) and close — the handler sees the client leave, as for any disconnect.
 - `max_client_connections`: a connection beyond this many open ones gets `503` at once and is closed.
 
+It also tells the handler at once when a client goes away mid-request: the handler puts a callback under
+`DISCONNECT_HOOK` in the request's scope (proxy/handlers.py), called from `connection_lost` while the answer is
+incomplete — cheaper than a task per request waiting on `receive()` for `http.disconnect` (the fallback under any
+other server).
+
 Idle kept-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s). The limits reach the protocol
 through `functools.partial` (uvicorn's `http` setting takes any protocol factory; a partial of a module-level class
 pickles, so `--workers` > 1 works too).
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +35,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .errors import ProxyError
 from .settings import ServerSettings
+
+# The scope key of the handler's disconnect callback: present (None until the handler sets it) on every request this
+# front end serves.
+DISCONNECT_HOOK = "dialect_proxy.on_disconnect"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +84,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
+        incomplete = cycle is not None and not cycle.response_complete
         super().connection_lost(exc)
+        if incomplete:
+            assert cycle is not None
+            hook: Callable[[], None] | None = cycle.scope.get(DISCONNECT_HOOK)  # type: ignore[assignment]
+            if hook is not None:
+                hook()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -113,6 +130,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 raise _Refuse(431, f"The request's headers are larger than {self.limits.max_header_bytes} bytes.")
         self._arm(self.limits.body_timeout)
         super().on_headers_complete()
+        self.scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]  # this front end calls the handler's hook
         if self.pipeline:  # queued behind the answer in progress; uvicorn stops reading until its turn
             self._disarm()
 

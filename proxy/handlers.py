@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -32,6 +32,7 @@ from .errors import (
     UpstreamUnreachable,
 )
 from .events import Answer, Delta
+from .frontend import DISCONNECT_HOOK
 from .pipeline import Pipeline
 from .replicas import RETRY_STATUSES
 from .upstream import iter_stream, read_body, release
@@ -55,29 +56,43 @@ SSE_HEADERS = [
 
 
 class _Disconnect:
-    """Watches `receive()` for http.disconnect and cancels the request's task when the client goes away."""
+    """Cancels the request's task when the client goes away. Under the proxy's own front end (proxy/frontend.py) the
+    connection calls `_lost` directly; under any other server a watcher task reads `receive()` for
+    `http.disconnect`."""
 
-    __slots__ = ("_task", "_watcher", "committed", "complete", "disconnected", "encoder")
+    __slots__ = ("_scope", "_task", "_watcher", "committed", "complete", "disconnected", "encoder")
 
-    def __init__(self, receive: Any) -> None:
+    def __init__(self, receive: Any, scope: Scope) -> None:
         self.encoder: Encoder | None = None  # the client encoder, once the answer is being encoded
         self.disconnected = False
         self.complete = False  # set just before the final send: uvicorn then answers receive() with a disconnect
         self.committed = False  # the 200 event-stream head has been sent
         self._task = asyncio.current_task()
-        self._watcher = asyncio.ensure_future(self._watch(receive))
+        self._scope: Scope | None = None
+        self._watcher: asyncio.Future[None] | None = None
+        if DISCONNECT_HOOK in scope:
+            scope[DISCONNECT_HOOK] = self._lost
+            self._scope = scope
+        else:
+            self._watcher = asyncio.ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Any) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not self.complete and self._task is not None:
-                    self.disconnected = True
-                    self._task.cancel()
+                self._lost()
                 return
 
+    def _lost(self) -> None:
+        if not self.complete and not self.disconnected and self._task is not None:
+            self.disconnected = True
+            self._task.cancel()
+
     def stop(self) -> None:
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._scope is not None:
+            self._scope[DISCONNECT_HOOK] = None
 
 
 class _ClientGone(Exception):
@@ -153,7 +168,7 @@ class InferenceEndpoint:
                 obs = state.metrics.request(
                     self.route, ctx.upstream.name, ctx.client_model, ctx.stream, started_at=started, key=key_name
                 )
-                watch = _Disconnect(receive)
+                watch = _Disconnect(receive, scope)
                 status = await self._serve(call, ctx, send, watch, obs, rid_header, info)
             except ProxyError as err:
                 state.redactor.sanitize(err)
@@ -241,7 +256,7 @@ class InferenceEndpoint:
             upstream_model=route.upstream_model,
             upstream=route.upstream,
             stream=call.stream,
-            response_id=self.client.id_prefix + uuid.uuid4().hex[:24],
+            response_id=self.client.id_prefix + os.urandom(12).hex(),
             created=int(time.time()),
         )
 
@@ -541,7 +556,7 @@ def _request_id(scope: Scope) -> tuple[str, bytes]:
             cut -= 1
         raw = raw[:cut]
     if not raw.strip() or _CONTROL.search(raw):
-        rid = uuid.uuid4().hex
+        rid = os.urandom(16).hex()
         return rid, rid.encode()
     return raw.decode("utf-8", "replace"), raw
 
