@@ -89,6 +89,12 @@ class Normalizer:
             reason="upstream_closed",
         )
 
+    def passes_text(self, index: int) -> bool:
+        """Text (content or reasoning field) of a plain event for choice `index` now comes out exactly as it came in:
+        the choice has started, is not finished and no `<think>` splitting is under way (proxy/stream/text_lane.py)."""
+        st = self._choices.get(index)
+        return st is not None and st.started and not st.finished and st.splitter is None
+
     # -----------------------------------------------------------------------------------------------------------
     def _state(self, index: int) -> _Choice:
         st = self._choices.get(index)

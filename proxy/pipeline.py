@@ -1,6 +1,7 @@
 """One request's answer pipeline, without I/O: upstream bytes (or a JSON body) in, hub events out.
 
     bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (streams)
+                      └──▶ TextLane (an event that repeats a plain text event's template) ─▶ [Delta]
     JSON  ─────────────────────────▶ UpstreamSession.response ─▶ Normalizer ─▶ [Delta]  (non-stream: one chunk)
 
 The handler feeds it what it reads and gives the events to the client encoder; tests drive the very same object
@@ -20,14 +21,15 @@ from .errors import StreamTruncated, UpstreamError
 from .events import Answer, Delta
 from .normalize import Normalizer
 from .sse import SSEDecoder, SSEEvent
+from .stream.text_lane import TextLane
 
 log = logging.getLogger("dialect_proxy")
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_feed", "answer", "done", "normalizer", "session")
+    __slots__ = ("_chunk", "_decoder", "_feed", "_lane", "answer", "done", "normalizer", "session")
 
-    def __init__(self, session: UpstreamSession, answer: Answer) -> None:
+    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True) -> None:
         self.session = session
         self.answer = answer
         self.normalizer = Normalizer(session.ctx.kind, session.reasoning_source, session.starts_in_reasoning, answer)
@@ -35,6 +37,9 @@ class Pipeline:
         self._chunk = session.chunk
         self._feed = self.normalizer.feed
         self.done = False  # [DONE] was seen
+        # The shortcut for plain text events (proxy/stream/text_lane.py): chat streams only. `text_lane=False` is the
+        # full path for every event (tests/stream/test_text_lane.py compares the two).
+        self._lane = TextLane() if text_lane and self.normalizer.chat else None
 
     def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out`."""
@@ -67,6 +72,7 @@ class Pipeline:
             raise _bad_shape(e, UpstreamError) from None
 
     def _take(self, events: list[SSEEvent], out: list[Delta]) -> None:
+        lane = self._lane
         for event in events:
             if self.done:
                 return
@@ -75,21 +81,52 @@ class Pipeline:
                     "The upstream sent data that is not an event stream: " + preview(event.garbage),
                     reason="invalid_data",
                 )
-            if event.data == "[DONE]":
+            data = event.data
+            if data == "[DONE]":
                 self.done = True
                 return
+            if lane is not None and event.event is None:
+                hit = lane.match(data)
+                if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
+                    index, reasoning, text = hit
+                    out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+                    continue
             try:
-                parsed: Any = orjson.loads(event.data)
+                parsed: Any = orjson.loads(data)
             except orjson.JSONDecodeError:
                 raise StreamTruncated(
-                    "The upstream sent an event that is not valid JSON: " + preview(event.data),
+                    "The upstream sent an event that is not valid JSON: " + preview(data),
                     reason="invalid_data",
                 ) from None
             if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
                 parsed = {"error": parsed}
             chunk = self._chunk(parsed)
             if chunk is not None:
+                n = len(out)
                 out.extend(self._feed(chunk))
+                if lane is not None and len(out) == n + 1 and event.event is None:
+                    self._learn(lane, data, chunk, out[n])
+
+    def _learn(self, lane: TextLane, data: str, chunk: dict[str, Any], d: Delta) -> None:
+        """Teach the lane this event's template if the full path passed its one choice's text through unchanged."""
+        if (d.first or d.tool_calls is not None or d.finish_reason is not None or d.logprobs is not None
+                or d.extra is not None or d.choice_extra is not None or bool(d.content) == bool(d.reasoning)
+                or chunk.get("usage") or not self.session.lane_open() or not self.normalizer.passes_text(d.index)):
+            return
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1:
+            return
+        delta = choices[0].get("delta")
+        if not isinstance(delta, dict):
+            return
+        if d.content:
+            if delta.get("content") == d.content:
+                lane.learn(data, "content", d.content, d.index, False)
+            return
+        for field in ("reasoning_content", "reasoning"):
+            if delta.get(field) == d.reasoning:
+                lane.learn(data, field, d.reasoning, d.index, True)
+                return
 
 
 # A JSON value of a shape no dialect expects (a string where an object belongs, a list for an index ...) ends up as

@@ -259,6 +259,11 @@ class UpstreamSession:
                         self._pending = finish_error(finish, stream=True)
         return data
 
+    def lane_open(self) -> bool:
+        """`chunk` now leaves a plain text event's text as it is (proxy/stream/text_lane.py may skip it): no error
+        waits to be raised. A session that rewrites text (cumulative snapshots ...) says when it does not."""
+        return self._pending is None
+
     def end(self) -> None:
         """The upstream stream is over: raise what the dialect knows is wrong with the answer."""
         if self._pending is not None:

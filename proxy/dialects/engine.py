@@ -30,6 +30,9 @@ class EngineSession(UpstreamSession):
             _hoist_into_choice(data, "message")
         return super().response(data)
 
+    def lane_open(self) -> bool:
+        return False  # its events are reshaped (hoisted into a choice) before the normaliser sees them
+
     def chunk(self, data: Any) -> ChatChunk | None:
         chunk = super().chunk(data)
         if chunk is not None:

@@ -115,6 +115,9 @@ class MindIESession(UpstreamSession):
         self.thinking_off = isinstance(kwargs, dict) and kwargs.get(thinking_kwarg(self.ctx.upstream_model)) is False
         return out
 
+    def lane_open(self) -> bool:
+        return self._cumulative is None and super().lane_open()  # cumulative snapshots are rewritten into deltas
+
     def chunk(self, data: Any) -> ChatChunk | None:
         full_text = data.get("full_text") if isinstance(data, dict) else None  # rides on a choice's final chunk
         out = super().chunk(data)

@@ -1,0 +1,110 @@
+"""The text lane: a shortcut for the most common stream event — one choice adding text — that gives exactly the event
+the full path would (parse the whole event, upstream session, normaliser) while parsing only the text's own token.
+
+An upstream sends most events of an answer as the same text around one JSON string, e.g.
+
+    {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"…"},
+    "logprobs":null,"finish_reason":null}]}
+
+When the full path has turned such an event into a plain text event, `learn` finds that string's token in the
+event's data and keeps what comes before and after it: a template. A later event that is the same text around
+another string token is the same JSON with one string changed; while the session and the normaliser say that text
+passes through them unchanged (no cumulative text, no `<think>` splitting, no pending error: proxy/pipeline.py
+asks them), the full path would give the same event with that string, so `match` returns the string alone.
+
+Up to two templates are kept per choice kind (text and reasoning), relearned when the upstream's envelope changes; a
+stream whose events never fit a template stops learning after a few tries (the cost stays bounded).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+__all__ = ["TextLane"]
+
+# The probe that proves a token's place: the event with the token swapped for it must carry the probe's value at
+# choices[0].delta.<field>.
+_PROBE = '"\\u0000lane"'
+_PROBE_VALUE = "\x00lane"
+_MAX_TRIES = 4  # learns in a row without a single match in between: the upstream's events do not repeat
+
+
+class TextLane:
+    __slots__ = ("_templates", "_tries")
+
+    def __init__(self) -> None:
+        # (prefix, suffix, choice index, is reasoning)
+        self._templates: list[tuple[str, str, int, bool]] = []
+        self._tries = 0
+
+    def match(self, data: str) -> tuple[int, bool, str] | None:
+        """(choice index, is reasoning, text) when `data` is a learned template around one non-empty string."""
+        for prefix, suffix, index, reasoning in self._templates:
+            start = len(prefix)
+            end = len(data) - len(suffix)
+            if end - start >= 2 and data.startswith(prefix) and data.endswith(suffix):
+                try:
+                    value = orjson.loads(data[start:end])
+                except orjson.JSONDecodeError:
+                    return None
+                if value.__class__ is str and value:
+                    self._tries = 0
+                    return index, reasoning, value
+                return None
+        return None
+
+    def learn(self, data: str, field: str, value: str, index: int, reasoning: bool) -> None:
+        """`data` is an event whose only choice, `index`, went through the full path as text `value` taken unchanged
+        from its `delta.<field>`: remember the text around that string's token."""
+        if self._tries >= _MAX_TRIES:
+            return
+        self._tries += 1
+        key = '"' + field + '":'
+        pos = data.find(key)
+        while pos != -1:
+            start = pos + len(key)
+            while data[start:start + 1] in (" ", "\t", "\r", "\n") and start < len(data):
+                start += 1
+            end = _string_end(data, start)
+            if end is not None and _is_at(data[:start] + _PROBE + data[end:], field, index):
+                try:
+                    same = orjson.loads(data[start:end]) == value
+                except orjson.JSONDecodeError:
+                    same = False
+                if same:
+                    template = (data[:start], data[end:], index, reasoning)
+                    self._templates = [t for t in self._templates if (t[2], t[3]) != (index, reasoning)][-3:]
+                    self._templates.append(template)
+                    return
+            pos = data.find(key, pos + 1)
+
+
+def _string_end(data: str, start: int) -> int | None:
+    """The end (exclusive) of the JSON string token starting at `start`, or None if none starts there."""
+    if data[start:start + 1] != '"':
+        return None
+    i = start + 1
+    while True:
+        quote = data.find('"', i)
+        if quote == -1:
+            return None
+        backslashes = 0
+        j = quote - 1
+        while j > start and data[j] == "\\":
+            backslashes += 1
+            j -= 1
+        if backslashes % 2 == 0:
+            return quote + 1
+        i = quote + 1
+
+
+def _is_at(probe: str, field: str, index: int) -> bool:
+    try:
+        doc = orjson.loads(probe)
+        choices = doc["choices"]
+        choice = choices[0]
+        return bool(
+            len(choices) == 1 and (choice.get("index") or 0) == index and choice["delta"][field] == _PROBE_VALUE
+        )
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+        return False
