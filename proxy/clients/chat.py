@@ -13,6 +13,7 @@ closest to the hub. The request already is the canonical form; the encoder puts 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -128,7 +129,7 @@ class ChatClient(ClientDialect):
     kind = CHAT
     fields = _CHAT_TABLE
 
-    async def decode(self, body: dict[str, Any], headers: dict[str, str]) -> ClientCall:
+    async def decode(self, body: dict[str, Any], headers: Mapping[str, str]) -> ClientCall:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
