@@ -72,6 +72,14 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -422,11 +430,15 @@ async def scale_full_text(lengths: list[int], rounds: int) -> None:
 
 
 async def scale_workers(seconds: float, rounds: int) -> None:
-    """Non-stream throughput of `--workers 2` (both cores) against one worker (both cores too)."""
+    """Non-stream throughput of `--workers 2` (both cores) against one worker (both cores too), with what it depends
+    on that this machine can show: proxy CPU per request (flat = the workers do not slow each other down) and how
+    evenly the requests spread over the workers."""
+    cores = os.cpu_count() or 1
     print("non-stream throughput, 64 concurrent, proxy --workers 1 vs --workers 2 (both unpinned; the mock and this "
-          f"load generator share the same cores), best of {rounds} rounds")
+          f"load generator share the same {cores} cores), best of {rounds} rounds")
     results: dict[int, float] = {}
     cpus: dict[int, float] = {}
+    split: dict[int, list[float]] = {}
     for workers in (1, 2):
         up = Upstream("openai", "openai", False)
         up.start(proxy_extra=("--workers", str(workers)), proxy_cpu=None)
@@ -435,16 +447,27 @@ async def scale_workers(seconds: float, rounds: int) -> None:
             pid = up.proxy.pid if up.proxy else 0
             for _ in range(rounds):
                 await load(up.urls["proxy"], False, 16, 0, 64, 0.5, 10**6)
+                kids = [k for k in children(pid) if "resource_tracker" not in cmdline(k)] if workers > 1 else []
                 c0 = cpu_seconds(pid)
+                k0 = [cpu_seconds(k) for k in kids]
                 r = await load(up.urls["proxy"], False, 16, 0, 64, seconds, 10**6)
                 if r.rps > results.get(workers, 0):
                     results[workers] = r.rps
                     cpus[workers] = (cpu_seconds(pid) - c0) / max(len(r.latencies), 1) * 1e6
+                    split[workers] = [cpu_seconds(k) - k0[i] for i, k in enumerate(kids)]
         finally:
             up.stop()
     for workers, rps in results.items():
-        print(f"  --workers {workers}: {rps:8.1f} req/s  proxy cpu/req {cpus[workers]:6.0f} µs")
-    print(f"  ratio 2 workers / 1 worker: {results[2] / results[1]:.2f}")
+        shares = split.get(workers) or []
+        spread = ""
+        if shares and sum(shares) > 0:
+            spread = "  CPU split over workers " + " / ".join(f"{100 * s / sum(shares):.0f}%" for s in shares)
+        print(f"  --workers {workers}: {rps:8.1f} req/s  proxy cpu/req {cpus[workers]:6.0f} µs{spread}")
+    print(f"  ratio 2 workers / 1 worker: throughput {results[2] / results[1]:.2f}, proxy cpu/req "
+          f"{cpus[2] / cpus[1]:.2f}")
+    if cores < 4:
+        print(f"  ({cores} cores: the mock and the load generator compete with the second worker, so throughput "
+              "cannot double here; cpu/req and the split are what carry over to a machine with spare cores)")
 
 
 async def main() -> None:
