@@ -230,16 +230,17 @@ def test_scripted_sequence_exact_values(clock: FakeClock) -> None:
 
 
 def test_token_latency_tally_is_observe_per_sample(clock: FakeClock) -> None:
-    """Inter-token latencies are counted per request and added in batches: the exposition equals observing each
-    one (bucket bounds exactly, beyond the last bound, zero), and a stream's samples show up in a scrape within
-    TALLY_FLUSH_INTERVAL, before the stream ends."""
+    """With prometheus_client's metric classes (multiprocess mode; `local=False` here), inter-token latencies are
+    counted per request and added in batches: the exposition equals observing each one (bucket bounds exactly,
+    beyond the last bound, zero), and a stream's samples show up in a scrape within TALLY_FLUSH_INTERVAL, before
+    the stream ends."""
     from prometheus_client import CollectorRegistry, Histogram
 
     gaps = [0.0, 0.001, 0.005, 0.05, 0.15, 0.15, 0.2, 0.3, 29.0, 600.0, 0.02, 0.02]
     reference = Histogram("ref", "", ["route", "upstream", "model"], registry=CollectorRegistry(),
                           buckets=metrics_mod.TOKEN_LATENCY_BUCKETS).labels(ROUTE, "r1", "m")
     last = clock.t
-    m = Metrics(["m"])
+    m = Metrics(["m"], local=False)
     obs = m.request(ROUTE, "r1", "m", True)
     obs.chunk(True)  # the first token: TTFT, no latency yet
     itl = "dialect_proxy_inter_token_latency_seconds"
