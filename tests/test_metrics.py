@@ -522,13 +522,12 @@ def _mp_gateway_worker(first_up: bool, steps, done) -> None:  # type: ignore[no-
         assert steps.get(timeout=60) == "release"
         rset.succeeded(ticket.replica)
         ticket.release()
-        m.upstream_up("r1", first_up)  # unchanged and less than MOSTRECENT_REFRESH after the first: not written
         done.put("released")
         assert steps.get(timeout=60) == "confirm"
         t0 = time.monotonic()
         while time.monotonic() - t0 <= metrics_mod.MOSTRECENT_REFRESH:  # bounded: about one second
             await asyncio.sleep(0.05)
-        m.upstream_up("r1", first_up)  # unchanged, but the last write is old: written again, the newest now
+        m.upstream_up("r1", first_up)  # unchanged, but its last write is old: written again, the newest now
         done.put("confirmed")
         await rset.close()
 
