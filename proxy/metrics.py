@@ -26,16 +26,20 @@ import tempfile
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge as PromGauge
+from prometheus_client import Histogram as PromHistogram
 from prometheus_client import values as _prom_values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from proxy import __version__
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
+from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram
 
 __all__ = [
     "CONTENT_TYPE",
@@ -58,6 +62,8 @@ MAX_LABEL_VALUES = 50  # cap for route / upstream (config-bounded anyway; this i
 MAX_ERROR_CODES = 100  # distinct (dialect, code) pairs; later ones become "other"
 MAX_LABEL_LENGTH = 128
 MAX_TIMING_SAMPLES = 65_536  # per list in upstream_timings(): bounds the work done for one response
+MAX_CACHED_SERIES = 4096  # (route, upstream, model, stream, key) combinations whose children are kept resolved
+MOSTRECENT_REFRESH = 1.0  # multiprocess: seconds after which an unchanged `mostrecent` gauge is written again
 
 OUTCOMES = ("ok", "error", "truncated", "client_disconnect")
 TRUNCATION_REASONS = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown"})
@@ -167,9 +173,14 @@ class Metrics:
     """All metric objects of one app, on a private registry."""
 
     def __init__(self, configured_models: Iterable[str] | None, multiprocess: bool = False,
-                 key_names: Iterable[str] = ()) -> None:
+                 key_names: Iterable[str] = (), local: bool | None = None) -> None:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._series: dict[tuple[str, str, str, bool, str | None], _Series] = {}
+        self._up: dict[str, Any] = {}  # upstream name -> its upstream_up child
         self.multiprocess = multiprocess
+        # Lock-free in-process values (proxy/local_metrics.py) unless the values must reach the other workers
+        # through prometheus_client's files. `local=False` forces prometheus_client's classes (tests compare).
+        self.local = not multiprocess if local is None else local and not multiprocess
         if multiprocess:
             path = os.environ.get(MULTIPROC_ENV)
             if not path or not os.path.isdir(path):
@@ -195,6 +206,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         p = PREFIX
+        kinds: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] = (
+            (_local(LocalCounter), _local(LocalGauge), _local(LocalHistogram)) if self.local
+            else (PromCounter, PromGauge, PromHistogram)
+        )
+        Counter, Gauge, Histogram = kinds  # noqa: N806 (prometheus_client's classes or their lock-free stand-ins)
 
         self.requests = Counter(
             f"{p}_requests", "Requests answered, by route, upstream, model, stream, status class and outcome.",
@@ -375,12 +391,29 @@ class Metrics:
         request started before the observer was made (for example before the body was parsed)."""
         return RequestObserver(self, route, upstream, model, stream, started_at, key)
 
+    def _series_for(self, route: str, upstream: str, model: str, stream: bool, key: str | None) -> _Series:
+        raw = (route, upstream, model, stream, key)
+        found = self._series.get(raw)
+        if found is None:
+            found = _Series(self, self.route_label(route), self.upstream_label(upstream), self.model_label(model),
+                            stream, self.key_label(key))
+            if len(self._series) < MAX_CACHED_SERIES:  # raw names are the client's: cache only so many
+                self._series[raw] = found
+        return found
+
     def reasoning_continuity(self, upstream: str, event: str, count: int = 1) -> None:
         label = event if event in CONTINUITY_EVENTS else OTHER
         self.child(self.continuity, self.upstream_label(upstream), label).inc(count)
 
     def upstream_up(self, upstream: str, up: bool) -> None:
-        self.child(self.upstream_up_gauge, self.upstream_label(upstream)).set(1 if up else 0)
+        gauge = self._up.get(upstream)
+        if gauge is None:
+            gauge = self.child(self.upstream_up_gauge, self.upstream_label(upstream))
+            if not self.local:
+                gauge = _MostRecentGauge(gauge)
+            if len(self._up) < MAX_LABEL_VALUES:
+                self._up[upstream] = gauge
+        gauge.set(1 if up else 0)
 
     def render(self) -> tuple[bytes, str]:
         """The /metrics body and its content type. In multiprocess mode, all workers' values merged."""
@@ -410,6 +443,20 @@ class Metrics:
                     pass
 
 
+def _local(family: type[Family]) -> Callable[..., Any]:
+    """A constructor with prometheus_client's signature for a proxy/local_metrics.py family (registered on
+    `registry`)."""
+
+    def make(name: str, documentation: str, labelnames: Iterable[str], *, registry: CollectorRegistry,
+             buckets: Iterable[float] | None = None, multiprocess_mode: str = "") -> Family:
+        made = family(name, documentation, list(labelnames)) if buckets is None else \
+            family(name, documentation, list(labelnames), list(buckets))  # type: ignore[call-arg]
+        registry.register(made)
+        return made
+
+    return make
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -424,12 +471,13 @@ TALLY_FLUSH_INTERVAL = 1.0  # seconds: per-token samples reach the histogram at 
 
 
 class _Tally:
-    """Per-token histogram samples (inter-token latency) of one request, counted locally and added to the histogram
-    child in batches: a sample costs a bisect and a list increment instead of a lock for the sum and one for its
-    bucket. The batch is added when a sample comes `TALLY_FLUSH_INTERVAL` after the first one still pending, and
-    when the request finishes, so a scrape never lags a stream by more than that. The exposition is the same as
-    observing each sample (tests/test_metrics.py). It reaches into prometheus_client's histogram child (its bucket
-    bounds, bucket and sum values); should those ever change, every sample is observed on its own instead."""
+    """Multiprocess mode: per-token histogram samples (inter-token latency) of one request, counted locally and
+    added to the prometheus_client histogram child in batches: a sample costs a bisect and a list increment instead
+    of a lock for the sum and one for its bucket. The batch is added when a sample comes `TALLY_FLUSH_INTERVAL`
+    after the first one still pending, and when the request finishes, so a scrape never lags a stream by more than
+    that. The exposition is the same as observing each sample (tests/test_metrics.py). It reaches into
+    prometheus_client's histogram child (its bucket bounds, bucket and sum values); should those ever change, every
+    sample is observed on its own instead."""
 
     __slots__ = ("_bounds", "_child", "_counts", "_due", "_pending", "_sum")
 
@@ -476,14 +524,86 @@ class _Tally:
         self._pending = 0
 
 
+class _MostRecentGauge:
+    """A ``mostrecent`` gauge child in multiprocess mode (upstream_up), written when its value changes or when the
+    last write is MOSTRECENT_REFRESH seconds old: a write to the mmap file costs a lock and a syscall, and the
+    merge across workers only needs a recent timestamp for the newest value."""
+
+    __slots__ = ("_child", "_due", "_value")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._value: float | None = None
+        self._due = 0.0
+
+    def set(self, value: float) -> None:
+        now = time.monotonic()
+        if value != self._value or now >= self._due:
+            self._child.set(value)
+            self._value = value
+            self._due = now + MOSTRECENT_REFRESH
+
+
+class _Series:
+    """The metric children of one (route, upstream, model, stream, key) combination, resolved once and shared by
+    every request with these labels, so a request does no label lookups. Children that depend on how a request
+    ends (status and outcome, token kind, finish reason) are resolved on first use, so the exposition has the same
+    series in the same order as looking each one up per request."""
+
+    __slots__ = ("_ends", "_finish_reasons", "_m", "_tokens", "in_flight", "in_flight_stream", "itl", "key", "model",
+                 "overhead", "route", "stream", "stream_label", "ttft", "upstream")
+
+    def __init__(self, m: Metrics, route: str, upstream: str, model: str, stream: bool, key: str) -> None:
+        self._m = m
+        self.route, self.upstream, self.model, self.key = route, upstream, model, key
+        self.stream = stream
+        self.stream_label = "true" if stream else "false"
+        self.ttft = m.child(m.ttft, route, upstream, model)
+        self.itl = m.child(m.itl, route, upstream, model)
+        self.in_flight = m.child(m.in_flight_requests, route, upstream, model)
+        self.in_flight_stream = m.child(m.in_flight_streams, route, upstream, model) if stream else None
+        self.overhead: Any = None
+        self._ends: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._tokens: dict[str, tuple[Any, Any]] = {}
+        self._finish_reasons: dict[str, Any] = {}
+
+    def ended(self, status: str, outcome: str) -> tuple[Any, Any, Any]:
+        """requests, key_requests and request_duration children for a request that ended so."""
+        found = self._ends.get((status, outcome))
+        if found is None:
+            m = self._m
+            found = self._ends[(status, outcome)] = (
+                m.child(m.requests, self.route, self.upstream, self.model, self.stream_label, status, outcome),
+                m.child(m.key_requests, self.key, self.upstream, self.model, status),
+                m.child(m.request_duration, self.route, self.upstream, self.model, self.stream_label, status),
+            )
+        return found
+
+    def tokens(self, kind: str) -> tuple[Any, Any]:
+        """tokens and key_tokens children for a token kind."""
+        found = self._tokens.get(kind)
+        if found is None:
+            m = self._m
+            found = self._tokens[kind] = (m.child(m.tokens, self.upstream, self.model, kind),
+                                          m.child(m.key_tokens, self.key, self.upstream, self.model, kind))
+        return found
+
+    def finish_reason(self, reason: str) -> Any:
+        found = self._finish_reasons.get(reason)
+        if found is None:
+            m = self._m
+            found = self._finish_reasons[reason] = m.child(m.finish_reasons, self.upstream, self.model, reason)
+        return found
+
+
 class RequestObserver:
     """Observes one request. Create it with :meth:`Metrics.request`; call :meth:`finish` exactly once (extra calls
     are ignored), or use it as a context manager, which finishes an unfinished request as a 500 ``error``."""
 
     __slots__ = (
-        "_chunks", "_finished", "_first_token_t", "_headers_t", "_in_flight", "_in_flight_stream", "_itl", "_key",
-        "_last_token_t", "_m", "_model", "_route", "_stream", "_t0", "_timings_seen", "_truncated", "_ttft",
-        "_upstream", "_upstream_t0", "_usage_seen", "_wait",
+        "_chunks", "_finished", "_first_token_t", "_headers_t", "_itl", "_key", "_last_token_t", "_m", "_model",
+        "_route", "_s", "_stream", "_t0", "_tally", "_timings_seen", "_truncated", "_upstream", "_upstream_t0",
+        "_usage_seen", "_wait",
     )
 
     def __init__(
@@ -492,11 +612,9 @@ class RequestObserver:
     ) -> None:
         self._t0 = _now() if started_at is None else started_at
         self._m = metrics
-        self._route = metrics.route_label(route)
-        self._upstream = metrics.upstream_label(upstream)
-        self._model = metrics.model_label(model)
-        self._key = metrics.key_label(key)
-        self._stream = bool(stream)
+        s = self._s = metrics._series_for(route, upstream, model, bool(stream), key)
+        self._route, self._upstream, self._model, self._key = s.route, s.upstream, s.model, s.key
+        self._stream = s.stream
         self._upstream_t0: float | None = None
         self._headers_t: float | None = None
         self._wait = 0.0
@@ -507,15 +625,13 @@ class RequestObserver:
         self._usage_seen = False
         self._timings_seen = False
         self._finished = False
-        # Resolved once: chunk() runs per chunk and must not look labels up.
-        self._ttft = metrics.child(metrics.ttft, self._route, self._upstream, self._model)
-        self._itl = _Tally(metrics.child(metrics.itl, self._route, self._upstream, self._model))
-        self._in_flight = metrics.child(metrics.in_flight_requests, self._route, self._upstream, self._model)
-        self._in_flight.inc()
-        self._in_flight_stream: Gauge | None = None
-        if self._stream:
-            self._in_flight_stream = metrics.child(metrics.in_flight_streams, self._route, self._upstream, self._model)
-            self._in_flight_stream.inc()
+        # Inter-token latencies: a local histogram child takes each sample at the cost of a bisect; a
+        # prometheus_client one (multiprocess) gets them in batches from a per-request _Tally.
+        self._itl: HistogramChild | None = s.itl if isinstance(s.itl, HistogramChild) else None
+        self._tally = _Tally(s.itl) if self._stream and self._itl is None else None
+        s.in_flight.inc()
+        if s.in_flight_stream is not None:
+            s.in_flight_stream.inc()
 
     def __enter__(self) -> Self:
         return self
@@ -569,9 +685,11 @@ class RequestObserver:
         if last is None:
             self._first_token_t = now
             if self._stream:
-                self._ttft.observe(now - self._t0)
-        elif self._stream:
-            self._itl.observe(now - last, now)
+                self._s.ttft.observe(now - self._t0)
+        elif self._itl is not None:
+            self._itl.observe(now - last)
+        elif self._tally is not None:
+            self._tally.observe(now - last, now)
 
     # -- once per response --------------------------------------------------------------------------------------
 
@@ -595,11 +713,12 @@ class RequestObserver:
             ("cached", cached),
             ("reasoning", reasoning),
         )
-        tokens = self._m.tokens
+        s = self._s
         for kind, n in counts:
             if n is not None:
-                self._m.child(tokens, self._upstream, self._model, kind).inc(n)
-                self._m.child(self._m.key_tokens, self._key, self._upstream, self._model, kind).inc(n)
+                total, per_key = s.tokens(kind)
+                total.inc(n)
+                per_key.inc(n)
 
     def upstream_timings(self, extras: Mapping[str, Any] | None) -> None:
         """MindIE's timing extras: ``prefill_time`` (ms), ``decode_time_arr`` (ms per token), and from ``usage``
@@ -648,10 +767,12 @@ class RequestObserver:
         self._finished = True
         now = _now()
         m = self._m
-        self._itl.flush()
-        self._in_flight.dec()
-        if self._in_flight_stream is not None:
-            self._in_flight_stream.dec()
+        s = self._s
+        if self._tally is not None:
+            self._tally.flush()
+        s.in_flight.dec()
+        if s.in_flight_stream is not None:
+            s.in_flight_stream.dec()
 
         if disconnected:
             outcome = "client_disconnect"
@@ -664,20 +785,22 @@ class RequestObserver:
             status_label = status_class(status)
             outcome = "ok" if status < 400 else "error"
 
-        stream = "true" if self._stream else "false"
         total = max(now - self._t0, 0.0)
-        m.child(m.requests, self._route, self._upstream, self._model, stream, status_label, outcome).inc()
-        m.child(m.key_requests, self._key, self._upstream, self._model, status_label).inc()
-        m.child(m.request_duration, self._route, self._upstream, self._model, stream, status_label).observe(total)
+        requests, key_requests, duration = s.ended(status_label, outcome)
+        requests.inc()
+        key_requests.inc()
+        duration.observe(total)
 
         wait = self._wait
         if self._upstream_t0 is not None and self._headers_t is None:
             wait += now - self._upstream_t0  # never got headers (refused, timed out, cancelled): all of it waited
-        m.child(m.overhead, self._route, self._upstream, stream).observe(min(max(total - wait, 0.0), total))
+        overhead = s.overhead
+        if overhead is None:
+            overhead = s.overhead = m.child(m.overhead, self._route, self._upstream, s.stream_label)
+        overhead.observe(min(max(total - wait, 0.0), total))
 
         if finish_reason is not None and outcome == "ok":
-            reason = finish_reason if finish_reason in FINISH_REASONS else OTHER
-            m.child(m.finish_reasons, self._upstream, self._model, reason).inc()
+            s.finish_reason(finish_reason if finish_reason in FINISH_REASONS else OTHER).inc()
 
 
 def _count(value: object) -> int | None:

@@ -55,8 +55,8 @@ VNODES = 100  # points per replica on the hash ring
 class Replica:
     """One server of an upstream."""
 
-    __slots__ = ("admission", "client", "ejected_until", "ejections", "failures", "healthy", "index", "labels",
-                 "name", "probation", "settings", "url")
+    __slots__ = ("admission", "client", "ejected_until", "ejections", "failures", "gauges", "healthy", "index",
+                 "labels", "name", "probation", "settings", "shown", "url")
 
     def __init__(self, index: int, settings: ReplicaSettings, client: UpstreamClient, admission: Admission,
                  upstream_label: str) -> None:
@@ -72,6 +72,8 @@ class Replica:
         self.ejected_until = 0.0
         self.probation = False
         self.healthy = True  # the last active health check passed (or none ran yet)
+        self.gauges: tuple[Any, Any, Any] | None = None  # its in_flight, queue_length and up gauge children
+        self.shown: tuple[int | None, int | None, int | None] = (None, None, None)  # the values they were set to
 
     @property
     def outstanding(self) -> int:
@@ -252,10 +254,23 @@ class ReplicaSet:
         self.gauges(replica)
 
     def gauges(self, replica: Replica) -> None:
-        m = self.metrics
-        m.child(m.replica_in_flight, *replica.labels).set(replica.admission.in_flight)
-        m.child(m.replica_queue_length, *replica.labels).set(replica.admission.queued)
-        m.child(m.replica_up, *replica.labels).set(1 if replica.available(time.monotonic()) else 0)
+        """Set the replica's gauges, those whose value changed (this runs on every acquire and release; in
+        multiprocess mode a gauge write is a locked write to an mmap file)."""
+        values = (replica.admission.in_flight, replica.admission.queued,
+                  1 if replica.available(time.monotonic()) else 0)
+        shown = replica.shown
+        if values == shown:
+            return
+        children = replica.gauges
+        if children is None:
+            m = self.metrics
+            children = replica.gauges = (m.child(m.replica_in_flight, *replica.labels),
+                                         m.child(m.replica_queue_length, *replica.labels),
+                                         m.child(m.replica_up, *replica.labels))
+        for child, value, old in zip(children, values, shown, strict=True):
+            if value != old:
+                child.set(value)
+        replica.shown = values
 
     async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
         """Probe every replica now. With active health on, the result also takes replicas out and back in (without

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,16 +231,17 @@ def test_scripted_sequence_exact_values(clock: FakeClock) -> None:
 
 
 def test_token_latency_tally_is_observe_per_sample(clock: FakeClock) -> None:
-    """Inter-token latencies are counted per request and added in batches: the exposition equals observing each
-    one (bucket bounds exactly, beyond the last bound, zero), and a stream's samples show up in a scrape within
-    TALLY_FLUSH_INTERVAL, before the stream ends."""
+    """With prometheus_client's metric classes (multiprocess mode; `local=False` here), inter-token latencies are
+    counted per request and added in batches: the exposition equals observing each one (bucket bounds exactly,
+    beyond the last bound, zero), and a stream's samples show up in a scrape within TALLY_FLUSH_INTERVAL, before
+    the stream ends."""
     from prometheus_client import CollectorRegistry, Histogram
 
     gaps = [0.0, 0.001, 0.005, 0.05, 0.15, 0.15, 0.2, 0.3, 29.0, 600.0, 0.02, 0.02]
     reference = Histogram("ref", "", ["route", "upstream", "model"], registry=CollectorRegistry(),
                           buckets=metrics_mod.TOKEN_LATENCY_BUCKETS).labels(ROUTE, "r1", "m")
     last = clock.t
-    m = Metrics(["m"])
+    m = Metrics(["m"], local=False)
     obs = m.request(ROUTE, "r1", "m", True)
     obs.chunk(True)  # the first token: TTFT, no latency yet
     itl = "dialect_proxy_inter_token_latency_seconds"
@@ -497,3 +499,85 @@ def test_multiprocess_refuses_in_memory_values(multiproc_dir: str) -> None:
         pytest.skip("pytest itself runs with PROMETHEUS_MULTIPROC_DIR set")
     with pytest.raises(RuntimeError, match="prepare_multiprocess_dir"):
         Metrics(CONFIGURED, multiprocess=True)
+
+
+def _mp_gateway_worker(first_up: bool, steps, done) -> None:  # type: ignore[no-untyped-def]
+    """Holds a replica slot and reports upstream_up; `steps` tells it when to move on, `done` when it did."""
+    import asyncio
+
+    from proxy.dialects import get_dialect
+    from proxy.redact import Redactor
+    from proxy.replicas import ReplicaSet
+    from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
+
+    m = Metrics(CONFIGURED, multiprocess=True)
+    upstream = UpstreamSettings(name="r1", dialect="openai", url="http://127.0.0.1:1",
+                                replicas=(ReplicaSettings("a", "http://127.0.0.1:1"),))
+    rset = ReplicaSet(upstream, ServerSettings(), get_dialect("openai"), m, Redactor())
+
+    async def run() -> None:
+        ticket = await rset.attempts({}, {}).next()
+        m.upstream_up("r1", first_up)
+        done.put("holding")
+        assert steps.get(timeout=60) == "release"
+        rset.succeeded(ticket.replica)
+        ticket.release()
+        done.put("released")
+        assert steps.get(timeout=60) == "confirm"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 <= metrics_mod.MOSTRECENT_REFRESH:  # bounded: about one second
+            await asyncio.sleep(0.05)
+        m.upstream_up("r1", first_up)  # unchanged, but its last write is old: written again, the newest now
+        done.put("confirmed")
+        await rset.close()
+
+    asyncio.run(run())
+
+
+def test_multiprocess_gateway_gauges_merge(multiproc_dir: str, tmp_path: Path) -> None:
+    """Replica gauges written only on change and upstream_up written on change or once a second still merge
+    across two real worker processes: in-flight summed, the newest upstream_up wins."""
+    ctx = multiprocessing.get_context("spawn")
+    steps = [ctx.Queue(), ctx.Queue()]
+    done = [ctx.Queue(), ctx.Queue()]
+    workers = [ctx.Process(target=_mp_gateway_worker, args=(up, steps[i], done[i]))
+               for i, up in enumerate((False, True))]
+
+    def scrape(name: str) -> dict[str, float]:
+        out = tmp_path / name
+        r = ctx.Process(target=_mp_render, args=(str(out),))
+        r.start()
+        r.join(120)
+        assert r.exitcode == 0
+        return _families(out.read_bytes())
+
+    a = ",replica=a,upstream=r1"
+    try:
+        for w, d in zip(workers, done, strict=True):  # one after the other: worker 1 reports upstream_up last
+            w.start()
+            assert d.get(timeout=120) == "holding"
+        v = scrape("holding.txt")
+        assert v["dialect_proxy_replica_in_flight" + a] == 2
+        assert v["dialect_proxy_replica_queue_length" + a] == 0
+        assert v["dialect_proxy_replica_up" + a] == 1
+        assert v["dialect_proxy_upstream_up,upstream=r1"] == 1  # worker 1's True is the newest
+        for s, d in zip(steps, done, strict=True):
+            s.put("release")
+            assert d.get(timeout=60) == "released"
+        v = scrape("released.txt")
+        assert v["dialect_proxy_replica_in_flight" + a] == 0
+        assert v["dialect_proxy_upstream_up,upstream=r1"] == 1
+        steps[0].put("confirm")  # worker 0 confirms its False after the refresh interval: now the newest
+        assert done[0].get(timeout=60) == "confirmed"
+        assert scrape("confirmed.txt")["dialect_proxy_upstream_up,upstream=r1"] == 0
+        steps[1].put("confirm")
+        assert done[1].get(timeout=60) == "confirmed"
+        assert scrape("again.txt")["dialect_proxy_upstream_up,upstream=r1"] == 1
+        for w in workers:
+            w.join(60)
+            assert w.exitcode == 0
+    finally:
+        for w in workers:
+            w.join(5)
+            if w.is_alive():
+                w.kill()

@@ -1,0 +1,176 @@
+"""Lock-free counters, gauges and histograms for one process, exposed exactly as prometheus_client exposes its own.
+
+The proxy runs one asyncio thread per process, so a metric update needs no lock: here it is a float addition (a
+histogram: a bisect and a list increment), where prometheus_client's `Counter.inc` / `Histogram.observe` validate
+and take a lock per value (a histogram takes two). Each family is a collector on a prometheus_client
+`CollectorRegistry`; `collect()` yields the same `Metric` and samples the prometheus_client class of that type
+would (`_total` and `_created` for a counter; cumulative `_bucket`, `_count`, `_sum` and `_created` for a
+histogram), children in creation order, so `generate_latest` renders the same text (tests/test_local_metrics.py
+compares the two). Not thread-safe by design: update them only from the event loop's thread.
+
+Single-process mode only. With `--workers N` every value must reach prometheus_client's mmap files for the other
+workers' scrapes, so proxy/metrics.py uses prometheus_client's own classes there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+
+from prometheus_client import metrics as _prom_metrics
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
+
+__all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LocalCounter", "LocalGauge", "LocalHistogram"]
+
+
+def _use_created() -> bool:
+    """prometheus_client's switch for `_created` series (PROMETHEUS_DISABLE_CREATED_SERIES, disable_created_metrics)."""
+    return bool(getattr(_prom_metrics, "_use_created", True))
+
+
+class Family:
+    """One metric with labels: name, help, type and its children (one per label-value tuple, in creation order)."""
+
+    typ = ""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], _Child] = {}
+
+    def labels(self, *values: str) -> _Child:
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self._labelnames):
+                raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
+            child = self._children[values] = self._new_child()
+        return child
+
+    def _new_child(self) -> _Child:
+        raise NotImplementedError
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(self._name, self._documentation, self.typ)]
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric(self._name, self._documentation, self.typ)
+        created = _use_created()
+        names = self._labelnames
+        for values, child in list(self._children.items()):
+            child.samples(metric, self._name, dict(zip(names, values, strict=True)), created)
+        return [metric]
+
+
+class _Child:
+    __slots__ = ()
+
+    def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
+        raise NotImplementedError
+
+
+class CounterChild(_Child):
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+    def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
+        metric.add_sample(name + "_total", labels, self.value)
+        if created:
+            metric.add_sample(name + "_created", labels, self.created)
+
+
+class GaugeChild(_Child):
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+    def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
+        metric.add_sample(name, labels, self.value)
+
+
+class HistogramChild(_Child):
+    """Bucket counts kept per bucket (not cumulative) as prometheus_client keeps them; summed up at collect time."""
+
+    __slots__ = ("bounds", "counts", "created", "le", "sum")
+
+    def __init__(self, bounds: list[float], le: list[str]) -> None:
+        self.bounds = bounds
+        self.le = le
+        self.counts = [0.0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        if amount != amount:  # NaN: prometheus_client adds it to the sum and to no bucket
+            self.sum += amount
+            return
+        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount, as prometheus_client
+        self.sum += amount
+
+    def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
+        acc = 0.0
+        bucket = name + "_bucket"
+        for le, n in zip(self.le, self.counts, strict=True):
+            acc += n
+            metric.add_sample(bucket, {**labels, "le": le}, acc)
+        metric.add_sample(name + "_count", labels, acc)
+        if self.bounds[0] >= 0:
+            metric.add_sample(name + "_sum", labels, self.sum)
+        if created:
+            metric.add_sample(name + "_created", labels, self.created)
+
+
+class LocalCounter(Family):
+    typ = "counter"
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        super().__init__(name.removesuffix("_total"), documentation, labelnames)
+
+    def _new_child(self) -> CounterChild:
+        return CounterChild()
+
+
+class LocalGauge(Family):
+    typ = "gauge"
+
+    def _new_child(self) -> GaugeChild:
+        return GaugeChild()
+
+
+class LocalHistogram(Family):
+    typ = "histogram"
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+        super().__init__(name, documentation, labelnames)
+        bounds = [float(b) for b in buckets]
+        if bounds != sorted(bounds):
+            raise ValueError("Buckets not in sorted order")
+        if not bounds or bounds[-1] != math.inf:
+            bounds.append(math.inf)
+        self._bounds = bounds
+        self._le = [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]
+
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self._bounds, self._le)
+
