@@ -161,6 +161,10 @@ class ReplicaSet:
     async def acquire(self, key: int | None, tried: set[int]) -> Ticket | None:
         """A ticket on the best replica not in `tried` (None when every replica was tried). Raises the 429
         ProxyError when the chosen replicas are full (queue full, or queue_timeout passed)."""
+        if len(self.replicas) == 1 and key is None and not tried:  # a sidecar's one upstream with a free slot: go
+            only = self.replicas[0]
+            if only.admission.try_acquire():
+                return Ticket(self, only, 0.0)
         candidates = [r for r in self.replicas if r.index not in tried]
         if not candidates:
             return None
