@@ -71,6 +71,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_done = False  # the current request's headers are complete
         self._head_bytes = 0  # bytes received for the current request's head so far
         self._timer: asyncio.TimerHandle | None = None
+        self._due: float | None = None  # when the running limit (header or body time) is up
         self._refused = False
 
     # -- connection ---------------------------------------------------------------------------------------------
@@ -84,6 +85,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         cycle = self.cycle
         incomplete = cycle is not None and not cycle.response_complete
         super().connection_lost(exc)
@@ -119,7 +123,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- parser callbacks ---------------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._timer is None:  # a new request on a kept-alive connection
+        if self._due is None:  # a new request on a kept-alive connection
             self._arm(self.limits.header_timeout)
 
     def on_headers_complete(self) -> None:
@@ -141,17 +145,32 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     # -- guards -------------------------------------------------------------------------------------------------
+    # One loop timer per connection, re-armed only when it fires early: a phase change just moves `_due` (a
+    # kept-alive connection's requests cost no timer calls; ~3 µs each here). `_due` None: no limit runs.
     def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, self._timed_out)
+        due = self.loop.time() + seconds
+        self._due = due
+        timer = self._timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(due, self._check)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._due = None
+
+    def _check(self) -> None:
+        self._timer = None
+        due = self._due
+        if due is None:
+            return
+        if self.loop.time() < due:
+            self._timer = self.loop.call_at(due, self._check)
+            return
+        self._due = None
+        self._timed_out()
 
     def _timed_out(self) -> None:
-        self._timer = None
         if self.transport.is_closing():
             return
         cycle = self.cycle
