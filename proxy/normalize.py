@@ -26,6 +26,8 @@ from .stream.usage import normalize_usage
 _DELTA_OWN = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
 _CHOICE_OWN = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
 _CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
+# A delta with only these keys may take the fast lane (MindIE repeats `role`).
+_TEXT_ONLY = frozenset({"role", "content"})
 
 
 class _Choice:
@@ -43,6 +45,8 @@ class Normalizer:
     """One request's canonical chunks -> Delta events. `reasoning_source` and `starts_in_reasoning` come from the
     upstream session (proxy/dialects/base.py)."""
 
+    fast_lane = True  # False: every chunk takes the general path (tests compare the two)
+
     def __init__(self, kind: str, reasoning_source: str, starts_in_reasoning: bool, answer: Answer) -> None:
         self.chat = kind == CHAT
         self.source = reasoning_source
@@ -50,6 +54,8 @@ class Normalizer:
         self.starts_in_reasoning = starts_in_reasoning and self.split
         self.answer = answer
         self._choices: dict[int, _Choice] = {}
+        self._keys: set[str] = set()  # the fields of the last chunk, and those of them the hub does not know
+        self._extra: tuple[str, ...] = ()
 
     def feed(self, chunk: ChatChunk, final: bool = False) -> list[Delta]:
         """The events of one canonical chunk. `final`: the whole answer (a non-stream body) — every choice ends here,
@@ -65,15 +71,42 @@ class Normalizer:
             if extras:
                 answer.usage_extras.update(extras)
             answer.usage = normalized
-        if not _CHUNK_OWN.issuperset(chunk):  # system_fingerprint, vendor extras
-            for key, value in chunk.items():
-                if key not in _CHUNK_OWN:
-                    answer.envelope_extra[key] = value
+        keys = chunk.keys()
+        if keys != self._keys:  # the fields differ from the previous chunk's: find the unknown ones again
+            self._keys = set(keys)
+            self._extra = tuple(key for key in keys if key not in _CHUNK_OWN)  # system_fingerprint, vendor extras
+        if self._extra:
+            envelope = answer.envelope_extra
+            for key in self._extra:  # in the chunk's order, the first time each is seen
+                envelope[key] = chunk[key]
+        choices = chunk.get("choices")
+        if not choices:
+            return []
+        if len(choices) == 1 and not final and self.fast_lane:
+            # The fast lane: the common chunk only adds text to a choice that has started, with nothing else to
+            # look at (no finish, logprobs, reasoning, tool calls, unknown fields, think splitter). Exactly the Delta
+            # the general path (_choice) makes of it (tests/test_normalize.py compares the two).
+            choice = choices[0]
+            if (choice.get("finish_reason") is None and choice.get("logprobs") is None
+                    and _CHOICE_OWN.issuperset(choice)):
+                index = choice.get("index") or 0
+                st = self._choices.get(index)
+                if st is not None and st.started and st.splitter is None and not st.finished:
+                    if self.chat:
+                        delta = choice.get("delta")
+                        if delta and _TEXT_ONLY.issuperset(delta):
+                            text = delta.get("content")
+                            if type(text) is str and text:
+                                return [Delta(index, "", text)]
+                    else:
+                        text = choice.get("text")
+                        if type(text) is str and text:
+                            return [Delta(index, "", text)]
         out = []
-        for choice in chunk.get("choices") or ():
-            delta = self._choice(choice, final)
-            if delta is not None:
-                out.append(delta)
+        for choice in choices:
+            event = self._choice(choice, final)
+            if event is not None:
+                out.append(event)
         return out
 
     def finish(self, saw_done: bool) -> None:
