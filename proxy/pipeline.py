@@ -11,6 +11,7 @@ produced before the failure are already in `out`, so the caller can still delive
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -39,7 +40,7 @@ class Pipeline:
     def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out`."""
         try:
-            self._take(self._decoder.feed(data), out)
+            self._take(self._decoder.payloads(data), out)
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, StreamTruncated) from None
 
@@ -66,30 +67,44 @@ class Pipeline:
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, UpstreamError) from None
 
-    def _take(self, events: list[SSEEvent], out: list[Delta]) -> None:
+    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
         for event in events:
             if self.done:
                 return
-            if event.garbage is not None:
-                raise StreamTruncated(
-                    "The upstream sent data that is not an event stream: " + preview(event.garbage),
-                    reason="invalid_data",
-                )
-            if event.data == "[DONE]":
-                self.done = True
-                return
-            try:
-                parsed: Any = orjson.loads(event.data)
-            except orjson.JSONDecodeError:
-                raise StreamTruncated(
-                    "The upstream sent an event that is not valid JSON: " + preview(event.data),
-                    reason="invalid_data",
-                ) from None
-            if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
-                parsed = {"error": parsed}
+            if type(event) is bytes:  # a plain `data:` event (proxy/sse.py SSEDecoder.payloads), not yet decoded
+                if event == b"[DONE]":
+                    self.done = True
+                    return
+                parsed: Any = _loads(event)
+            else:
+                assert isinstance(event, SSEEvent)
+                if event.garbage is not None:
+                    raise StreamTruncated(
+                        "The upstream sent data that is not an event stream: " + preview(event.garbage),
+                        reason="invalid_data",
+                    )
+                if event.data == "[DONE]":
+                    self.done = True
+                    return
+                parsed = _loads(event.data)
+                if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
+                    parsed = {"error": parsed}
             chunk = self._chunk(parsed)
             if chunk is not None:
                 out.extend(self._feed(chunk))
+
+
+def _loads(data: bytes | str) -> Any:
+    """One event's JSON. Undecoded data is parsed as it is (orjson checks the UTF-8); invalid UTF-8 becomes U+FFFD,
+    as SSEDecoder.feed decodes it."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        if isinstance(data, bytes):
+            return _loads(data.decode("utf-8", "replace"))
+        raise StreamTruncated(
+            "The upstream sent an event that is not valid JSON: " + preview(data), reason="invalid_data"
+        ) from None
 
 
 # A JSON value of a shape no dialect expects (a string where an object belongs, a list for an index ...) ends up as

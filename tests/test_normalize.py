@@ -24,7 +24,7 @@ TEXT = st.one_of(
     st.text(alphabet=st.sampled_from(["a", " ", "<", ">", "/", "t", "\n", "é"]), max_size=8),
 )
 OPTIONAL_TEXT = st.one_of(st.none(), TEXT)
-DELTA = st.fixed_dictionaries({}, optional={
+DELTA: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries({}, optional={
     "role": st.just("assistant"),
     "content": st.one_of(TEXT, st.none(), st.just(7)),
     "reasoning_content": OPTIONAL_TEXT,
@@ -33,7 +33,7 @@ DELTA = st.fixed_dictionaries({}, optional={
                                                                "function": {"name": "f", "arguments": "{"}}])),
     "refusal": st.none(),
 })
-CHOICE = st.fixed_dictionaries({}, optional={
+CHOICE: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries({}, optional={
     "index": st.sampled_from([0, 0, 0, 1, None]),
     "delta": st.one_of(DELTA, st.just({}), st.none()),
     "text": OPTIONAL_TEXT,

@@ -201,9 +201,9 @@ def stages() -> dict[str, tuple[Callable[[], int], int]]:
             feed = pipeline.normalizer.feed
             n = 0
             for piece in pieces[:-1]:  # not [DONE]
-                for event in decoder.feed(piece):
+                for event in decoder.payloads(piece):
                     if level >= 1:
-                        data = orjson.loads(event.data)
+                        data = orjson.loads(event)
                         if level >= 2:
                             data = chunk(data)
                             if level >= 3:
