@@ -50,8 +50,10 @@ DELTA = st.one_of(
     st.just({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
     st.just({"content": "x", "refusal": None}),
 )
-CHOICE_EXTRA = st.sampled_from([{}, {}, {}, {"logprobs": None}, {"logprobs": {"content": []}}, {"stop_reason": None}])
-ENVELOPE = st.sampled_from([{}, {"system_fingerprint": "fp_1"}, {"system_fingerprint": "fp_2", "x_vendor": 1}])
+CHOICE_EXTRA: st.SearchStrategy[dict[str, Any]] = st.sampled_from([
+    {}, {}, {}, {"logprobs": None}, {"logprobs": {"content": []}}, {"stop_reason": None}])
+ENVELOPE: st.SearchStrategy[dict[str, Any]] = st.sampled_from([
+    {}, {"system_fingerprint": "fp_1"}, {"system_fingerprint": "fp_2", "x_vendor": 1}])
 
 
 @st.composite
