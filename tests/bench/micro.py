@@ -6,8 +6,9 @@ Each scenario replays one upstream answer shaped like the built-in mock's (64 ch
 session, pipeline and client encoder per request, as the handler does, fed one upstream event per read (the paced
 case; the worst for per-chunk overhead). Prints µs per upstream chunk (per request for non-stream): the fastest
 request over `rounds` alternating rounds (the machine is shared: the least disturbed request counts).
-`--profile NAME` runs one scenario under cProfile and prints the top functions instead; `--stages` prints the
-openai chat stream cut after each stage (SSE decode, + JSON, + upstream session, + normaliser, + encoder and metrics).
+`--profile NAME` runs one scenario under cProfile and prints the top functions instead; `--stages` prints
+the openai and MindIE full-text chat streams cut after each stage (SSE decode, + JSON, + upstream session,
++ normaliser, + encoder and metrics).
 Not a test: it asserts nothing.
 """
 
@@ -186,39 +187,44 @@ def scenarios() -> dict[str, tuple[Callable[[], int], int]]:
 
 
 def stages() -> dict[str, tuple[Callable[[], int], int]]:
-    """The openai chat stream cut after each stage of the pipeline (cumulative), per upstream chunk."""
-    pieces = openai_stream()
-    dialect = DIALECTS["openai"]()
+    """The openai and MindIE full-text chat streams cut after each stage of the pipeline (cumulative), per upstream
+    chunk."""
+    table = scenarios()
+    out = {}
+    for label, name, pieces, full_text in (("openai", "openai", openai_stream(), False),
+                                           ("mindie", "mindie", mindie_full_text_stream(), True)):
+        dialect = DIALECTS[name]()
 
-    def upto(level: int) -> Callable[[], int]:
-        def run() -> int:
-            ctx = context("openai", True)
-            session = dialect.session(ctx)
-            answer = Answer()
-            pipeline = Pipeline(session, answer)
-            decoder = pipeline._decoder
-            chunk = session.chunk
-            feed = pipeline.normalizer.feed
-            n = 0
-            for piece in pieces[:-1]:  # not [DONE]
-                for event in decoder.payloads(piece):
-                    if level >= 1:
-                        data = orjson.loads(event)
-                        if level >= 2:
-                            data = chunk(data)
-                            if level >= 3:
-                                n += len(feed(data))
-            return n
+        def upto(level: int, name: str = name, pieces: list[bytes] = pieces, full_text: bool = full_text,
+                 dialect: Any = dialect) -> Callable[[], int]:
+            def run() -> int:
+                ctx = context(name, True, full_text)
+                session = dialect.session(ctx)
+                answer = Answer()
+                pipeline = Pipeline(session, answer)
+                decoder = pipeline._decoder
+                chunk = session.chunk
+                feed = pipeline.normalizer.feed
+                n = 0
+                for piece in pieces[:-1]:  # not [DONE]
+                    for event in decoder.payloads(piece):
+                        if level >= 1:
+                            data = orjson.loads(event)
+                            if level >= 2:
+                                data = chunk(data)
+                                if level >= 3:
+                                    n += len(feed(data))
+                return n
 
-        return run
+            return run
 
-    return {
-        "SSE decode": (upto(0), len(pieces) - 1),
-        "+ orjson.loads": (upto(1), len(pieces) - 1),
-        "+ session.chunk": (upto(2), len(pieces) - 1),
-        "+ Normalizer": (upto(3), len(pieces) - 1),
-        "+ chat encoder, obs.chunk": scenarios()["openai chat stream"],
-    }
+        count = len(pieces) - 1
+        out[f"{label}: SSE decode"] = (upto(0), count)
+        out[f"{label}: + orjson.loads"] = (upto(1), count)
+        out[f"{label}: + session.chunk"] = (upto(2), count)
+        out[f"{label}: + Normalizer"] = (upto(3), count)
+        out[f"{label}: + chat encoder, obs.chunk"] = table[f"{name}{' full-text' if full_text else ''} chat stream"]
+    return out
 
 
 def measure(run: Callable[[], int], divisor: int, budget: float = 0.2) -> float:
