@@ -54,6 +54,7 @@ class Normalizer:
         self.starts_in_reasoning = starts_in_reasoning and self.split
         self.answer = answer
         self._choices: dict[int, _Choice] = {}
+        self._lanes: set[int] = set()  # the choices whose plain text chunks may take the fast lane (feed)
         self._keys: set[str] = set()  # the fields of the last chunk, and those of them the hub does not know
         self._extra: tuple[str, ...] = ()
 
@@ -82,26 +83,24 @@ class Normalizer:
         choices = chunk.get("choices")
         if not choices:
             return []
-        if len(choices) == 1 and not final and self.fast_lane:
-            # The fast lane: the common chunk only adds text to a choice that has started, with nothing else to
-            # look at (no finish, logprobs, reasoning, tool calls, unknown fields, think splitter). Exactly the Delta
-            # the general path (_choice) makes of it (tests/test_normalize.py compares the two).
+        if len(choices) == 1 and not final:
+            # The fast lane: the common chunk only adds text to a choice on the lane (started, not finished, no
+            # think splitter), with nothing else to look at (no finish, logprobs, reasoning, tool calls, unknown
+            # fields). Exactly the Delta the general path (_choice) makes of it (tests/test_normalize.py).
             choice = choices[0]
-            if (choice.get("finish_reason") is None and choice.get("logprobs") is None
+            index = choice.get("index") or 0
+            if (index in self._lanes and choice.get("finish_reason") is None and choice.get("logprobs") is None
                     and _CHOICE_OWN.issuperset(choice)):
-                index = choice.get("index") or 0
-                st = self._choices.get(index)
-                if st is not None and st.started and st.splitter is None and not st.finished:
-                    if self.chat:
-                        delta = choice.get("delta")
-                        if delta and _TEXT_ONLY.issuperset(delta):
-                            text = delta.get("content")
-                            if type(text) is str and text:
-                                return [Delta(index, "", text)]
-                    else:
-                        text = choice.get("text")
+                if self.chat:
+                    delta = choice.get("delta")
+                    if delta and _TEXT_ONLY.issuperset(delta):
+                        text = delta.get("content")
                         if type(text) is str and text:
                             return [Delta(index, "", text)]
+                else:
+                    text = choice.get("text")
+                    if type(text) is str and text:
+                        return [Delta(index, "", text)]
         out = []
         for choice in choices:
             event = self._choice(choice, final)
@@ -163,12 +162,21 @@ class Normalizer:
         if not (
             r or c or tool_calls or extra or final or logprobs is not None or choice_extra or (first and self.chat)
         ):  # the chat client's role chunk: sent before any token
+            self._lane(index, st)
             return None
         st.started = True
         if final:
             st.finished = True
             self.answer.finish_reason = finish
+        self._lane(index, st)
         return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
+
+    def _lane(self, index: int, st: _Choice) -> None:
+        """Put the choice on the fast lane (feed) once it has started, has no splitter and has not finished."""
+        if st.started and st.splitter is None and not st.finished and self.fast_lane:
+            self._lanes.add(index)
+        else:
+            self._lanes.discard(index)
 
     def _text(self, st: _Choice, content: str | None, reasoning: str | None, final: bool) -> tuple[str, str]:
         """New (reasoning, content) text of one choice: inline tags -> reasoning (DECISIONS.md "Reasoning")."""
