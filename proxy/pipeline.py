@@ -75,7 +75,10 @@ class Pipeline:
                 if event == b"[DONE]":
                     self.done = True
                     return
-                parsed: Any = _loads(event)
+                try:
+                    parsed: Any = orjson.loads(event)  # orjson checks the UTF-8
+                except orjson.JSONDecodeError:
+                    parsed = _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
             else:
                 assert isinstance(event, SSEEvent)
                 if event.garbage is not None:
@@ -94,14 +97,10 @@ class Pipeline:
                 out.extend(self._feed(chunk))
 
 
-def _loads(data: bytes | str) -> Any:
-    """One event's JSON. Undecoded data is parsed as it is (orjson checks the UTF-8); invalid UTF-8 becomes U+FFFD,
-    as SSEDecoder.feed decodes it."""
+def _loads(data: str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        if isinstance(data, bytes):
-            return _loads(data.decode("utf-8", "replace"))
         raise StreamTruncated(
             "The upstream sent an event that is not valid JSON: " + preview(data), reason="invalid_data"
         ) from None
