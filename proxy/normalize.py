@@ -72,13 +72,21 @@ class Normalizer:
             if extras:
                 answer.usage_extras.update(extras)
             answer.usage = normalized
+        # Fields the hub does not know (system_fingerprint, vendor extras), in the chunk's order. A stream's chunks
+        # mostly have the same fields: they are sorted out again only when the fields change.
         keys = chunk.keys()
-        if keys != self._keys:  # the fields differ from the previous chunk's: find the unknown ones again
+        if final:
+            extra: tuple[str, ...] | list[str] = () if _CHUNK_OWN.issuperset(keys) else [
+                key for key in keys if key not in _CHUNK_OWN]
+        elif keys != self._keys:
             self._keys = set(keys)
-            self._extra = tuple(key for key in keys if key not in _CHUNK_OWN)  # system_fingerprint, vendor extras
-        if self._extra:
+            extra = self._extra = () if _CHUNK_OWN.issuperset(keys) else tuple(
+                [key for key in keys if key not in _CHUNK_OWN])
+        else:
+            extra = self._extra
+        if extra:
             envelope = answer.envelope_extra
-            for key in self._extra:  # in the chunk's order, the first time each is seen
+            for key in extra:
                 envelope[key] = chunk[key]
         choices = chunk.get("choices")
         if not choices:
@@ -162,21 +170,18 @@ class Normalizer:
         if not (
             r or c or tool_calls or extra or final or logprobs is not None or choice_extra or (first and self.chat)
         ):  # the chat client's role chunk: sent before any token
-            self._lane(index, st)
+            if st.started and st.splitter is None and self.fast_lane:
+                self._lanes.add(index)  # (the splitter may just have found plain text)
             return None
+        # The fast lane (feed) takes the choice's plain text once it has started, has no splitter and is not over.
         st.started = True
         if final:
             st.finished = True
             self.answer.finish_reason = finish
-        self._lane(index, st)
-        return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
-
-    def _lane(self, index: int, st: _Choice) -> None:
-        """Put the choice on the fast lane (feed) once it has started, has no splitter and has not finished."""
-        if st.started and st.splitter is None and not st.finished and self.fast_lane:
-            self._lanes.add(index)
-        else:
             self._lanes.discard(index)
+        elif st.splitter is None and self.fast_lane:
+            self._lanes.add(index)
+        return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
 
     def _text(self, st: _Choice, content: str | None, reasoning: str | None, final: bool) -> tuple[str, str]:
         """New (reasoning, content) text of one choice: inline tags -> reasoning (DECISIONS.md "Reasoning")."""
