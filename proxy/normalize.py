@@ -26,6 +26,8 @@ from .stream.usage import normalize_usage
 _DELTA_OWN = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
 _CHOICE_OWN = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
 _CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
+# A delta with only these keys may take the fast lane (MindIE repeats `role`).
+_TEXT_ONLY = frozenset({"role", "content"})
 
 
 class _Choice:
@@ -43,6 +45,8 @@ class Normalizer:
     """One request's canonical chunks -> Delta events. `reasoning_source` and `starts_in_reasoning` come from the
     upstream session (proxy/dialects/base.py)."""
 
+    fast_lane = True  # False: every chunk takes the general path (tests compare the two)
+
     def __init__(self, kind: str, reasoning_source: str, starts_in_reasoning: bool, answer: Answer) -> None:
         self.chat = kind == CHAT
         self.source = reasoning_source
@@ -50,6 +54,9 @@ class Normalizer:
         self.starts_in_reasoning = starts_in_reasoning and self.split
         self.answer = answer
         self._choices: dict[int, _Choice] = {}
+        self._lanes: set[int] = set()  # the choices whose plain text chunks may take the fast lane (feed)
+        self._keys: set[str] = set()  # the fields of the last chunk, and those of them the hub does not know
+        self._extra: tuple[str, ...] = ()
 
     def feed(self, chunk: ChatChunk, final: bool = False) -> list[Delta]:
         """The events of one canonical chunk. `final`: the whole answer (a non-stream body) — every choice ends here,
@@ -65,15 +72,48 @@ class Normalizer:
             if extras:
                 answer.usage_extras.update(extras)
             answer.usage = normalized
-        if not _CHUNK_OWN.issuperset(chunk):  # system_fingerprint, vendor extras
-            for key, value in chunk.items():
-                if key not in _CHUNK_OWN:
-                    answer.envelope_extra[key] = value
+        # Fields the hub does not know (system_fingerprint, vendor extras), in the chunk's order. A stream's chunks
+        # mostly have the same fields: they are sorted out again only when the fields change.
+        keys = chunk.keys()
+        if final:
+            extra: tuple[str, ...] | list[str] = () if _CHUNK_OWN.issuperset(keys) else [
+                key for key in keys if key not in _CHUNK_OWN]
+        elif keys != self._keys:
+            self._keys = set(keys)
+            extra = self._extra = () if _CHUNK_OWN.issuperset(keys) else tuple(
+                [key for key in keys if key not in _CHUNK_OWN])
+        else:
+            extra = self._extra
+        if extra:
+            envelope = answer.envelope_extra
+            for key in extra:
+                envelope[key] = chunk[key]
+        choices = chunk.get("choices")
+        if not choices:
+            return []
+        if len(choices) == 1 and not final:
+            # The fast lane: the common chunk only adds text to a choice on the lane (started, not finished, no
+            # think splitter), with nothing else to look at (no finish, logprobs, reasoning, tool calls, unknown
+            # fields). Exactly the Delta the general path (_choice) makes of it (tests/test_normalize.py).
+            choice = choices[0]
+            index = choice.get("index") or 0
+            if (index in self._lanes and choice.get("finish_reason") is None and choice.get("logprobs") is None
+                    and _CHOICE_OWN.issuperset(choice)):
+                if self.chat:
+                    delta = choice.get("delta")
+                    if delta and _TEXT_ONLY.issuperset(delta):
+                        text = delta.get("content")
+                        if type(text) is str and text:
+                            return [Delta(index, "", text)]
+                else:
+                    text = choice.get("text")
+                    if type(text) is str and text:
+                        return [Delta(index, "", text)]
         out = []
-        for choice in chunk.get("choices") or ():
-            delta = self._choice(choice, final)
-            if delta is not None:
-                out.append(delta)
+        for choice in choices:
+            event = self._choice(choice, final)
+            if event is not None:
+                out.append(event)
         return out
 
     def finish(self, saw_done: bool) -> None:
@@ -136,11 +176,17 @@ class Normalizer:
         if not (
             r or c or tool_calls or extra or final or logprobs is not None or choice_extra or (first and self.chat)
         ):  # the chat client's role chunk: sent before any token
+            if st.started and st.splitter is None and self.fast_lane:
+                self._lanes.add(index)  # (the splitter may just have found plain text)
             return None
+        # The fast lane (feed) takes the choice's plain text once it has started, has no splitter and is not over.
         st.started = True
         if final:
             st.finished = True
             self.answer.finish_reason = finish
+            self._lanes.discard(index)
+        elif st.splitter is None and self.fast_lane:
+            self._lanes.add(index)
         return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
 
     def _text(self, st: _Choice, content: str | None, reasoning: str | None, final: bool) -> tuple[str, str]:

@@ -12,6 +12,7 @@ produced before the failure are already in `out`, so the caller can still delive
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -44,7 +45,7 @@ class Pipeline:
     def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out`."""
         try:
-            self._take(self._decoder.feed(data), out)
+            self._take(self._decoder.payloads(data), out)
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, StreamTruncated) from None
 
@@ -71,43 +72,48 @@ class Pipeline:
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, UpstreamError) from None
 
-    def _take(self, events: list[SSEEvent], out: list[Delta]) -> None:
+    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
         lane = self._lane
         for event in events:
             if self.done:
                 return
-            if event.garbage is not None:
-                raise StreamTruncated(
-                    "The upstream sent data that is not an event stream: " + preview(event.garbage),
-                    reason="invalid_data",
-                )
-            data = event.data
-            if data == "[DONE]":
-                self.done = True
-                return
-            if lane is not None and event.event is None:
-                hit = lane.match(data)
-                if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
-                    index, reasoning, text = hit
-                    out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
-                    continue
-            try:
-                parsed: Any = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                raise StreamTruncated(
-                    "The upstream sent an event that is not valid JSON: " + preview(data),
-                    reason="invalid_data",
-                ) from None
-            if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
-                parsed = {"error": parsed}
+            if type(event) is bytes:  # a plain `data:` event (proxy/sse.py SSEDecoder.payloads), not yet decoded
+                if event == b"[DONE]":
+                    self.done = True
+                    return
+                if lane is not None:
+                    hit = lane.match(event)
+                    if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
+                        index, reasoning, text = hit
+                        out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+                        continue
+                try:
+                    parsed: Any = orjson.loads(event)  # orjson checks the UTF-8
+                except orjson.JSONDecodeError:
+                    parsed = _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
+                plain = event
+            else:
+                assert isinstance(event, SSEEvent)
+                if event.garbage is not None:
+                    raise StreamTruncated(
+                        "The upstream sent data that is not an event stream: " + preview(event.garbage),
+                        reason="invalid_data",
+                    )
+                if event.data == "[DONE]":
+                    self.done = True
+                    return
+                parsed = _loads(event.data)
+                if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
+                    parsed = {"error": parsed}
+                plain = None
             chunk = self._chunk(parsed)
             if chunk is not None:
                 n = len(out)
                 out.extend(self._feed(chunk))
-                if lane is not None and len(out) == n + 1 and event.event is None:
-                    self._learn(lane, data, chunk, out[n])
+                if lane is not None and plain is not None and len(out) == n + 1:
+                    self._learn(lane, plain, chunk, out[n])
 
-    def _learn(self, lane: TextLane, data: str, chunk: dict[str, Any], d: Delta) -> None:
+    def _learn(self, lane: TextLane, data: bytes, chunk: dict[str, Any], d: Delta) -> None:
         """Teach the lane this event's template if the full path passed its one choice's text through unchanged."""
         if (d.first or d.tool_calls is not None or d.finish_reason is not None or d.logprobs is not None
                 or d.extra is not None or d.choice_extra is not None or bool(d.content) == bool(d.reasoning)
@@ -127,6 +133,15 @@ class Pipeline:
             if delta.get(field) == d.reasoning:
                 lane.learn(data, field, d.reasoning, d.index, True)
                 return
+
+
+def _loads(data: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise StreamTruncated(
+            "The upstream sent an event that is not valid JSON: " + preview(data), reason="invalid_data"
+        ) from None
 
 
 # A JSON value of a shape no dialect expects (a string where an object belongs, a list for an index ...) ends up as

@@ -13,6 +13,7 @@ turn them into an error instead of a truncated "success".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["DONE", "KEEPALIVE", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data", "encode_event"]
 
@@ -48,30 +49,48 @@ class SSEDecoder:
         self._pending_cr = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        out: list[SSEEvent] = []
+        self._feed(chunk, out, False)
+        return out
+
+    def payloads(self, chunk: bytes) -> list[bytes | SSEEvent]:
+        """`feed` for the answer pipeline: a plain event (a `data: ` line and a blank line, no `event:`) comes as the
+        undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`."""
+        if (
+            self._head is None and not self._parts and not self._data and self._event is None
+            and not self._pending_cr and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2
+            and chunk[-1] == 0x0A and b"\r" not in chunk
+        ):  # the usual read of a paced stream, one whole event and nothing held: what the loop below would find
+            return [chunk[6:-2]]
+        out: list[bytes | SSEEvent] = []
+        self._feed(chunk, out, True)
+        return out
+
+    def _feed(self, chunk: bytes, out: list[Any], raw: bool) -> None:
         if not chunk:
-            return []
+            return
         if self._head is not None:
             # The SSE spec strips one UTF-8 BOM at the start of the stream; it may arrive split across reads.
             head = self._head + chunk
             if len(head) < 3 and _BOM.startswith(head):
                 self._head = head
-                return []
+                return
             self._head = None
             chunk = head[3:] if head.startswith(_BOM) else head
             if not chunk:
-                return []
+                return
         if self._pending_cr:
             # The previous read ended with "\r": a "\n" starting this read belongs to that CRLF.
             self._pending_cr = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
                 if not chunk:
-                    return []
+                    return
         parts = self._parts
         has_cr = b"\r" in chunk
         if not has_cr and b"\n" not in chunk:
             parts.append(chunk)
-            return []
+            return
         if parts:
             parts.append(chunk)
             buf = b"".join(parts)
@@ -89,19 +108,18 @@ class SSEDecoder:
         # kB) a two-byte separator search or bytes.split costs far more than the rest of the decoding. The common
         # shape, `data: {...}` followed by a blank line, becomes an event at once; anything else goes through
         # `_line`, in order.
-        out: list[SSEEvent] = []
         find = buf.find
         pos = 0
         while pos <= last:
             nl = find(b"\n", pos)
             if (nl < last and buf[nl + 1] == 0x0A and not self._data and self._event is None
                     and buf.startswith(b"data: ", pos)):
-                out.append(SSEEvent(buf[pos + 6:nl].decode("utf-8", "replace"), None, self._id))
+                data = buf[pos + 6:nl]
+                out.append(data if raw else SSEEvent(data.decode("utf-8", "replace"), None, self._id))
                 pos = nl + 2
             else:
                 self._line(buf[pos:nl], out)
                 pos = nl + 1
-        return out
 
     def flush(self) -> list[SSEEvent]:
         """End of stream. A trailing unterminated line is processed; an event never closed by a blank line is
@@ -118,7 +136,7 @@ class SSEDecoder:
         self._pending_cr = False
         return out
 
-    def _line(self, line: bytes, out: list[SSEEvent]) -> None:
+    def _line(self, line: bytes, out: list[Any]) -> None:
         if not line:
             if self._data or self._event is not None:
                 out.append(SSEEvent(

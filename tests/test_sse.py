@@ -222,3 +222,44 @@ def test_any_segmentation_gives_the_same_events(parts: list[bytes], cuts: list[i
     bounds = sorted({c % (len(raw) + 1) for c in cuts})
     chunks = [raw[a:b] for a, b in zip([0, *bounds], [*bounds, len(raw)], strict=True)]
     assert decode(*chunks) == decode(raw)
+
+
+def payloads(*chunks: bytes) -> list[SSEEvent]:
+    """SSEDecoder.payloads (the pipeline's fast lane: plain events as undecoded bytes) -> the events `feed` gives,
+    their data decoded and the id left out."""
+    dec = SSEDecoder()
+    out: list[bytes | SSEEvent] = []
+    for chunk in chunks:
+        out += dec.payloads(chunk)
+    out += dec.flush()
+    return without_ids([SSEEvent(e.decode("utf-8", "replace")) if isinstance(e, bytes) else e for e in out])
+
+
+def without_ids(events: list[SSEEvent]) -> list[SSEEvent]:
+    return [SSEEvent(e.data, e.event, None, e.garbage) for e in events]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.sampled_from([*_PIECES, b"data: {}\n\n", b"id: 7\n", b"data: \xff\n\n", b"\xef\xbb\xbf"]),
+                   min_size=1, max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    whole_events=st.booleans(),
+)
+def test_payloads_give_the_events_of_feed(parts: list[bytes], cuts: list[int], whole_events: bool) -> None:
+    raw = b"".join(parts)
+    expected = without_ids(decode(raw))
+    if whole_events:  # one piece per read: the usual paced stream, where the fast lane applies
+        assert payloads(*parts) == expected
+    bounds = sorted({c % (len(raw) + 1) for c in cuts})
+    chunks = [raw[a:b] for a, b in zip([0, *bounds], [*bounds, len(raw)], strict=True)]
+    assert payloads(*chunks) == expected
+
+
+def test_a_whole_plain_event_comes_undecoded() -> None:
+    dec = SSEDecoder()
+    assert dec.payloads(b"data: {\"a\": 1}\n\n") == [b'{"a": 1}']
+    assert dec.payloads(b"data: \xe4\xbd\n\n") == [b"\xe4\xbd"]  # the pipeline's JSON parser checks the UTF-8
+    assert dec.payloads(b"event: error\ndata: {}\n\n") == [SSEEvent("{}", "error")]
+    assert dec.payloads(b"data: a\n") == []
+    assert dec.payloads(b"\ndata: b\n\n") == [SSEEvent("a"), b"b"]

@@ -216,6 +216,10 @@ class ChatEncoder:
         # the choice's index, and what follows the delta (`_tail`). Rebuilt when the envelope's extra fields change.
         self._head = b""
         self._tail = b""
+        self._close = b""
+        # Per choice index, everything up to the value of the delta's one field (or `text`), from `_head`.
+        self._text_heads: dict[int, bytes] = {}
+        self._reasoning_heads: dict[int, bytes] = {}
         self._extra_seen: dict[str, Any] | None = None
         # The delta key the hot path may use for reasoning (None: reasoning takes the general path).
         self._reasoning_key = {"reasoning_content": b'"reasoning_content":', "reasoning": b'"reasoning":'}.get(
@@ -236,26 +240,34 @@ class ChatEncoder:
             self._prefixes()
         out = []
         dumps = orjson.dumps
-        head = self._head
-        tail = self._tail
         for d in deltas:
             # The common event adds text to a choice and nothing else: cached bytes around the one dumped string,
             # byte for byte what the general path below produces (tests/clients/test_chat_encoder.py).
             if not (d.first or d.tool_calls or d.finish_reason is not None or d.logprobs is not None or d.extra
                     or d.choice_extra):
                 if not self.chat:
-                    out.append(b"%s%d,\"text\":%s%s" % (head, d.index, dumps(d.content), tail))
+                    head = self._text_heads.get(d.index) or self._cache(self._text_heads, d.index, b'"text":')
+                    out.append(head + dumps(d.content) + self._tail)
                     continue
                 if not d.reasoning:
                     if d.content and (d.index not in self._think_open):
-                        out.append(b'%s%d,"delta":{"content":%s}%s' % (head, d.index, dumps(d.content), tail))
+                        head = self._text_heads.get(d.index) or self._cache(
+                            self._text_heads, d.index, b'"delta":{"content":')
+                        out.append(head + dumps(d.content) + self._close)
                         continue
                 elif not d.content and self._reasoning_key is not None:
-                    out.append(b'%s%d,"delta":{%s%s}%s' % (head, d.index, self._reasoning_key, dumps(d.reasoning),
-                                                            tail))
+                    head = self._reasoning_heads.get(d.index) or self._cache(
+                        self._reasoning_heads, d.index, b'"delta":{' + self._reasoning_key)
+                    out.append(head + dumps(d.reasoning) + self._close)
                     continue
             out.append(self._chunk(d))
         return b"".join(out)
+
+    def _cache(self, heads: dict[int, bytes], index: int, key: bytes) -> bytes:
+        """The bytes of a hot-path chunk of choice `index` up to the value of `key` (kept until the envelope
+        changes)."""
+        head = heads[index] = b"%s%d,%s" % (self._head, index, key)
+        return head
 
     def _chunk(self, d: Delta) -> bytes:
         """The general path: one event -> one framed chunk."""
@@ -273,6 +285,9 @@ class ChatEncoder:
             rest["usage"] = None
         after = b"," + orjson.dumps(rest)[1:] if rest else b"}"
         self._tail = b',"logprobs":null,"finish_reason":null}]' + after + b"\n\n"
+        self._close = b"}" + self._tail  # after the one value of a delta object
+        self._text_heads.clear()
+        self._reasoning_heads.clear()
 
     def finish(self) -> bytes:
         if not self.stream:

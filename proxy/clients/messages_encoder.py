@@ -35,18 +35,24 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
                 "content_filter": "refusal"}
 
 PING = encode_event(b"ping", b'{"type":"ping"}')
-_DELTA = b"content_block_delta"
 _STOP = b"content_block_stop"
 _START = b"content_block_start"
+_END = b"}}\n\n"  # what follows a delta's value
+_DELTA_KINDS = {"text": (b"text_delta", b"text"), "thinking": (b"thinking_delta", b"thinking")}
+
+
+def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
+    """A content_block_delta event (encode_event's framing) up to its value: cached per block for the hot path."""
+    return b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":' % (
+        index, kind, field)
 
 
 def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
-    return encode_event(_DELTA, b'{"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":%s}}' % (
-        index, kind, field, orjson.dumps(value)))
+    return _delta_head(index, kind, field) + orjson.dumps(value) + _END
 
 
 class _Block:
-    __slots__ = ("id", "index", "kind", "mac", "name", "parts", "signature")
+    __slots__ = ("delta_head", "id", "index", "kind", "mac", "name", "parts", "signature")
 
     def __init__(self, kind: str, index: int) -> None:
         self.kind = kind  # "thinking" | "text" | "tool_use"
@@ -56,6 +62,7 @@ class _Block:
         self.id = ""  # tool_use
         self.name = ""  # tool_use
         self.signature = ""  # thinking, once closed
+        self.delta_head = b""  # text / thinking, streaming: a delta event's bytes up to its string (_delta_event's)
 
 
 class MessagesEncoder:
@@ -96,6 +103,7 @@ class MessagesEncoder:
         if kind == "thinking":
             block.mac = self.signer.mac()
         if self.stream:
+            block.delta_head = _delta_head(block.index, *_DELTA_KINDS[kind])
             if kind == "thinking":
                 body: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
             else:
@@ -113,14 +121,14 @@ class MessagesEncoder:
         if self.omit_thinking or not self.stream:
             block.parts.append(text)
         else:
-            out.append(_delta_event(block.index, b"thinking_delta", b"thinking", text))
+            out.append(block.delta_head + orjson.dumps(text) + _END)
 
     def _text(self, text: str, out: list[bytes]) -> None:
         block = self.open
         if block is None or block.kind != "text":
             block = self._start("text", out)
         if self.stream:
-            out.append(_delta_event(block.index, b"text_delta", b"text", text))
+            out.append(block.delta_head + orjson.dumps(text) + _END)
         else:
             block.parts.append(text)
 
@@ -156,7 +164,11 @@ class MessagesEncoder:
             if delta.reasoning:
                 self._reasoning(delta.reasoning, out)
             if delta.content:
-                self._text(delta.content, out)
+                block = self.open
+                if block is not None and block.kind == "text" and self.stream:  # the hot path, as _text does
+                    out.append(block.delta_head + orjson.dumps(delta.content) + _END)
+                else:
+                    self._text(delta.content, out)
             if delta.tool_calls:
                 for fragment in delta.tool_calls:
                     self._tool(fragment, out)

@@ -78,7 +78,14 @@ class ResponsesEncoder:
             if d.reasoning:
                 self._reason(d.reasoning)
             if d.content:
-                self._text(d.content)
+                item = self._message
+                if item is not None and self.stream:  # the hot path: more text for the open message, as _text does
+                    item.parts.append(d.content)
+                    self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, _dumps(d.content),
+                                                                            self._seq))
+                    self._seq += 1
+                else:
+                    self._text(d.content)
             if d.tool_calls:
                 for fragment in d.tool_calls:
                     self._call(fragment)
@@ -302,8 +309,7 @@ class ResponsesEncoder:
         return head + b',"delta":'
 
     def _delta(self, item: _Item, text: str) -> None:
-        self._out.append(item.delta_head + _dumps(text) + b',"sequence_number":' + str(self._seq).encode() +
-                         b"}\n\n")
+        self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, _dumps(text), self._seq))
         self._seq += 1
 
     def _take(self) -> bytes:

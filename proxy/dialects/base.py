@@ -157,6 +157,7 @@ class Dialect:
         return self.session_class(self, ctx)
 
     def map_finish(self, choices: list[dict[str, Any]]) -> None:
+        """The mapping's finish_reason renames (sessions call it only when the mapping has some)."""
         fmap = self.mapping.finish_reason
         if not fmap:
             return
@@ -186,6 +187,10 @@ class UpstreamSession:
         self.reasoning_source = ctx.upstream.reasoning_source or dialect.default_reasoning_source
         self.thinking_off = False  # the request switched thinking off (set by a dialect's build_request)
         self._pending: UpstreamError | None = None  # an error finish reason, raised after its partial content
+        # Looked up once per request, not per chunk: the stream path runs `chunk` for every upstream event.
+        self._error_in_json = dialect.error_in_json
+        self._strip_keys = dialect.mapping.strip
+        self._finish_map = dialect.mapping.finish_reason
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest) -> dict[str, Any]:
@@ -233,8 +238,7 @@ class UpstreamSession:
         error the upstream reports in the stream."""
         if self._pending is not None:
             raise self._pending
-        dialect = self.dialect
-        err = dialect.error_in_json(data)
+        err = self._error_in_json(data)
         if err is not None:
             raise StreamTruncated(
                 err.message,
@@ -246,13 +250,15 @@ class UpstreamSession:
             )
         if not isinstance(data, dict):
             raise StreamTruncated("The upstream sent a stream event that is not a JSON object.", reason="invalid_data")
-        self._strip(data)
+        if self._strip_keys:
+            self._strip(data)
         choices = data.get("choices")
         if choices:
-            dialect.map_finish(choices)
+            if self._finish_map:
+                self.dialect.map_finish(choices)
             for choice in choices:
                 finish = choice.get("finish_reason")
-                if finish in ERROR_FINISH_REASONS:
+                if finish is not None and finish in ERROR_FINISH_REASONS:
                     # The partial content of this chunk still reaches the client; the error follows it.
                     choice["finish_reason"] = None
                     if self._pending is None:
@@ -270,11 +276,9 @@ class UpstreamSession:
             raise self._pending
 
     def _strip(self, data: dict[str, Any]) -> None:
-        strip = self.dialect.mapping.strip
-        if strip:
-            for key in strip:
-                if key in data:
-                    self.extras[key] = data.pop(key)
+        for key in self._strip_keys:
+            if key in data:
+                self.extras[key] = data.pop(key)
 
 
 Dialect.session_class = UpstreamSession

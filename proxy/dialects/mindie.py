@@ -134,16 +134,16 @@ class MindIESession(UpstreamSession):
                     self.ctx.upstream.name,
                 )
             return out
-        field = "delta" if self.ctx.kind == CHAT else None
+        chat = self.ctx.kind == CHAT
+        key = "content" if chat else "text"
         for choice in out.get("choices") or ():
             index = choice.get("index") or 0
             text = cumulative.get(index)
             if text is None:
                 text = cumulative[index] = CumulativeText()
-            part = choice.get(field) if field else choice
+            part = choice.get("delta") if chat else choice
             if not isinstance(part, dict):
                 continue
-            key = "content" if field else "text"
             snapshot = part.get(key)
             delta = text.feed(snapshot) if snapshot else ""
             if choice.get("finish_reason") is not None:

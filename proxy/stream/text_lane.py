@@ -7,13 +7,14 @@ An upstream sends most events of an answer as the same text around one JSON stri
     "logprobs":null,"finish_reason":null}]}
 
 When the full path has turned such an event into a plain text event, `learn` finds that string's token in the
-event's data and keeps what comes before and after it: a template. A later event that is the same text around
-another string token is the same JSON with one string changed; while the session and the normaliser say that text
-passes through them unchanged (no cumulative text, no `<think>` splitting, no pending error: proxy/pipeline.py
-asks them), the full path would give the same event with that string, so `match` returns the string alone.
+event's data (its undecoded bytes: proxy/sse.py SSEDecoder.payloads) and keeps what comes before and after it: a
+template. A later event that is the same text around another string token is the same JSON with one string
+changed; while the session and the normaliser say that text passes through them unchanged (no cumulative text, no
+`<think>` splitting, no pending error: proxy/pipeline.py asks them), the full path would give the same event with
+that string, so `match` returns the string alone (invalid UTF-8 in it: no match, the full path decides).
 
-Up to two templates are kept per choice kind (text and reasoning), relearned when the upstream's envelope changes; a
-stream whose events never fit a template stops learning after a few tries (the cost stays bounded).
+Templates are kept per choice and kind (text, reasoning), at most four, relearned when the upstream's envelope
+changes; a stream whose events never fit a template stops learning after a few tries (the cost stays bounded).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["TextLane"]
 
 # The probe that proves a token's place: the event with the token swapped for it must carry the probe's value at
 # choices[0].delta.<field>.
-_PROBE = '"\\u0000lane"'
+_PROBE = b'"\\u0000lane"'
 _PROBE_VALUE = "\x00lane"
 _MAX_TRIES = 4  # learns in a row without a single match in between: the upstream's events do not repeat
 
@@ -34,10 +35,10 @@ class TextLane:
 
     def __init__(self) -> None:
         # (prefix, suffix, choice index, is reasoning)
-        self._templates: list[tuple[str, str, int, bool]] = []
+        self._templates: list[tuple[bytes, bytes, int, bool]] = []
         self._tries = 0
 
-    def match(self, data: str) -> tuple[int, bool, str] | None:
+    def match(self, data: bytes) -> tuple[int, bool, str] | None:
         """(choice index, is reasoning, text) when `data` is a learned template around one non-empty string."""
         for prefix, suffix, index, reasoning in self._templates:
             start = len(prefix)
@@ -53,17 +54,17 @@ class TextLane:
                 return None
         return None
 
-    def learn(self, data: str, field: str, value: str, index: int, reasoning: bool) -> None:
+    def learn(self, data: bytes, field: str, value: str, index: int, reasoning: bool) -> None:
         """`data` is an event whose only choice, `index`, went through the full path as text `value` taken unchanged
         from its `delta.<field>`: remember the text around that string's token."""
         if self._tries >= _MAX_TRIES:
             return
         self._tries += 1
-        key = '"' + field + '":'
+        key = b'"' + field.encode() + b'":'
         pos = data.find(key)
         while pos != -1:
             start = pos + len(key)
-            while data[start:start + 1] in (" ", "\t", "\r", "\n") and start < len(data):
+            while data[start:start + 1] in (b" ", b"\t", b"\r", b"\n"):
                 start += 1
             end = _string_end(data, start)
             if end is not None and _is_at(data[:start] + _PROBE + data[end:], field, index):
@@ -79,18 +80,18 @@ class TextLane:
             pos = data.find(key, pos + 1)
 
 
-def _string_end(data: str, start: int) -> int | None:
+def _string_end(data: bytes, start: int) -> int | None:
     """The end (exclusive) of the JSON string token starting at `start`, or None if none starts there."""
-    if data[start:start + 1] != '"':
+    if data[start:start + 1] != b'"':
         return None
     i = start + 1
     while True:
-        quote = data.find('"', i)
+        quote = data.find(b'"', i)
         if quote == -1:
             return None
         backslashes = 0
         j = quote - 1
-        while j > start and data[j] == "\\":
+        while j > start and data[j] == 0x5C:  # a backslash
             backslashes += 1
             j -= 1
         if backslashes % 2 == 0:
@@ -98,7 +99,7 @@ def _string_end(data: str, start: int) -> int | None:
         i = quote + 1
 
 
-def _is_at(probe: str, field: str, index: int) -> bool:
+def _is_at(probe: bytes, field: str, index: int) -> bool:
     try:
         doc = orjson.loads(probe)
         choices = doc["choices"]

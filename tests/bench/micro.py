@@ -1,13 +1,15 @@
 """In-process micro benchmark of the answer path without I/O: upstream bytes -> Pipeline -> client encoder -> bytes.
 
-    python tests/bench/micro.py [--rounds 7] [--profile SCENARIO]
+    python tests/bench/micro.py [--rounds 7] [--profile SCENARIO] [--stages]
 
 Each scenario replays one upstream answer shaped like the built-in mock's (64 chunks) through a fresh upstream
 session, pipeline and client encoder per request, as the handler does, fed one upstream event per read (the paced
 case; the worst for per-chunk overhead). Prints µs per upstream chunk (per request for non-stream): the fastest
 request over `rounds` alternating rounds (the machine is shared: the least disturbed request counts).
-`--profile NAME` runs one scenario under cProfile and prints the top functions instead. Not a test: it asserts
-nothing.
+`--profile NAME` runs one scenario under cProfile and prints the top functions instead; `--stages` prints
+the openai and MindIE full-text chat streams cut after each stage (SSE decode, + JSON, + upstream session,
++ normaliser, + encoder and metrics).
+Not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from proxy.canonical import CHAT, RequestContext  # noqa: E402
+from proxy.clients.base import ClientCall  # noqa: E402
 from proxy.clients.chat import ChatEncoder  # noqa: E402
+from proxy.clients.messages_encoder import MessagesEncoder  # noqa: E402
 from proxy.clients.responses_events import ResponsesEncoder  # noqa: E402
+from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
 from proxy.events import Answer, Delta  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
@@ -103,6 +108,14 @@ def responses_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
     return ResponsesEncoder(ctx, answer, ctx.stream, {"store": False}, {}, None)
 
 
+SIGNER = ThinkingSigner(b"k" * 32)
+
+
+def messages_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
+    call = ClientCall({"model": "bench", "messages": []}, CHAT, "bench", ctx.stream, {"stop_sequences": ()})
+    return MessagesEncoder(call, ctx, answer, SIGNER)
+
+
 METRICS = Metrics(None)
 
 
@@ -167,8 +180,51 @@ def scenarios() -> dict[str, tuple[Callable[[], int], int]]:
         "mindie full-text chat stream": (stream_request("mindie", mi, chat_encoder, True), len(mi) - 1),
         "openai responses stream": (stream_request("openai", oa, responses_encoder, response_id="resp_0123456789"),
                                     len(oa) - 1),
+        "openai messages stream": (stream_request("openai", oa, messages_encoder, response_id="msg_0123456789"),
+                                   len(oa) - 1),
         "openai non-stream (per req)": (nonstream_request("openai", openai_body()), 1),
     }
+
+
+def stages() -> dict[str, tuple[Callable[[], int], int]]:
+    """The openai and MindIE full-text chat streams cut after each stage of the pipeline (cumulative), per upstream
+    chunk."""
+    table = scenarios()
+    out = {}
+    for label, name, pieces, full_text in (("openai", "openai", openai_stream(), False),
+                                           ("mindie", "mindie", mindie_full_text_stream(), True)):
+        dialect = DIALECTS[name]()
+
+        def upto(level: int, name: str = name, pieces: list[bytes] = pieces, full_text: bool = full_text,
+                 dialect: Any = dialect) -> Callable[[], int]:
+            def run() -> int:
+                ctx = context(name, True, full_text)
+                session = dialect.session(ctx)
+                answer = Answer()
+                pipeline = Pipeline(session, answer)
+                decoder = pipeline._decoder
+                chunk = session.chunk
+                feed = pipeline.normalizer.feed
+                n = 0
+                for piece in pieces[:-1]:  # not [DONE]
+                    for event in decoder.payloads(piece):
+                        if level >= 1:
+                            data = orjson.loads(event)
+                            if level >= 2:
+                                data = chunk(data)
+                                if level >= 3:
+                                    n += len(feed(data))
+                return n
+
+            return run
+
+        count = len(pieces) - 1
+        out[f"{label}: SSE decode"] = (upto(0), count)
+        out[f"{label}: + orjson.loads"] = (upto(1), count)
+        out[f"{label}: + session.chunk"] = (upto(2), count)
+        out[f"{label}: + Normalizer"] = (upto(3), count)
+        out[f"{label}: + chat encoder, obs.chunk"] = table[f"{name}{' full-text' if full_text else ''} chat stream"]
+    return out
 
 
 def measure(run: Callable[[], int], divisor: int, budget: float = 0.2) -> float:
@@ -192,8 +248,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--profile", metavar="SCENARIO", help="one of: " + ", ".join(scenarios()))
+    ap.add_argument("--stages", action="store_true", help="time the openai chat stream stage by stage")
     args = ap.parse_args()
-    table = scenarios()
+    table = stages() if args.stages else scenarios()
     if args.profile:
         run, _ = table[args.profile]
         prof = cProfile.Profile()

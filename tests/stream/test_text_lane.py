@@ -147,25 +147,37 @@ def test_an_error_finish_reason_still_ends_the_stream_when_the_next_event_fits_t
 def test_a_plain_stream_goes_through_the_lane() -> None:
     """The lane is really taken (the property above would also hold if it never matched)."""
     lane = TextLane()
-    first = '{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'
+    first = b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'
     lane.learn(first, "content", "a", 0, False)
-    assert lane.match(first.replace('"a"', '"b \\"q\\" é"')) == (0, False, 'b "q" é')
-    assert lane.match(first.replace('"a"', '""')) is None  # empty text: the full path decides
-    assert lane.match(first.replace('null}', '"stop"}')) is None  # another envelope
-    assert lane.match(first.replace('"a"', '"a","role":"x"')) is None  # not one string token
+    assert lane.match(first.replace(b'"a"', '"b \\"q\\" é"'.encode())) == (0, False, 'b "q" é')
+    assert lane.match(first.replace(b'"a"', b'""')) is None  # empty text: the full path decides
+    assert lane.match(first.replace(b'null}', b'"stop"}')) is None  # another envelope
+    assert lane.match(first.replace(b'"a"', b'"a","role":"x"')) is None  # not one string token
 
 
 def test_learning_skips_a_lookalike_inside_another_string() -> None:
     lane = TextLane()
-    data = '{"id":"\\"content\\":\\"a\\"","choices":[{"index":0,"delta":{"content": "a"},"finish_reason":null}]}'
+    data = b'{"id":"\\"content\\":\\"a\\"","choices":[{"index":0,"delta":{"content": "a"},"finish_reason":null}]}'
     lane.learn(data, "content", "a", 0, False)
-    assert lane.match(data.replace('"content": "a"', '"content": "zz"')) == (0, False, "zz")
-    assert lane.match(data.replace('\\"a\\"', '\\"b\\"')) is None
+    assert lane.match(data.replace(b'"content": "a"', b'"content": "zz"')) == (0, False, "zz")
+    assert lane.match(data.replace(b'\\"a\\"', b'\\"b\\"')) is None
 
 
 def test_learning_stops_when_events_never_repeat() -> None:
     lane = TextLane()
     for i in range(10):
-        lane.learn(f'{{"id":"{i}","choices":[{{"index":0,"delta":{{"content":"a"}}}}]}}', "content", "a", 0, False)
-    assert lane.match('{"id":"9","choices":[{"index":0,"delta":{"content":"b"}}]}') is None  # learned only 4
-    assert lane.match('{"id":"3","choices":[{"index":0,"delta":{"content":"b"}}]}') == (0, False, "b")
+        lane.learn(f'{{"id":"{i}","choices":[{{"index":0,"delta":{{"content":"a"}}}}]}}'.encode(), "content", "a", 0,
+                   False)
+    assert lane.match(b'{"id":"9","choices":[{"index":0,"delta":{"content":"b"}}]}') is None  # learned only 4
+    assert lane.match(b'{"id":"3","choices":[{"index":0,"delta":{"content":"b"}}]}') == (0, False, "b")
+
+
+def test_invalid_utf8_in_a_lane_event_is_replaced_as_on_the_full_path() -> None:
+    def event(text: bytes) -> bytes:
+        return b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"' + text + b'"},"finish_reason":null}]}\n\n'
+
+    end = b'data: {"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    raw = b"".join([event(b""), event(b"a"), event(b"b\xff\xfec"), event(b"d"), end])
+    with_lane = run(raw, [], "openai", False, True)
+    assert with_lane == run(raw, [], "openai", False, False)
+    assert [e.content for e in with_lane[0]][:4] == ["", "a", "b\ufffd\ufffdc", "d"]
