@@ -38,9 +38,10 @@ class Pipeline:
         self._chunk = session.chunk
         self._feed = self.normalizer.feed
         self.done = False  # [DONE] was seen
-        # The shortcut for plain text events (proxy/stream/text_lane.py): chat streams only. `text_lane=False` is the
-        # full path for every event (tests/stream/test_text_lane.py compares the two).
-        self._lane = TextLane() if text_lane and self.normalizer.chat else None
+        # The shortcut for plain text events (proxy/stream/text_lane.py): chat streams whose session may ever let text
+        # through unchanged (not MindIE's cumulative text). `text_lane=False` is the full path for every event
+        # (tests/stream/test_text_lane.py compares the two).
+        self._lane = TextLane() if text_lane and self.normalizer.chat and session.lane_open() else None
 
     def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out`."""
