@@ -38,8 +38,8 @@ class Pipeline:
         self._chunk = session.chunk
         self._feed = self.normalizer.feed
         self.done = False  # [DONE] was seen
-        # The shortcut for plain text events (proxy/stream/text_lane.py): chat streams whose session may ever let text
-        # through unchanged (not MindIE's cumulative text). `text_lane=False` is the full path for every event
+        # The shortcut for plain text events (proxy/stream/text_lane.py): chat streams whose session lets a plain
+        # event skip `chunk` (not the engine's). `text_lane=False` is the full path for every event
         # (tests/stream/test_text_lane.py compares the two).
         self._lane = TextLane() if text_lane and self.normalizer.chat and session.lane_open() else None
 
@@ -86,7 +86,9 @@ class Pipeline:
                     hit = lane.match(event)
                     if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
                         index, reasoning, text = hit
-                        out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+                        text = self.session.lane_text(index, text, reasoning)
+                        if text:  # no new text (a cumulative snapshot that adds nothing): no event, as on the full path
+                            out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
                         continue
                 try:
                     parsed: Any = orjson.loads(event)  # orjson checks the UTF-8
@@ -128,7 +130,8 @@ class Pipeline:
             return
         if d.content:
             if delta.get("content") == d.content:
-                lane.learn(data, "content", d.content, d.index, False)
+                # A session that rewrites text: the event's own token is not what came out (the probe alone places it).
+                lane.learn(data, "content", None if self.session.rewrites_text else d.content, d.index, False)
             return
         for field in ("reasoning_content", "reasoning"):
             if delta.get(field) == d.reasoning:

@@ -105,6 +105,7 @@ class MindIESession(UpstreamSession):
     def __init__(self, dialect: Dialect, ctx: RequestContext) -> None:
         super().__init__(dialect, ctx)
         self._cumulative: dict[int, CumulativeText] | None = {} if ctx.stream and ctx.upstream.full_text else None
+        self.rewrites_text = self._cumulative is not None
         self.rewrites = 0  # cumulative snapshots that revised text already sent
         self.full_text_mismatch = False  # what the client got differs from the upstream's final full_text
         self._warned = False
@@ -115,8 +116,15 @@ class MindIESession(UpstreamSession):
         self.thinking_off = isinstance(kwargs, dict) and kwargs.get(thinking_kwarg(self.ctx.upstream_model)) is False
         return out
 
-    def lane_open(self) -> bool:
-        return self._cumulative is None and super().lane_open()  # cumulative snapshots are rewritten into deltas
+    def lane_text(self, index: int, text: str, reasoning: bool) -> str:
+        """A cumulative snapshot -> its true delta, as `chunk` does for an event without a finish reason."""
+        cumulative = self._cumulative
+        if cumulative is None or reasoning or self.ctx.kind != CHAT:
+            return text
+        tracker = cumulative.get(index)
+        if tracker is None:
+            tracker = cumulative[index] = CumulativeText()
+        return tracker.feed(text)
 
     def chunk(self, data: Any) -> ChatChunk | None:
         full_text = data.get("full_text") if isinstance(data, dict) else None  # rides on a choice's final chunk

@@ -54,9 +54,10 @@ class TextLane:
                 return None
         return None
 
-    def learn(self, data: bytes, field: str, value: str, index: int, reasoning: bool) -> None:
+    def learn(self, data: bytes, field: str, value: str | None, index: int, reasoning: bool) -> None:
         """`data` is an event whose only choice, `index`, went through the full path as text `value` taken unchanged
-        from its `delta.<field>`: remember the text around that string's token."""
+        from its `delta.<field>` (None: a session rewrote it, see UpstreamSession.lane_text; the token is then placed
+        by the probe alone): remember the text around that string's token."""
         if self._tries >= _MAX_TRIES:
             return
         self._tries += 1
@@ -69,7 +70,7 @@ class TextLane:
             end = _string_end(data, start)
             if end is not None and _is_at(data[:start] + _PROBE + data[end:], field, index):
                 try:
-                    same = orjson.loads(data[start:end]) == value
+                    same = value is None or orjson.loads(data[start:end]) == value
                 except orjson.JSONDecodeError:
                     same = False
                 if same:
