@@ -50,3 +50,14 @@ class Answer:
     envelope_extra: dict[str, Any] = field(default_factory=dict)  # unknown top-level fields (system_fingerprint)
     finish_reason: str | None = None  # the last finish reason seen
     upstream_id: str | None = None  # the upstream's own response id (keep_upstream_id)
+
+
+@dataclass(slots=True)
+class Timings:
+    """What an upstream reports about its own work on one answer, in seconds (an upstream dialect's `timings` reads
+    them from its own fields and units; the metrics layer records them)."""
+
+    prefill: float | None = None  # time to process the prompt
+    decode: list[float] = field(default_factory=list)  # per generated token
+    queue_wait: list[float] = field(default_factory=list)  # per generated token, waiting in the scheduler's queue
+    batch_size: list[float] = field(default_factory=list)  # per generated token, the batch it was decoded in

@@ -498,8 +498,9 @@ class InferenceEndpoint:
             info["prompt_tokens"] = answer.usage.get("prompt_tokens")
             info["completion_tokens"] = answer.usage.get("completion_tokens")
         extras = {**answer.usage_extras, **session.extras}
-        if extras:
-            obs.upstream_timings(extras)
+        timings = session.dialect.timings(extras) if extras else None
+        if timings is not None:
+            obs.upstream_timings(timings)
 
 
 _SECRET_KEYS = ("authorization", "api_key", "apikey", "api-key", "password", "secret", "token")

@@ -18,7 +18,6 @@ Every metric is documented in deploy/METRICS.md.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
@@ -39,6 +38,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from proxy import __version__
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
+from proxy.events import Timings
 from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram
 
 __all__ = [
@@ -61,7 +61,6 @@ MAX_UNCONFIGURED_MODELS = 50  # DECISIONS.md: without a config, the first 50 dis
 MAX_LABEL_VALUES = 50  # cap for route / upstream (config-bounded anyway; this is a guard)
 MAX_ERROR_CODES = 100  # distinct (dialect, code) pairs; later ones become "other"
 MAX_LABEL_LENGTH = 128
-MAX_TIMING_SAMPLES = 65_536  # per list in upstream_timings(): bounds the work done for one response
 MAX_CACHED_SERIES = 4096  # (route, upstream, model, stream, key) combinations whose children are kept resolved
 MOSTRECENT_REFRESH = 1.0  # multiprocess: seconds after which an unchanged `mostrecent` gauge is written again
 
@@ -73,13 +72,6 @@ FINISH_REASONS = frozenset(
 TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
 DIALECTS = frozenset({*DIALECT_REGISTRY, "any"})  # the `dialect` label: the registry's names, or "any"
 CONTINUITY_EVENTS = frozenset({"restored", "fallback", "recorded", "record_failed"})  # proxy/continuity.py
-
-# Units of MindIE's extras. queue_wait_time is documented in microseconds (mindie-chat-completions.md, usage
-# table). prefill_time and decode_time_arr have no documented unit; the documented examples (prefill 39..200,
-# decode ~27 per token) only make sense as milliseconds, which is also what MindIE's own benchmarks print.
-MINDIE_PREFILL_TIME_UNIT = 1e-3
-MINDIE_DECODE_TIME_UNIT = 1e-3
-MINDIE_QUEUE_WAIT_TIME_UNIT = 1e-6
 
 # Buckets (seconds). LLM latencies span milliseconds (one decode step) to many minutes (a long reasoning answer).
 REQUEST_DURATION_BUCKETS = (
@@ -720,32 +712,21 @@ class RequestObserver:
                 total.inc(n)
                 per_key.inc(n)
 
-    def upstream_timings(self, extras: Mapping[str, Any] | None) -> None:
-        """MindIE's timing extras: ``prefill_time`` (ms), ``decode_time_arr`` (ms per token), and from ``usage``
-        ``queue_wait_time`` (µs per token) and ``batch_size`` (per token). Accepts them at the top level or inside
-        a ``usage`` mapping. Only the first call counts; lists are read up to MAX_TIMING_SAMPLES items."""
-        if self._timings_seen or not isinstance(extras, Mapping):
-            return
-        nested = extras.get("usage")
-        nested = nested if isinstance(nested, Mapping) else {}
-
-        def get(key: str) -> Any:
-            value = extras.get(key)
-            return nested.get(key) if value is None else value
-
-        prefill = _number(get("prefill_time"))
-        decode = get("decode_time_arr")
-        queue = get("queue_wait_time")
-        batch = get("batch_size")
-        if prefill is None and not any(isinstance(v, list) for v in (decode, queue, batch)):
+    def upstream_timings(self, timings: Timings) -> None:
+        """The upstream's own timings (proxy/events.py, seconds; an upstream dialect reads them from its fields). Only
+        the first call counts."""
+        if self._timings_seen:
             return
         self._timings_seen = True
         m, labels = self._m, (self._upstream, self._model)
-        if prefill is not None:
-            m.child(m.prefill, *labels).observe(prefill * MINDIE_PREFILL_TIME_UNIT)
-        _observe_list(m.child(m.decode, *labels), decode, MINDIE_DECODE_TIME_UNIT)
-        _observe_list(m.child(m.queue_wait, *labels), queue, MINDIE_QUEUE_WAIT_TIME_UNIT)
-        _observe_list(m.child(m.batch_size, *labels), batch, 1)
+        if timings.prefill is not None:
+            m.child(m.prefill, *labels).observe(timings.prefill)
+        for histogram, values in ((m.decode, timings.decode), (m.queue_wait, timings.queue_wait),
+                                  (m.batch_size, timings.batch_size)):
+            if values:
+                child = m.child(histogram, *labels)
+                for value in values:
+                    child.observe(value)
 
     def upstream_error(self, dialect: str, code: str) -> None:
         """An error from (or about) the upstream, e.g. ("mindie", "422"), ("any", "connect_refused")."""
@@ -807,19 +788,3 @@ def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    f = float(value)
-    return f if math.isfinite(f) and f >= 0 else None
-
-
-def _observe_list(child: Any, items: object, unit: float) -> None:
-    if not isinstance(items, list):
-        return
-    for item in items[:MAX_TIMING_SAMPLES]:
-        v = _number(item)
-        if v is not None:
-            child.observe(v * unit)

@@ -14,10 +14,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import metrics as metrics_mod
+from proxy.dialects.mindie import MindIEDialect
+from proxy.events import Timings
 from proxy.metrics import MAX_UNCONFIGURED_MODELS, Metrics, prepare_multiprocess_dir
 
 ROUTE = "/v1/chat/completions"
 CONFIGURED = ["DeepSeek-R1", "gpt-4o", "deepseek-chat"]
+
+
+def mindie_timings(extras: dict[str, object]) -> Timings:
+    """MindIE's timing fields as the proxy reads them (proxy/dialects/mindie.py), for the metrics layer."""
+    timings = MindIEDialect().timings(extras)
+    assert timings is not None
+    return timings
 
 
 class FakeClock:
@@ -74,10 +83,10 @@ def run_script(m: Metrics, clock: FakeClock) -> None:
         "batch_size": [1, 2, 2], "queue_wait_time": [5000, 250, 750],
     })
     o.usage({"prompt_tokens": 1000})  # a second usage (e.g. repeated on a later chunk) is not counted again
-    o.upstream_timings({
+    o.upstream_timings(mindie_timings({
         "prefill_time": 200, "decode_time_arr": [50, 25, 25],
         "usage": {"batch_size": [1, 2, 2], "queue_wait_time": [5000, 250, 750]},
-    })
+    }))
     o.chunk(False)  # the finish chunk
     clock.at(1002.5)
     o.finish(200, False, "stop")  # duration 2.5 s, overhead 2.5 - 1.25 = 1.25 s
@@ -342,7 +351,7 @@ def test_bad_usage_and_timings_are_ignored() -> None:
     m = Metrics(CONFIGURED)
     o = m.request(ROUTE, "r1", "gpt-4o", stream=False)
     o.usage({"prompt_tokens": "12", "completion_tokens": -1, "prompt_tokens_details": None})
-    o.upstream_timings({"prefill_time": "fast", "decode_time_arr": [1, "x", None, float("nan"), 3]})
+    o.upstream_timings(mindie_timings({"prefill_time": "fast", "decode_time_arr": [1, "x", None, float("nan"), 3]}))
     o.finish(200, False, "stop")
     r = {"upstream": "r1", "model": "gpt-4o"}
     assert value(m, "dialect_proxy_tokens_total", **r, kind="prompt") == 0

@@ -12,12 +12,14 @@ Subclasses override only what differs; the data that differs lives in mappings/<
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import orjson
 
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from ..errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamError, error_type_for
+from ..events import Timings
 from ..mapping import DialectMapping, load_mapping
 from ..params import apply_response_format, refuse_unsupported
 
@@ -152,6 +154,11 @@ class Dialect:
         return None
 
     # -- responses --------------------------------------------------------------------------------------------
+    def timings(self, extras: Mapping[str, Any]) -> Timings | None:
+        """The upstream's own timings of one answer from its upstream-only fields (`UpstreamSession.extras` and
+        `Answer.usage_extras`, merged); None when the dialect reports none."""
+        return None
+
     def session(self, ctx: RequestContext) -> UpstreamSession:
         """The per-request decoding session (the dialect's own stream state lives there)."""
         return self.session_class(self, ctx)

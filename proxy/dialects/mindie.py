@@ -29,12 +29,15 @@ becomes a 404 and the parameter a validation message names is put in `param`.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from ..errors import ClientRequestError, ProxyError
+from ..events import Timings
 from ..stream.cumulative import CumulativeText
 from .base import Dialect, UpstreamSession
 
@@ -180,6 +183,29 @@ class MindIEDialect(Dialect):
     response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
+
+    def timings(self, extras: Mapping[str, Any]) -> Timings | None:
+        """`prefill_time` (ms) and `decode_time_arr` (ms per token) at the top level, `queue_wait_time` (µs per token)
+        and `batch_size` (per token) in `usage` (either place is accepted for each). Values that are not finite
+        non-negative numbers are left out; lists are read up to MAX_TIMING_SAMPLES items."""
+        nested = extras.get("usage")
+        nested = nested if isinstance(nested, Mapping) else {}
+
+        def get(key: str) -> Any:
+            value = extras.get(key)
+            return nested.get(key) if value is None else value
+
+        prefill = _number(get("prefill_time"))
+        lists = [get(key) for key in ("decode_time_arr", "queue_wait_time", "batch_size")]
+        if prefill is None and not any(isinstance(v, list) for v in lists):
+            return None
+        decode, queue, batch = lists
+        return Timings(
+            None if prefill is None else prefill * PREFILL_TIME_UNIT,
+            _scaled(decode, DECODE_TIME_UNIT),
+            _scaled(queue, QUEUE_WAIT_TIME_UNIT),
+            _scaled(batch, 1),
+        )
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """`auto`: R1-era models strip; thinking models whose templates render the tool loop's reasoning restore it
@@ -392,3 +418,31 @@ def _check_samples(out: dict[str, Any]) -> None:
             "answers greedily); raise `temperature` or ask for one answer.",
             param=key,
         )
+
+
+# Units of MindIE's timing fields. queue_wait_time is documented in microseconds (mindie-chat-completions.md, usage
+# table). prefill_time and decode_time_arr have no documented unit; the documented examples (prefill 39..200,
+# decode ~27 per token) only make sense as milliseconds, which is also what MindIE's own benchmarks print.
+PREFILL_TIME_UNIT = 1e-3
+DECODE_TIME_UNIT = 1e-3
+QUEUE_WAIT_TIME_UNIT = 1e-6
+MAX_TIMING_SAMPLES = 65_536  # per list: bounds the work done for one response
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def _scaled(items: object, unit: float) -> list[float]:
+    if not isinstance(items, list):
+        return []
+    out = []
+    for item in items[:MAX_TIMING_SAMPLES]:
+        v = _number(item)
+        if v is not None:
+            out.append(v * unit)
+    return out
+

@@ -133,6 +133,7 @@ def all_queries() -> list[tuple[str, str]]:
 
 def exercised_metrics():  # type: ignore[no-untyped-def]
     """A Metrics instance on which every metric has at least one series (two upstreams, every outcome)."""
+    from proxy.dialects.mindie import MindIEDialect
     from proxy.metrics import Metrics
 
     m = Metrics(["DeepSeek-R1", "deepseek-chat"])
@@ -146,8 +147,10 @@ def exercised_metrics():  # type: ignore[no-untyped-def]
         ok.add_upstream_wait(0.001)
         ok.usage({"prompt_tokens": 20, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 8},
                   "completion_tokens_details": {"reasoning_tokens": 2}})
-        ok.upstream_timings({"prefill_time": 120, "decode_time_arr": [30, 28, 27],
-                             "usage": {"queue_wait_time": [900, 60, 40], "batch_size": [1, 2, 2]}})
+        timings = MindIEDialect().timings({"prefill_time": 120, "decode_time_arr": [30, 28, 27],
+                                           "usage": {"queue_wait_time": [900, 60, 40], "batch_size": [1, 2, 2]}})
+        assert timings is not None
+        ok.upstream_timings(timings)
         ok.finish(200, False, "stop")
         err = m.request("/v1/chat/completions", upstream, model, stream=False)
         err.upstream_started()
