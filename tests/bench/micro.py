@@ -227,7 +227,7 @@ def stages() -> dict[str, tuple[Callable[[], int], int]]:
     return out
 
 
-def measure(run: Callable[[], int], divisor: int, budget: float = 0.2) -> float:
+def measure(run: Callable[[], object], divisor: int, budget: float = 0.2) -> float:
     """µs per unit: the fastest of the requests run in about `budget` seconds (on a shared machine the least
     disturbed request is the one that shows the code's own cost)."""
     run()

@@ -19,12 +19,13 @@ import os
 import pstats
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from micro import measure  # noqa: E402  (tests/bench/micro.py, next to this script)
 
 ROUTE = "/v1/chat/completions"
 USAGE = {"prompt_tokens": 15, "completion_tokens": 64, "total_tokens": 79,
@@ -74,21 +75,6 @@ def scenarios(metrics: Any, replicas: Any) -> dict[str, Callable[[], None]]:
             "replica acquire/release": replica, "(event loop baseline)": baseline}
 
 
-def measure(run: Callable[[], None], budget: float = 0.2) -> float:
-    run()
-    best = float("inf")
-    clock = time.perf_counter
-    deadline = clock() + budget
-    for _ in range(100_000):
-        t0 = clock()
-        run()
-        t1 = clock()
-        best = min(best, t1 - t0)
-        if t1 >= deadline:
-            break
-    return best * 1e6
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -122,7 +108,7 @@ def main() -> None:
     best: dict[str, float] = {}
     for _ in range(args.rounds):
         for name, run in table.items():
-            us = measure(run)
+            us = measure(run, 1)
             best[name] = min(best.get(name, us), us)
     mode = "multiprocess (mmap files)" if args.multiprocess else "single process"
     print(f"metrics bookkeeping per request, {mode}, fastest of {args.rounds} alternating rounds")
