@@ -7,7 +7,6 @@ reasoning and no 400. R1-era models on MindIE get no reasoning back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,30 +15,17 @@ import pytest
 
 from proxy.mock.deepseek import PASS_BACK
 from proxy.mock.textgen import REASONING
-from tests.conftest import Mock, ServerThread
+from tests import test_e2e_deepseek
 from tests.test_e2e_deepseek import collect
+
+# The DeepSeek mock fixtures (one strict mock per module, reset for each test) of tests/test_e2e_deepseek.py.
+_deepseek_mock = test_e2e_deepseek._deepseek_mock
+mock = test_e2e_deepseek.mock
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 WEATHER = {"Paris": "sunny, 21°C", "Rome": "rain, 17°C"}
-
-
-@pytest.fixture(scope="module")
-def _deepseek_mock() -> Iterator[Mock]:
-    from proxy.mock import create_app
-
-    srv = ServerThread(create_app("deepseek")).start()
-    try:
-        yield Mock(srv, "deepseek")
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def mock(_deepseek_mock: Mock) -> Mock:
-    _deepseek_mock.reset()
-    return _deepseek_mock
 
 
 def weather(arguments: str) -> str:
