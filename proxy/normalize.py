@@ -131,9 +131,9 @@ class Normalizer:
 
     def passes_text(self, index: int) -> bool:
         """Text (content or reasoning field) of a plain event for choice `index` now comes out exactly as it came in:
-        the choice has started, is not finished and no `<think>` splitting is under way (proxy/stream/text_lane.py)."""
-        st = self._choices.get(index)
-        return st is not None and st.started and not st.finished and st.splitter is None
+        the choice is on the fast lane (started, not finished, no `<think>` splitting under way), which the text lane
+        (proxy/stream/text_lane.py) also takes. `fast_lane = False` turns both off."""
+        return index in self._lanes
 
     # -----------------------------------------------------------------------------------------------------------
     def _state(self, index: int) -> _Choice:
