@@ -5,7 +5,8 @@
 
 Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each and the
 barest aiohttp relay (tests/bench/bare_relay.py) in front of each, as separate processes on loopback: relays pinned
-to CPU 0, mocks to CPU 1 when the machine has two. This process drives them with aiohttp.
+to CPU 0, the mocks and this process (the load generator, aiohttp) to CPU 1 when the machine has two, so what a relay
+spends never slows what feeds it and the direct runs get the same CPU for the mock and the load as the relayed ones.
 
 The ratio table has one row per upstream dialect x client dialect x scenario (non-stream; 64-chunk streams
 zero-delay and 5 ms-paced). For each row the direct mock, the bare relay and the proxy take turns for `--rounds`
@@ -105,6 +106,12 @@ def start(argv: list[str], cpu: int | set[int] | None) -> subprocess.Popen[bytes
 
 
 LOGS: dict[int, Any] = {}
+
+
+def pin_self(cpus: set[int] | None) -> None:
+    """Pin this process (the load generator) to `cpus`; None: every CPU."""
+    if TWO_CPUS and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus if cpus is not None else set(range(os.cpu_count() or 1)))
 
 
 def died(proc: subprocess.Popen[bytes] | None) -> str:
@@ -314,8 +321,8 @@ async def ratio_table(seconds: float, rounds: int) -> None:
     try:
         for up in ups:
             await up.ready()
-        print(f"relays pinned to CPU 0, mocks to CPU 1: {TWO_CPUS}; {seconds:g} s per run, best of {rounds} "
-              f"alternating rounds (direct, bare, proxy)\n")
+        print(f"relays pinned to CPU 0, mocks and load generator to CPU 1: {TWO_CPUS}; {seconds:g} s per run, best "
+              f"of {rounds} alternating rounds (direct, bare, proxy)\n")
         print("cpu = the relay process's CPU time per upstream chunk (64 per stream) or per non-stream request;\n"
               "ratio = proxy cpu / bare cpu; tput = requests/s relative to the mock direct.\n")
         header = (f"{'upstream':<17}{'client':<11}{'scenario':<15}{'conc':>5}{'bare µs':>9}{'proxy µs':>10}"
@@ -347,7 +354,7 @@ async def scale_streams(n: int, seconds: float) -> None:
     try:
         await up.ready()
         print(f"concurrent streams of 64 chunks paced 5 ms (OpenAI mock; 320 ms per stream unloaded), {seconds:g} s "
-              "each, direct and proxy alternating, best of 2 rounds")
+              "each, direct, bare relay and proxy alternating, best of 2 rounds")
         header = (f"{'streams':>8}  {'target':<7}{'streams/s':>10}{'chunks/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
                   f"{'cpu/chunk µs':>14}{'ratio':>7}{'err':>5}")
         print(header)
@@ -355,9 +362,9 @@ async def scale_streams(n: int, seconds: float) -> None:
         for conc in (max(n // 10, 1), n):
             best: dict[str, tuple[Result, float]] = {}
             for _ in range(2):
-                for target in ("direct", "proxy"):
+                for target in ("direct", "bare", "proxy"):
                     await load(up.urls[target], True, 64, 5, conc, 1.0, conc, "chat")  # open the connections
-                    proc = up.proxy if target == "proxy" else up.mock
+                    proc = {"proxy": up.proxy, "bare": up.bare}.get(target, up.mock)
                     pid = proc.pid if proc else 0
                     c0 = cpu_seconds(pid)
                     r = await load(up.urls[target], True, 64, 5, conc, seconds, 10**6, "chat")
@@ -366,11 +373,11 @@ async def scale_streams(n: int, seconds: float) -> None:
                         best[target] = (r, cpu)
             for target, (r, cpu) in best.items():
                 chunks = len(r.latencies) * 64
-                ratio = f"{r.rps / best['direct'][0].rps:>7.2f}" if target == "proxy" else f"{'':>7}"
+                ratio = f"{r.rps / best['direct'][0].rps:>7.2f}" if target != "direct" else f"{'':>7}"
                 print(f"{conc:>8}  {target:<7}{r.rps:>10.1f}{chunks / r.elapsed:>10.0f}"
                       f"{pct(r.latencies, 50) * 1000:>9.1f}{pct(r.latencies, 99) * 1000:>9.1f}"
                       f"{cpu / max(chunks, 1) * 1e6:>14.1f}{ratio}{r.errors:>5}  {r.error_kinds or ''}", flush=True)
-        print("cpu/chunk: the mock's for direct, the proxy's for proxy.")
+        print("cpu/chunk: the mock's for direct, the relay's own for bare and proxy; ratio: streams/s vs direct.")
     finally:
         up.stop()
 
@@ -434,6 +441,7 @@ async def scale_workers(seconds: float, rounds: int) -> None:
     on that this machine can show: proxy CPU per request (flat = the workers do not slow each other down) and how
     evenly the requests spread over the workers."""
     cores = os.cpu_count() or 1
+    pin_self(None)
     print("non-stream throughput, 64 concurrent, proxy --workers 1 vs --workers 2 (both unpinned; the mock and this "
           f"load generator share the same {cores} cores), best of {rounds} rounds")
     results: dict[int, float] = {}
@@ -481,6 +489,7 @@ async def main() -> None:
     args = ap.parse_args()
     seconds, rounds = (1.0, 2) if args.quick else (args.seconds, args.rounds)
     raise_fd_limit()
+    pin_self({1})  # with the mocks (see the docstring); `--scale workers` unpins
     print(f"dialect-proxy bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}\n")
     if args.scale is None:
