@@ -368,8 +368,7 @@ class InferenceEndpoint:
                 finally:
                     self._observe(obs, session, answer, info)
                 info["finish_reason"] = answer.finish_reason
-                for event in events:
-                    obs.chunk(event.has_token)
+                obs.chunks(len(events), sum(1 for event in events if event.has_token))
                 if recorder is not None:
                     recorder.feed(events)
                 encoder.feed(events)
@@ -423,11 +422,15 @@ class InferenceEndpoint:
 
         def encode() -> None:
             nonlocal substantive
+            tokens = 0
             for event in events:
-                has_token = event.has_token
-                obs.chunk(has_token)
-                if has_token or event.finish_reason is not None:
+                if event.content or event.reasoning or event.tool_calls:  # Delta.has_token, inlined (per event)
+                    tokens += 1
+                elif event.finish_reason is not None:
                     substantive = True
+            if tokens:
+                substantive = True
+            obs.chunks(len(events), tokens)
             if recorder is not None:
                 recorder.feed(events)
             data = encoder.feed(events)

@@ -128,6 +128,14 @@ class HistogramChild(_Child):
         self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount, as prometheus_client
         self.sum += amount
 
+    def observe_many(self, amount: float, n: int) -> None:
+        """`n` observations of the same `amount` (as `n` calls of `observe`)."""
+        if amount != amount:
+            self.sum += amount * n
+            return
+        self.counts[bisect_left(self.bounds, amount)] += n
+        self.sum += amount * n
+
     def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
         acc = 0.0
         bucket = name + "_bucket"

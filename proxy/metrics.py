@@ -502,6 +502,20 @@ class _Tally:
         if now >= self._due:
             self.flush()
 
+    def observe_many(self, value: float, n: int, now: float) -> None:
+        """`n` samples of the same `value` (as `n` calls of `observe`)."""
+        if self._bounds is None:
+            for _ in range(n):
+                self._child.observe(value)
+            return
+        self._counts[bisect_left(self._bounds, value)] += n
+        self._sum += value * n
+        if not self._pending:
+            self._due = now + TALLY_FLUSH_INTERVAL
+        self._pending += n
+        if now >= self._due:
+            self.flush()
+
     def flush(self) -> None:
         if not self._pending:
             return
@@ -619,7 +633,7 @@ class RequestObserver:
         self._finished = False
         # Inter-token latencies: a local histogram child takes each sample at the cost of a bisect; a
         # prometheus_client one (multiprocess) gets them in batches from a per-request _Tally.
-        self._itl: HistogramChild | None = s.itl if isinstance(s.itl, HistogramChild) else None
+        self._itl: HistogramChild | None = s.itl if self._stream and isinstance(s.itl, HistogramChild) else None
         self._tally = _Tally(s.itl) if self._stream and self._itl is None else None
         s.in_flight.inc()
         if s.in_flight_stream is not None:
@@ -668,12 +682,19 @@ class RequestObserver:
 
         For streams, the first such chunk sets TTFT (from request start); each later one adds an inter-token
         latency sample. Non-stream requests record neither (their TTFT is their duration)."""
-        self._chunks += 1
-        if not has_token:
+        self.chunks(1, 1 if has_token else 0)
+
+    def chunks(self, n: int, tokens: int) -> None:
+        """`n` chunks sent to the client at once (the events of one upstream read), `tokens` of them carrying a
+        token: as `n` calls of :meth:`chunk` in the same instant (one clock read; the tokens after the read's first
+        one are inter-token latency samples of 0)."""
+        self._chunks += n
+        if not tokens:
             return
         now = _now()
         last = self._last_token_t
         self._last_token_t = now
+        zeros = tokens - 1
         if last is None:
             self._first_token_t = now
             if self._stream:
@@ -682,6 +703,11 @@ class RequestObserver:
             self._itl.observe(now - last)
         elif self._tally is not None:
             self._tally.observe(now - last, now)
+        if zeros:
+            if self._itl is not None:
+                self._itl.observe_many(0.0, zeros)
+            elif self._tally is not None:
+                self._tally.observe_many(0.0, zeros, now)
 
     # -- once per response --------------------------------------------------------------------------------------
 

@@ -590,3 +590,33 @@ def test_multiprocess_gateway_gauges_merge(multiproc_dir: str, tmp_path: Path) -
             w.join(5)
             if w.is_alive():
                 w.kill()
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_chunks_of_one_read_equal_chunk_calls_in_one_instant(clock: FakeClock, local: bool) -> None:
+    """`chunks(n, tokens)` (the events of one upstream read, as the handler reports them) records what `n` calls of
+    `chunk` at the same instant record: TTFT once, inter-token latencies with 0 for the read's later tokens; with the
+    local (single-process) and the prometheus_client (multiprocess) metric classes alike. A non-stream request records
+    no inter-token latency, however many choices carry tokens."""
+    reads = [(3, 2), (1, 0), (4, 4), (2, 1), (5, 3)]  # (events, of which tokens) per read
+    batched, single = Metrics(["a"], local=local), Metrics(["a"], local=local)
+    for stream in (True, False):
+        clock.at(clock.t + 1.0)
+        ob = batched.request(ROUTE, "r1", "a", stream)
+        os_ = single.request(ROUTE, "r1", "a", stream)
+        for i, (n, tokens) in enumerate(reads):
+            clock.at(clock.t + 0.003 * (i + 1))
+            ob.chunks(n, tokens)
+            for k in range(n):
+                os_.chunk(k < tokens)
+        ob.finish(200, False, "stop")
+        os_.finish(200, False, "stop")
+    labels = {"route": ROUTE, "upstream": "r1", "model": "a"}
+    itl = "dialect_proxy_inter_token_latency_seconds"
+    for name in (itl + "_count", itl + "_sum", "dialect_proxy_time_to_first_token_seconds_count"):
+        assert value(batched, name, **labels) == pytest.approx(value(single, name, **labels)), name
+    for le in metrics_mod.TOKEN_LATENCY_BUCKETS:
+        assert value(batched, itl + "_bucket", **labels, le=str(le)) == value(single, itl + "_bucket", **labels,
+                                                                            le=str(le))
+    assert value(batched, itl + "_count", **labels) == sum(t for _, t in reads) - 1  # the stream's only
+    assert value(batched, itl + "_bucket", **labels, le="0.005") >= 5  # the zeros of reads with several tokens

@@ -136,8 +136,8 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
         for piece in pieces:
             pipeline.feed(piece, events)
             if events:
-                for event in events:  # the handler's per-event metrics call
-                    obs.chunk(event.has_token)
+                # the handler's metrics call per read
+                obs.chunks(len(events), sum(1 for event in events if event.has_token))
                 data = encoder.feed(events)
                 events.clear()
                 if not head:
@@ -223,7 +223,7 @@ def stages() -> dict[str, tuple[Callable[[], int], int]]:
         out[f"{label}: + orjson.loads"] = (upto(1), count)
         out[f"{label}: + session.chunk"] = (upto(2), count)
         out[f"{label}: + Normalizer"] = (upto(3), count)
-        out[f"{label}: + chat encoder, obs.chunk"] = table[f"{name}{' full-text' if full_text else ''} chat stream"]
+        out[f"{label}: + chat encoder, obs.chunks"] = table[f"{name}{' full-text' if full_text else ''} chat stream"]
     return out
 
 
