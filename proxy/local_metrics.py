@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
+from functools import reduce
+from operator import add
+from typing import Any
 
 from prometheus_client import metrics as _prom_metrics
 from prometheus_client.metrics_core import Metric
@@ -128,8 +131,20 @@ class HistogramChild(_Child):
         self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount, as prometheus_client
         self.sum += amount
 
+    def observe_all(self, amounts: Sequence[float]) -> None:
+        """Each of `amounts` (as a call of `observe` each: the same buckets, the sum added in the same order)."""
+        total = reduce(add, amounts, self.sum)
+        if total != total:  # a NaN among them (or in the sum already): one by one, as observe() does
+            for amount in amounts:
+                self.observe(amount)
+            return
+        count_into_buckets(self.bounds, self.counts, amounts)
+        self.sum = total
+
     def observe_many(self, amount: float, n: int) -> None:
-        """`n` observations of the same `amount` (as `n` calls of `observe`)."""
+        """`n` observations of the same `amount` (as `n` calls of `observe`; the sum may differ in its last bits)."""
+        if n <= 0:
+            return
         if amount != amount:
             self.sum += amount * n
             return
@@ -147,6 +162,21 @@ class HistogramChild(_Child):
             metric.add_sample(name + "_sum", labels, self.sum)
         if created:
             metric.add_sample(name + "_created", labels, self.created)
+
+
+def count_into_buckets(bounds: Sequence[float], counts: list[Any], amounts: Sequence[float]) -> None:
+    """Add each amount (none NaN) to the count of the first bucket whose bound is >= it, as `observe` does one by one:
+    sorted once, then one bisection per bucket instead of one per amount."""
+    values = sorted(amounts)
+    n = len(values)
+    below = 0
+    for i, bound in enumerate(bounds):
+        upto = bisect_right(values, bound)
+        if upto != below:
+            counts[i] += upto - below
+            below = upto
+            if below == n:
+                return
 
 
 class LocalCounter(Family):

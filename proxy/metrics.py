@@ -25,7 +25,9 @@ import tempfile
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import reduce
+from operator import add
 from types import TracebackType
 from typing import Any, Self
 
@@ -39,7 +41,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from proxy import __version__
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 from proxy.events import Timings
-from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram
+from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram, count_into_buckets
 
 __all__ = [
     "CONTENT_TYPE",
@@ -502,8 +504,23 @@ class _Tally:
         if now >= self._due:
             self.flush()
 
+    def observe_all(self, values: Sequence[float]) -> None:
+        """Each of `values`, then flush: one batch for a whole list."""
+        bounds = self._bounds
+        total = reduce(add, values, self._sum)
+        if bounds is None or total != total:  # not batchable, or a NaN among them: one by one, as observe() takes it
+            for value in values:
+                self._child.observe(value)
+            return
+        count_into_buckets(bounds, self._counts, values)
+        self._sum = total
+        self._pending += len(values)
+        self.flush()
+
     def observe_many(self, value: float, n: int, now: float) -> None:
         """`n` samples of the same `value` (as `n` calls of `observe`)."""
+        if n <= 0:
+            return
         if self._bounds is None:
             for _ in range(n):
                 self._child.observe(value)
@@ -528,6 +545,15 @@ class _Tally:
         child._sum.inc(self._sum)
         self._sum = 0.0
         self._pending = 0
+
+
+def _observe_all(child: Any, values: list[float]) -> None:
+    """Observe each value (a MindIE answer reports a few per generated token: thousands for a long one): in one loop
+    on a local histogram child, in one batch (a _Tally) on a prometheus_client one."""
+    if isinstance(child, HistogramChild):
+        child.observe_all(values)
+    else:
+        _Tally(child).observe_all(values)
 
 
 class _MostRecentGauge:
@@ -750,9 +776,7 @@ class RequestObserver:
         for histogram, values in ((m.decode, timings.decode), (m.queue_wait, timings.queue_wait),
                                   (m.batch_size, timings.batch_size)):
             if values:
-                child = m.child(histogram, *labels)
-                for value in values:
-                    child.observe(value)
+                _observe_all(m.child(histogram, *labels), values)
 
     def upstream_error(self, dialect: str, code: str) -> None:
         """An error from (or about) the upstream, e.g. ("mindie", "422"), ("any", "connect_refused")."""

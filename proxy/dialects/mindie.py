@@ -436,11 +436,21 @@ def _number(value: object) -> float | None:
     return f if math.isfinite(f) and f >= 0 else None
 
 
+_PLAIN_NUMBERS = frozenset({int, float})
+
+
 def _scaled(items: object, unit: float) -> list[float]:
+    """The list's finite non-negative numbers times `unit` (others left out). A list of such numbers only (the usual
+    case: one per generated token, thousands in a long answer) is converted in one pass."""
     if not isinstance(items, list):
         return []
+    items = items[:MAX_TIMING_SAMPLES]
+    if items and set(map(type, items)) <= _PLAIN_NUMBERS:  # no bool, None or string among them
+        total = sum(items)
+        if total == total and total != math.inf and min(items) >= 0:  # no NaN, no infinity, none negative
+            return list(map(float, items)) if unit == 1 else [item * unit for item in items]
     out = []
-    for item in items[:MAX_TIMING_SAMPLES]:
+    for item in items:
         v = _number(item)
         if v is not None:
             out.append(v * unit)

@@ -1,0 +1,133 @@
+"""Histogram samples taken in batches give exactly what one `observe` per sample gives: the batch of a MindIE answer's
+per-token timings (`HistogramChild.observe_all`, `_Tally.observe_all`), the zeros of one read's later tokens
+(`observe_many`), and MindIE's conversion of its timing lists (`_scaled`: one pass for a list of plain numbers)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram
+
+from proxy import metrics as metrics_mod
+from proxy.dialects import mindie
+from proxy.local_metrics import LocalHistogram
+
+BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+# Values that land exactly on bounds, between them, beyond the last one, and the odd ones observe() must take.
+amount = st.one_of(
+    st.sampled_from([*BOUNDS, 0.0, -0.0, 1e9, math.inf, -1.0]),
+    st.floats(min_value=0, max_value=10, allow_nan=False),
+    st.integers(min_value=0, max_value=100),
+)
+with_nan = st.one_of(amount, st.just(math.nan))
+
+
+def local_child() -> Any:
+    return LocalHistogram("h", "", ["l"], BOUNDS).labels("x")
+
+
+def state(child: Any) -> tuple[list[float], float]:
+    return list(child.counts), child.sum
+
+
+@settings(max_examples=300, deadline=None)
+@given(before=st.lists(amount, max_size=5), batch=st.lists(with_nan, max_size=60))
+def test_local_observe_all_equals_observe_each(before: list[float], batch: list[float]) -> None:
+    one, each = local_child(), local_child()
+    for child in (one, each):
+        for a in before:
+            child.observe(a)
+    one.observe_all(batch)
+    for a in batch:
+        each.observe(a)
+    counts, total = state(one)
+    want_counts, want_total = state(each)
+    assert counts == want_counts
+    assert total == want_total or (math.isnan(total) and math.isnan(want_total))
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=amount, n=st.integers(min_value=0, max_value=50))
+def test_observe_many_equals_observe_each(value: float, n: int) -> None:
+    many, each = local_child(), local_child()
+    many.observe_many(value, n)
+    for _ in range(n):
+        each.observe(value)
+    assert many.counts == each.counts
+    assert many.sum == each.sum or math.isclose(many.sum, each.sum)  # n additions vs one product
+
+
+def prom_samples(h: Histogram) -> dict[tuple[str, str | None], float]:
+    return {(s.name, s.labels.get("le")): s.value for s in h.collect()[0].samples if not s.name.endswith("_created")}
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=st.lists(with_nan, max_size=60))
+def test_tally_observe_all_equals_prometheus_observe_each(batch: list[float]) -> None:
+    """Multiprocess mode: the batch goes into prometheus_client's histogram child as observing each sample would."""
+    batched = Histogram("b", "", ["l"], registry=CollectorRegistry(), buckets=BOUNDS)
+    each = Histogram("b", "", ["l"], registry=CollectorRegistry(), buckets=BOUNDS)
+    metrics_mod._Tally(batched.labels("x")).observe_all(batch)
+    child = each.labels("x")
+    for a in batch:
+        child.observe(a)
+    got, want = prom_samples(batched), prom_samples(each)
+    assert got.keys() == want.keys()
+    for key, v in want.items():
+        assert got[key] == v or (math.isnan(got[key]) and math.isnan(v)), key
+
+
+def scaled_reference(items: object, unit: float) -> list[float]:
+    """One item at a time, as the dialect read them before the one-pass conversion."""
+    if not isinstance(items, list):
+        return []
+    out = []
+    for item in items[: mindie.MAX_TIMING_SAMPLES]:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            continue
+        f = float(item)
+        if math.isfinite(f) and f >= 0:
+            out.append(f * unit)
+    return out
+
+
+item = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.booleans(), st.none(), st.text(max_size=3),
+)
+plain = st.one_of(st.floats(min_value=0, max_value=1e6), st.integers(min_value=0, max_value=10**6))
+
+
+@settings(max_examples=400, deadline=None)
+@given(items=st.one_of(st.lists(item, max_size=30), st.lists(plain, max_size=30), st.none(), st.text(max_size=3)),
+       unit=st.sampled_from([1, mindie.DECODE_TIME_UNIT, mindie.QUEUE_WAIT_TIME_UNIT]))
+def test_mindie_scaled_equals_item_by_item(items: object, unit: float) -> None:
+    got = mindie._scaled(items, unit)
+    want = scaled_reference(items, unit)
+    assert got == want
+    assert all(type(v) is float for v in got)
+
+
+def test_mindie_timings_of_a_long_answer_reach_the_histograms() -> None:
+    """A 2,000-token MindIE answer: every per-token value is counted, in the right buckets, once."""
+    n = 2000
+    decode_ms = [float(i % 50) for i in range(n)]
+    timings = mindie.MindIEDialect().timings({"prefill_time": 120, "decode_time_arr": decode_ms,
+                                             "usage": {"batch_size": [3] * n, "queue_wait_time": [250] * n}})
+    assert timings is not None
+    for local in (True, False):
+        m = metrics_mod.Metrics(["m"], local=local)
+        obs = m.request("/v1/chat/completions", "u", "m", True)
+        obs.upstream_timings(timings)
+        obs.finish(200, False, "stop")
+        reg = m.registry
+        labels = {"upstream": "u", "model": "m"}
+        decode = "dialect_proxy_upstream_decode_token_seconds"
+        assert reg.get_sample_value(decode + "_count", labels) == n
+        assert reg.get_sample_value(decode + "_sum", labels) == sum(v * mindie.DECODE_TIME_UNIT for v in decode_ms)
+        assert reg.get_sample_value("dialect_proxy_upstream_batch_size_count", labels) == n
+        assert reg.get_sample_value("dialect_proxy_upstream_queue_wait_seconds_count", labels) == n
