@@ -380,7 +380,7 @@ def serve(settings: Settings) -> None:
         return
     from .server import ProxyServer
 
-    app = create_app(settings)
+    app = create_app(settings, tune_gc=True)
     config = _uvicorn_config(app, s.host, s.port, s.log_level, timeout_graceful_shutdown=s.shutdown_grace,
                              **frontend_options(s))
     ProxyServer(config, app.state.proxy).run()
@@ -394,7 +394,7 @@ def worker_app() -> Any:
     args = parser().parse_args(argv)
     settings = settings_from_args(args, os.environ)
     configure_logging(settings.server.log_level)
-    return create_app(settings)
+    return create_app(settings, tune_gc=True)
 
 
 def _free_port() -> int:
@@ -428,8 +428,8 @@ def demo(args: argparse.Namespace) -> None:
     configure_logging("info")
     mock_server = uvicorn.Server(_uvicorn_config(create_mock(args.dialect, full_text=full_text), "127.0.0.1",
                                                  mock_port, "warning"))
-    proxy_server = uvicorn.Server(_uvicorn_config(create_app(settings), "127.0.0.1", proxy_port, "warning",
-                                                  **frontend_options(settings.server)))
+    proxy_server = uvicorn.Server(_uvicorn_config(create_app(settings, tune_gc=True), "127.0.0.1", proxy_port,
+                                                  "warning", **frontend_options(settings.server)))
     base = f"http://127.0.0.1:{proxy_port}/v1"
     try:  # print the snippet for an interpreter that has the openai SDK, so that it works as printed
         import openai  # noqa: F401

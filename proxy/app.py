@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import __version__
+from . import __version__, runtime
 from .appstate import AppState
 from .clients import ClientDialect
 from .errors import ProxyError
@@ -33,7 +33,8 @@ def _error_response(err: ProxyError) -> Response:
     return Response(err.body(), err.status, headers=err.response_headers(), media_type="application/json")
 
 
-def create_app(settings: Settings) -> ProxyApp:
+def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
+    """`tune_gc`: this process serves the app alone (the CLI): set its garbage collector for it (proxy/runtime.py)."""
     state = AppState(settings)
 
     @contextlib.asynccontextmanager
@@ -42,6 +43,8 @@ def create_app(settings: Settings) -> ProxyApp:
         # readiness_timeout anyway).
         checks = asyncio.gather(log_upstream_checks(state), log_store(state.store, settings))
         state.start()
+        if tune_gc:
+            runtime.tune_gc()
         try:
             yield
         finally:

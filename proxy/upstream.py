@@ -17,6 +17,7 @@ import logging
 import socket
 import ssl
 from collections.abc import AsyncGenerator, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
@@ -221,77 +222,100 @@ class Alarm:
 _TICK = "dialect-proxy: upstream silent"
 
 
+class _Silence:
+    """The one timer of a streamed body's reads (iter_stream): it looks at the time of the last read and cancels the
+    reading task (with _TICK) only when the upstream has been silent past a limit. `close()` ends it (the timer
+    holds `tick`, bound to this object: cancelled and dropped there, no reference cycle is left behind)."""
+
+    __slots__ = ("_deadline", "_handle", "_idle", "_keepalive", "_loop", "_task", "fired", "last_data", "last_tick",
+                 "reading")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], idle_timeout: float,
+                 keepalive: float, deadline: float) -> None:
+        self._loop = loop
+        self._task = task
+        self._idle = idle_timeout
+        self._keepalive = keepalive
+        self._deadline = deadline
+        self.last_data = self.last_tick = loop.time()
+        self.reading = False
+        self.fired = False
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self.next_due(), self.tick)
+
+    def next_due(self) -> float:
+        return min(max(self.last_data, self.last_tick) + self._keepalive, self.last_data + self._idle, self._deadline)
+
+    def tick(self) -> None:
+        now = self._loop.time()
+        due = self.next_due()
+        if now >= due:
+            if self.reading:
+                self.fired = True
+                self._task.cancel(msg=_TICK)
+                return
+            due = now + min(self._keepalive, 1.0)  # the caller is busy sending to a slow client: look again soon
+        self._handle = self._loop.call_at(due, self.tick)
+
+    def rearm(self) -> None:
+        self._handle = self._loop.call_at(self.next_due(), self.tick)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 async def iter_stream(
     resp: aiohttp.ClientResponse, idle_timeout: float, keepalive: float, deadline: float
 ) -> AsyncGenerator[bytes | None, None]:
     """Raw bytes of a streamed body as they arrive. Yields None after each `keepalive` seconds of silence (so the
     caller can send an SSE comment); raises StreamTruncated on idle timeout, total deadline or a broken body.
 
-    Deadlines cost nothing per chunk: instead of arming a timeout around every read (~8 µs each), one timer checks
-    the time of the last read and interrupts the read only when the upstream really was silent. It never interrupts
-    the caller while the caller is busy sending (a slow client is back-pressure, not upstream silence).
+    Deadlines cost nothing per chunk: instead of arming a timeout around every read (~8 µs each), one timer
+    (_Silence) checks the time of the last read and interrupts the read only when the upstream really was silent. It
+    never interrupts the caller while the caller is busy sending (a slow client is back-pressure, not upstream
+    silence).
     """
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
     content = resp.content
-    last_data = last_tick = loop.time()
-    reading = False
-    fired = False
-    handle: asyncio.TimerHandle | None = None
-
-    def next_due() -> float:
-        return min(max(last_data, last_tick) + keepalive, last_data + idle_timeout, deadline)
-
-    def tick() -> None:
-        nonlocal handle, fired
-        now = loop.time()
-        due = next_due()
-        if now >= due:
-            if reading:
-                fired = True
-                task.cancel(msg=_TICK)
-                return
-            due = now + min(keepalive, 1.0)  # the caller is busy sending to a slow client: look again soon
-        handle = loop.call_at(due, tick)
-
-    handle = loop.call_at(next_due(), tick)
+    silence = _Silence(loop, task, idle_timeout, keepalive, deadline)
     try:
         while True:
-            reading = True
+            silence.reading = True
             try:
                 data = await content.readany()
             except asyncio.CancelledError as e:
-                if not (fired and e.args == (_TICK,)):
+                if not (silence.fired and e.args == (_TICK,)):
                     raise
-                fired = False
+                silence.fired = False
                 if task.uncancel() > 0:  # someone else (client disconnect, shutdown) cancelled us too
                     raise
                 now = loop.time()
                 if now >= deadline:
                     raise StreamTruncated("The request exceeded the proxy's total time limit.",
                                           reason="idle_timeout", status=504) from None
-                if now - last_data >= idle_timeout:
+                if now - silence.last_data >= idle_timeout:
                     raise StreamTruncated(f"The upstream sent nothing for {idle_timeout:g} s.",
                                           reason="idle_timeout", status=504) from None
-                reading = False
-                last_tick = now
+                silence.reading = False
+                silence.last_tick = now
                 yield None
-                handle = loop.call_at(next_due(), tick)
+                silence.rearm()
                 continue
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
                 raise StreamTruncated(
                     "The upstream connection broke in the middle of the stream.", reason="upstream_closed"
                 ) from None
             finally:
-                reading = False
+                silence.reading = False
             if not data:
                 return
-            last_data = loop.time()
+            silence.last_data = loop.time()
             yield data
     finally:
-        if handle is not None:
-            handle.cancel()
+        silence.close()
 
 
 async def release(resp: aiohttp.ClientResponse, drain_timeout: float = 1.0) -> None:
