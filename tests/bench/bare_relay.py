@@ -1,5 +1,7 @@
 """The baseline for the benchmark: the barest correct relay (raw ASGI + aiohttp, bytes in -> bytes out, no parsing,
 no translation, no metrics). What the proxy costs beyond this is the price of translation and observability.
+Its garbage collector is set as the proxy's (proxy/runtime.py), so the ratio does not count that setting as the
+proxy's gain.
 
     python tests/bench/bare_relay.py PORT UPSTREAM_URL
 """
@@ -7,9 +9,13 @@ no translation, no metrics). What the proxy costs beyond this is the price of tr
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import aiohttp
 import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from proxy.runtime import tune_gc  # noqa: E402
 
 UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:1025"
 _session: aiohttp.ClientSession | None = None
@@ -21,6 +27,7 @@ async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
+                tune_gc()
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 if _session is not None:
