@@ -77,6 +77,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- connection ---------------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._out = _HeadWithBody(transport)  # what each response's cycle writes to
         if len(self.connections) > self.limits.max_client_connections:
             self.logger.warning("Refused a connection: %d client connections are open.", len(self.connections) - 1)
             self._refuse(503, "The proxy has too many open connections; retry later.")
@@ -135,8 +136,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self.limits.body_timeout)
         super().on_headers_complete()
         self.scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]  # this front end calls the handler's hook
+        self.cycle.transport = self._out
         if self.pipeline:  # queued behind the answer in progress; uvicorn stops reading until its turn
             self._disarm()
+
+    def on_response_complete(self) -> None:
+        self._out.next_response()  # a response without body bytes (HEAD): its head goes out now
+        super().on_response_complete()
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -202,6 +208,52 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.loop.call_later(_LINGER, self.transport.close)
         else:
             self.transport.close()
+
+
+class _HeadWithBody(asyncio.Transport):
+    """The connection's transport as its responses' cycles see it: a response's status line and headers (its first
+    write) are held and go out in one write with its first body bytes, not in a write of their own. On loopback and
+    in VMs each write that reaches an idle reader costs a wake-up; a non-stream answer now costs one write, not two.
+    A held head goes out with the next write, on close, and when the response completes (`next_response`, called by
+    GuardedHttpToolsProtocol.on_response_complete: a HEAD answer has no body bytes). `100 Continue` is never held
+    (the client waits for it before it sends the body). Responses on a connection are sequential, so one object
+    serves them all."""
+
+    __slots__ = ("_first", "_held", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__()
+        self._transport = transport
+        self._held: bytes | None = None
+        self._first = True  # the next write is a response's head
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif self._first and data[:13] != b"HTTP/1.1 100 ":
+            self._first = False
+            self._held = bytes(data)
+        else:
+            self._transport.write(data)
+
+    def next_response(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held)
+        self._first = True
+
+    def close(self) -> None:
+        self.next_response()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
 
 
 _LINGER = 2.0  # seconds a refused connection is still read (and discarded) before it is closed
