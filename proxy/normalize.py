@@ -57,6 +57,9 @@ class Normalizer:
         self._lanes: set[int] = set()  # the choices whose plain text chunks may take the fast lane (feed)
         self._keys: set[str] = set()  # the fields of the last chunk, and those of them the hub does not know
         self._extra: tuple[str, ...] = ()
+        # Counts the changes of answer.envelope_extra: a text lane template holds the envelope of its time
+        # (proxy/pipeline.py drops the templates when this moves on).
+        self.envelope_version = 0
 
     def feed(self, chunk: ChatChunk, final: bool = False) -> list[Delta]:
         """The events of one canonical chunk. `final`: the whole answer (a non-stream body) — every choice ends here,
@@ -87,7 +90,10 @@ class Normalizer:
         if extra:
             envelope = answer.envelope_extra
             for key in extra:
-                envelope[key] = chunk[key]
+                value = chunk[key]
+                if key not in envelope or envelope[key] != value:
+                    envelope[key] = value
+                    self.envelope_version += 1
         choices = chunk.get("choices")
         if not choices:
             return []

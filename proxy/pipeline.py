@@ -28,7 +28,7 @@ log = logging.getLogger("dialect_proxy")
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_feed", "_lane", "answer", "done", "normalizer", "session")
+    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "answer", "done", "normalizer", "session")
 
     def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True) -> None:
         self.session = session
@@ -42,6 +42,10 @@ class Pipeline:
         # event skip `chunk` (not the engine's). `text_lane=False` is the full path for every event
         # (tests/stream/test_text_lane.py compares the two).
         self._lane = TextLane() if text_lane and self.normalizer.chat and session.lane_open() else None
+        # The normaliser's envelope_version when the lane last learned: an event answered by the lane leaves the
+        # answer's envelope fields (system_fingerprint ...) as they were, so its templates hold only while those
+        # have not changed since.
+        self._envelope = 0
 
     def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out`."""
@@ -83,6 +87,9 @@ class Pipeline:
                     self.done = True
                     return
                 if lane is not None:
+                    if self.normalizer.envelope_version != self._envelope:
+                        lane.forget()
+                        self._envelope = self.normalizer.envelope_version
                     hit = lane.match(event)
                     if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
                         index, reasoning, text = hit
@@ -128,6 +135,9 @@ class Pipeline:
         delta = choices[0].get("delta")
         if not isinstance(delta, dict):
             return
+        if self.normalizer.envelope_version != self._envelope:  # this event changed the envelope: older templates go
+            lane.forget()
+            self._envelope = self.normalizer.envelope_version
         if d.content:
             if delta.get("content") == d.content:
                 # A session that rewrites text: the event's own token is not what came out (the probe alone places it).

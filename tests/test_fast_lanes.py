@@ -192,3 +192,33 @@ def test_invalid_utf8_in_a_whole_event_becomes_replacement_characters() -> None:
     fast = run("openai", [role, bad, done], "chat", "auto", general=False)
     assert '"a\ufffdb"'.encode() in fast
     assert fast == run("openai", [role + bad[:3], bad[3:] + done], "chat", "auto", general=True)
+
+
+def _chunk(delta: dict[str, Any], **envelope: Any) -> bytes:
+    event = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m", **envelope,
+             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+@pytest.mark.parametrize("client", ENCODERS)
+def test_a_text_event_after_the_envelope_changed_carries_the_new_envelope(client: str) -> None:
+    """Found by the test above: the text lane learned a reasoning event under system_fingerprint fp_1; a tool call
+    under fp_2 then changed the answer's envelope; the next fp_1 reasoning event matched the template, and the lane
+    answered it without the envelope going back to fp_1 (the general path sets it from every event)."""
+    call = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city":'}}]}
+    pieces = [_chunk({"role": "assistant", "content": ""}),
+              _chunk({"reasoning_content": " tok"}, system_fingerprint="fp_1"),
+              _chunk({"content": " tok"}),
+              _chunk(call, system_fingerprint="fp_2", x_vendor=1),
+              _chunk({"reasoning_content": " tok"}, system_fingerprint="fp_1"),
+              _chunk({"reasoning_content": " tok"}, system_fingerprint="fp_1"),
+              b'data: {"id":"chatcmpl-up","object":"chat.completion.chunk","created":1,"model":"m",'
+              b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}\n\n',
+              b"data: [DONE]\n\n"]
+    halves = [half for piece in pieces for half in (piece[:len(piece) // 2], piece[len(piece) // 2:])]
+    fast = run("openai", pieces, client, "auto", general=False)
+    assert fast == run("openai", halves, client, "auto", general=True)
+    if client == "chat":
+        last = [line for line in fast.split(b"\n\n") if b'"finish_reason":"stop"' in line][0]
+        assert b'"system_fingerprint":"fp_1"' in last

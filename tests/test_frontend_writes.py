@@ -77,7 +77,8 @@ def test_pipelined_requests_on_one_connection_keep_their_answers(proxy: Any) -> 
     """A non-stream answer, a HEAD, a GET and a stream, sent in one write on one kept-alive connection: each answer
     complete and in order (a held head never leaks into the next answer); then a HEAD with nothing after it is
     answered at once (its head is not held for body bytes that never come)."""
-    stream = orjson.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi [mock:chunks=5]"}]})
+    stream = orjson.dumps({"model": "m", "stream": True,
+                           "messages": [{"role": "user", "content": "hi [mock:chunks=5]"}]})
 
     async def go() -> list[tuple[int, dict[str, str], bytes]]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port_of(proxy))

@@ -54,6 +54,10 @@ class TextLane:
                 return None
         return None
 
+    def forget(self) -> None:
+        """Drop the templates (the answer's envelope changed since they were learned: proxy/pipeline.py)."""
+        self._templates = []
+
     def learn(self, data: bytes, field: str, value: str | None, index: int, reasoning: bool) -> None:
         """`data` is an event whose only choice, `index`, went through the full path as text `value` taken unchanged
         from its `delta.<field>` (None: a session rewrote it, see UpstreamSession.lane_text; the token is then placed
