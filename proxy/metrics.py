@@ -347,6 +347,17 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def live_gauge(self, metric: Any, labels: tuple[str, ...], read: Callable[[], float],
+                   combine: Callable[[Iterable[float]], float] = sum) -> bool:
+        """Single process: the child of the gauge `metric` for `labels` reads its value from `read()` when a scrape
+        collects it (proxy/local_metrics.py LiveGaugeChild), so the state it shows is never written to a metric.
+        False when `metric` is a prometheus_client gauge (multiprocess mode: a scrape reads the workers' files, so
+        the caller must keep setting the values)."""
+        if not isinstance(metric, LocalGauge):
+            return False
+        self._children[(metric, labels)] = metric.live(labels, read, combine)
+        return True
+
     def model_label(self, name: str) -> str:
         """The ``model`` label for a name: configured names pass, anything else is ``other``."""
         return self._model(name)
