@@ -181,7 +181,7 @@ class ReplicaSet:
             only = self.replicas[0]
             if only.admission.try_acquire():
                 return Ticket(self, only, 0.0)
-        candidates = [r for r in self.replicas if r.index not in tried]
+        candidates = [r for r in self.replicas if r.index not in tried] if tried else self.replicas
         if not candidates:
             return None
         live = [r for r in candidates if r.up()] or candidates
@@ -234,8 +234,17 @@ class ReplicaSet:
         return self._least_outstanding(pool)
 
     def _least_outstanding(self, pool: list[Replica]) -> Replica:
-        low = min(r.outstanding for r in pool)
-        best = [r for r in pool if r.outstanding == low]
+        """The replica with the fewest requests in flight or queued; a tie goes to a random one of them."""
+        best: list[Replica] = []
+        low = -1
+        for r in pool:
+            admission = r.admission
+            n = admission.in_flight + admission.queued
+            if n < low or low < 0:
+                low = n
+                best = [r]
+            elif n == low:
+                best.append(r)
         return best[0] if len(best) == 1 else self._rng.choice(best)
 
     def _rate_limited(self, replica: Replica, why: str) -> ProxyError:
@@ -290,19 +299,22 @@ class ReplicaSet:
             replica.live = True
             adm.on_change = None
             return
-        values = (adm.in_flight, adm.queued, 1 if replica.up() else 0)
         shown = replica.shown
-        if values == shown:
+        in_flight, queued, up = adm.in_flight, adm.queued, 1 if replica.up() else 0
+        if in_flight == shown[0] and queued == shown[1] and up == shown[2]:
             return
         children = replica.gauges
         if children is None:
             children = replica.gauges = (m.child(m.replica_in_flight, *replica.labels),
                                          m.child(m.replica_queue_length, *replica.labels),
                                          m.child(m.replica_up, *replica.labels))
-        for child, value, old in zip(children, values, shown, strict=True):
-            if value != old:
-                child.set(value)
-        replica.shown = values
+        if in_flight != shown[0]:
+            children[0].set(in_flight)
+        if queued != shown[1]:
+            children[1].set(queued)
+        if up != shown[2]:
+            children[2].set(up)
+        replica.shown = (in_flight, queued, up)
 
     async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
         """Probe every replica now. With active health on, the result also takes replicas out and back in (without
