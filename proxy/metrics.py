@@ -169,6 +169,7 @@ class Metrics:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._series: dict[tuple[str, str, str, bool, str | None], _Series] = {}
         self._up: dict[str, Any] = {}  # upstream name -> its upstream_up child
+        self._before_render: list[Callable[[], None]] = []
         self.multiprocess = multiprocess
         # Lock-free in-process values (proxy/local_metrics.py) unless the values must reach the other workers
         # through prometheus_client's files. `local=False` forces prometheus_client's classes (tests compare).
@@ -418,8 +419,15 @@ class Metrics:
                 self._up[upstream] = gauge
         gauge.set(1 if up else 0)
 
+    def before_render(self, refresh: Callable[[], None]) -> None:
+        """Call `refresh` before each render (from the event loop's thread, as /metrics is): gauges that are set,
+        not read at scrape time, bring what depends on the clock up to date (a replica whose ejection ran out)."""
+        self._before_render.append(refresh)
+
     def render(self) -> tuple[bytes, str]:
         """The /metrics body and its content type. In multiprocess mode, all workers' values merged."""
+        for refresh in self._before_render:
+            refresh()
         if self._multiproc_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE
         self._forget_dead_workers()

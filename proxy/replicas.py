@@ -147,10 +147,14 @@ class ReplicaSet:
         self.only = self.replicas[0] if len(self.replicas) == 1 else None  # the common case, a lone replica
         self._health_task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        pushed = False
         for r in self.replicas:
             if not metrics.live_gauge(metrics.replica_up, r.labels, r.up_value, max):
                 metrics.child(metrics.replica_up, *r.labels).set(1)
+                pushed = True
             r.admission.on_change = functools.partial(self.gauges, r)
+        if pushed:  # gauges that are set (multiprocess): an ejection that ran out shows at the next scrape
+            metrics.before_render(self._refresh_gauges)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -315,6 +319,11 @@ class ReplicaSet:
         if up != shown[2]:
             children[2].set(up)
         replica.shown = (in_flight, queued, up)
+
+    def _refresh_gauges(self) -> None:
+        for r in self.replicas:
+            if r.gauges is not None:  # (a replica never used was never ejected: its replica_up is still 1)
+                self.gauges(r)
 
     async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
         """Probe every replica now. With active health on, the result also takes replicas out and back in (without
