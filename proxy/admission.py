@@ -49,9 +49,11 @@ class Admission:
         return self.has_slot() or len(self._waiters) < self.queue_size
 
     def try_acquire(self) -> bool:
-        if self.has_slot():
+        if not self.max_in_flight or (self.in_flight < self.max_in_flight and not self._waiters):  # has_slot()
             self.in_flight += 1
-            self._changed()
+            on_change = self.on_change
+            if on_change is not None:
+                on_change()
             return True
         return False
 
@@ -95,14 +97,18 @@ class Admission:
         """Give a slot back (to the first waiter, if any). `held`: seconds the slot was used (for Retry-After)."""
         if held is not None:
             self._ewma = held if not self._ewma else 0.8 * self._ewma + 0.2 * held
-        while self._waiters:
-            fut = self._waiters.popleft()
+        waiters = self._waiters
+        while waiters:
+            fut = waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
                 self._changed()
                 return
-        self.in_flight = max(self.in_flight - 1, 0)
-        self._changed()
+        if self.in_flight > 0:
+            self.in_flight -= 1
+        on_change = self.on_change
+        if on_change is not None:
+            on_change()
 
     def retry_after(self) -> int:
         """Whole seconds until a slot is likely free: the mean slot time times the queue ahead, per slot; 1..60."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import reduce
 from operator import add
 from typing import Any
@@ -26,7 +26,8 @@ from prometheus_client import metrics as _prom_metrics
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LocalCounter", "LocalGauge", "LocalHistogram"]
+__all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeChild", "LocalCounter", "LocalGauge",
+           "LocalHistogram"]
 
 
 def _use_created() -> bool:
@@ -107,6 +108,26 @@ class GaugeChild(_Child):
 
     def set(self, value: float) -> None:
         self.value = float(value)
+
+    def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
+        metric.add_sample(name, labels, self.value)
+
+
+class LiveGaugeChild(_Child):
+    """A gauge whose value is read when a scrape collects it, from state kept elsewhere (a replica's admission
+    counts, proxy/replicas.py): the code that changes that state writes no metric at all. Several readers (label
+    values shared by two sources, e.g. upstreams beyond the label cap) are combined with `combine`."""
+
+    __slots__ = ("combine", "reads")
+
+    def __init__(self, read: Callable[[], float], combine: Callable[[Iterable[float]], float] = sum) -> None:
+        self.reads = [read]
+        self.combine = combine
+
+    @property
+    def value(self) -> float:
+        reads = self.reads
+        return float(reads[0]() if len(reads) == 1 else self.combine(read() for read in reads))
 
     def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
         metric.add_sample(name, labels, self.value)
@@ -194,6 +215,20 @@ class LocalGauge(Family):
 
     def _new_child(self) -> GaugeChild:
         return GaugeChild()
+
+    def live(self, values: tuple[str, ...], read: Callable[[], float],
+             combine: Callable[[Iterable[float]], float] = sum) -> LiveGaugeChild:
+        """Make the child for `values` a LiveGaugeChild reading `read()` at scrape time (in the place of the child
+        of that name, if there was one: the series keep their order). A second reader for the same values is
+        combined with the first."""
+        old = self._children.get(values)
+        if isinstance(old, LiveGaugeChild):
+            old.reads.append(read)
+            return old
+        child = LiveGaugeChild(read, combine)
+        self.labels(*values)  # checks the label count; a new name takes its place in creation order
+        self._children[values] = child
+        return child
 
 
 class LocalHistogram(Family):

@@ -171,6 +171,7 @@ class Metrics:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._series: dict[tuple[str, str, str, bool, str | None], _Series] = {}
         self._up: dict[str, Any] = {}  # upstream name -> its upstream_up child
+        self._before_render: list[Callable[[], None]] = []
         self.multiprocess = multiprocess
         # Lock-free in-process values (proxy/local_metrics.py) unless the values must reach the other workers
         # through prometheus_client's files. `local=False` forces prometheus_client's classes (tests compare).
@@ -349,6 +350,17 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def live_gauge(self, metric: Any, labels: tuple[str, ...], read: Callable[[], float],
+                   combine: Callable[[Iterable[float]], float] = sum) -> bool:
+        """Single process: the child of the gauge `metric` for `labels` reads its value from `read()` when a scrape
+        collects it (proxy/local_metrics.py LiveGaugeChild), so the state it shows is never written to a metric.
+        False when `metric` is a prometheus_client gauge (multiprocess mode: a scrape reads the workers' files, so
+        the caller must keep setting the values)."""
+        if not isinstance(metric, LocalGauge):
+            return False
+        self._children[(metric, labels)] = metric.live(labels, read, combine)
+        return True
+
     def model_label(self, name: str) -> str:
         """The ``model`` label for a name: configured names pass, anything else is ``other``."""
         return self._model(name)
@@ -409,8 +421,15 @@ class Metrics:
                 self._up[upstream] = gauge
         gauge.set(1 if up else 0)
 
+    def before_render(self, refresh: Callable[[], None]) -> None:
+        """Call `refresh` before each render (from the event loop's thread, as /metrics is): gauges that are set,
+        not read at scrape time, bring what depends on the clock up to date (a replica whose ejection ran out)."""
+        self._before_render.append(refresh)
+
     def render(self) -> tuple[bytes, str]:
         """The /metrics body and its content type. In multiprocess mode, all workers' values merged."""
+        for refresh in self._before_render:
+            refresh()
         if self._multiproc_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE
         self._forget_dead_workers()

@@ -30,7 +30,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -56,7 +56,7 @@ class Replica:
     """One server of an upstream."""
 
     __slots__ = ("admission", "client", "ejected_until", "ejections", "failures", "gauges", "healthy", "index",
-                 "labels", "name", "probation", "settings", "shown", "url")
+                 "labels", "live", "name", "ok", "probation", "settings", "shown", "url")
 
     def __init__(self, index: int, settings: ReplicaSettings, client: UpstreamClient, admission: Admission,
                  upstream_label: str) -> None:
@@ -74,26 +74,39 @@ class Replica:
         self.healthy = True  # the last active health check passed (or none ran yet)
         self.gauges: tuple[Any, Any, Any] | None = None  # its in_flight, queue_length and up gauge children
         self.shown: tuple[int | None, int | None, int | None] = (None, None, None)  # the values they were set to
+        self.live = False  # its gauges read their values at scrape time (single process): nothing to write
+        self.ok: Any = None  # its upstream_attempts{result="ok"} child, once resolved
 
     @property
     def outstanding(self) -> int:
         return self.admission.in_flight + self.admission.queued
 
-    def available(self, now: float) -> bool:
-        return self.healthy and now >= self.ejected_until
+    def up(self) -> bool:
+        """It takes requests: not ejected, and its last active health check passed. Reads the clock only while an
+        ejection is on record."""
+        until = self.ejected_until
+        if until:
+            if time.monotonic() < until:
+                return False
+            self.ejected_until = 0.0  # the ejection is over: no clock reads until the next one
+        return self.healthy
+
+    def up_value(self) -> float:
+        """replica_up: 1 if it takes requests, else 0."""
+        return 1.0 if self.up() else 0.0
 
 
 class Ticket:
     """A replica admitted for one attempt. `release()` when the attempt's response is over (idempotent)."""
 
-    __slots__ = ("_rset", "_t0", "released", "replica", "waited")
+    __slots__ = ("_t0", "released", "replica", "waited")
 
     def __init__(self, rset: ReplicaSet, replica: Replica, waited: float) -> None:
-        self._rset = rset
         self.replica = replica
         self.waited = waited
         self.released = False
-        self._t0 = time.monotonic()
+        # How long the slot is held feeds Retry-After, which only a limited admission ever answers.
+        self._t0 = time.monotonic() if replica.admission.max_in_flight else None
 
     @property
     def client(self) -> UpstreamClient:
@@ -106,7 +119,8 @@ class Ticket:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.replica.admission.release(time.monotonic() - self._t0)
+            t0 = self._t0
+            self.replica.admission.release(None if t0 is None else time.monotonic() - t0)
 
 
 class ReplicaSet:
@@ -130,11 +144,17 @@ class ReplicaSet:
         ring = sorted((_hash(f"{r.name}#{v}".encode()), r.index) for r in self.replicas for v in range(VNODES))
         self._ring_keys = [h for h, _ in ring]
         self._ring_owners = [i for _, i in ring]
+        self.only = self.replicas[0] if len(self.replicas) == 1 else None  # the common case, a lone replica
         self._health_task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        pushed = False
         for r in self.replicas:
-            metrics.child(metrics.replica_up, *r.labels).set(1)
+            if not metrics.live_gauge(metrics.replica_up, r.labels, r.up_value, max):
+                metrics.child(metrics.replica_up, *r.labels).set(1)
+                pushed = True
             r.admission.on_change = functools.partial(self.gauges, r)
+        if pushed:  # gauges that are set (multiprocess): an ejection that ran out shows at the next scrape
+            metrics.before_render(self._refresh_gauges)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -158,18 +178,17 @@ class ReplicaSet:
         key = affinity_key(request, self.upstream.affinity_turns) if self.affinity else None
         return Attempts(self, key, info)
 
-    async def acquire(self, key: int | None, tried: set[int]) -> Ticket | None:
+    async def acquire(self, key: int | None, tried: Collection[int]) -> Ticket | None:
         """A ticket on the best replica not in `tried` (None when every replica was tried). Raises the 429
         ProxyError when the chosen replicas are full (queue full, or queue_timeout passed)."""
         if len(self.replicas) == 1 and key is None and not tried:  # a sidecar's one upstream with a free slot: go
             only = self.replicas[0]
             if only.admission.try_acquire():
                 return Ticket(self, only, 0.0)
-        candidates = [r for r in self.replicas if r.index not in tried]
+        candidates = [r for r in self.replicas if r.index not in tried] if tried else self.replicas
         if not candidates:
             return None
-        now = time.monotonic()
-        live = [r for r in candidates if r.available(now)] or candidates
+        live = [r for r in candidates if r.up()] or candidates
         pool = [r for r in live if r.admission.has_slot()] or [r for r in live if r.admission.has_room()]
         if not pool:
             self.metrics.child(self.metrics.admission_rejections, self.label, "queue_full").inc()
@@ -219,8 +238,17 @@ class ReplicaSet:
         return self._least_outstanding(pool)
 
     def _least_outstanding(self, pool: list[Replica]) -> Replica:
-        low = min(r.outstanding for r in pool)
-        best = [r for r in pool if r.outstanding == low]
+        """The replica with the fewest requests in flight or queued; a tie goes to a random one of them."""
+        best: list[Replica] = []
+        low = -1
+        for r in pool:
+            admission = r.admission
+            n = admission.in_flight + admission.queued
+            if n < low or low < 0:
+                low = n
+                best = [r]
+            elif n == low:
+                best.append(r)
         return best[0] if len(best) == 1 else self._rng.choice(best)
 
     def _rate_limited(self, replica: Replica, why: str) -> ProxyError:
@@ -237,7 +265,8 @@ class ReplicaSet:
         if replica.probation:
             replica.probation = False
             replica.ejections = 0
-        self.gauges(replica)
+        if not replica.live:
+            self.gauges(replica)
 
     def failed(self, replica: Replica, result: str) -> None:
         """A failed attempt (passive health). Enough in a row, or one on probation, ejects the replica."""
@@ -258,23 +287,43 @@ class ReplicaSet:
         self.gauges(replica)
 
     def gauges(self, replica: Replica) -> None:
-        """Set the replica's gauges, those whose value changed (this runs on every acquire and release; in
-        multiprocess mode a gauge write is a locked write to an mmap file)."""
-        values = (replica.admission.in_flight, replica.admission.queued,
-                  1 if replica.available(time.monotonic()) else 0)
+        """Show the replica's state in its gauges. The first call creates its in_flight and queue_length series
+        (the exposition lists a replica's series once it was used). Single process: they then read the admission's
+        counts at scrape time (replica_up reads the replica's), so nothing is written on acquire and release and
+        the admission stops calling this. Multiprocess (prometheus_client's gauges, a scrape reads the workers'
+        files): this runs on every acquire and release and sets the gauges whose value changed (a gauge write is a
+        locked write to an mmap file)."""
+        if replica.live:
+            return
+        m = self.metrics
+        adm = replica.admission
+        if replica.gauges is None and m.live_gauge(m.replica_in_flight, replica.labels, functools.partial(
+                _in_flight, adm)):
+            m.live_gauge(m.replica_queue_length, replica.labels, functools.partial(_queued, adm))
+            replica.live = True
+            adm.on_change = None
+            return
         shown = replica.shown
-        if values == shown:
+        in_flight, queued, up = adm.in_flight, adm.queued, 1 if replica.up() else 0
+        if in_flight == shown[0] and queued == shown[1] and up == shown[2]:
             return
         children = replica.gauges
         if children is None:
-            m = self.metrics
             children = replica.gauges = (m.child(m.replica_in_flight, *replica.labels),
                                          m.child(m.replica_queue_length, *replica.labels),
                                          m.child(m.replica_up, *replica.labels))
-        for child, value, old in zip(children, values, shown, strict=True):
-            if value != old:
-                child.set(value)
-        replica.shown = values
+        if in_flight != shown[0]:
+            children[0].set(in_flight)
+        if queued != shown[1]:
+            children[1].set(queued)
+        if up != shown[2]:
+            children[2].set(up)
+        replica.shown = (in_flight, queued, up)
+
+    def _refresh_gauges(self) -> None:
+        for r in self.replicas:
+            if r.gauges is not None:  # (a replica never used was never ejected: its replica_up is still 1)
+                self.gauges(r)
 
     async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
         """Probe every replica now. With active health on, the result also takes replicas out and back in (without
@@ -302,8 +351,7 @@ class ReplicaSet:
 
     def any_replica(self) -> Replica:
         """A replica for side requests (model listings): an available one, else the first."""
-        now = time.monotonic()
-        return next((r for r in self.replicas if r.available(now)), self.replicas[0])
+        return next((r for r in self.replicas if r.up()), self.replicas[0])
 
 
 class Attempts:
@@ -315,22 +363,33 @@ class Attempts:
         self._rset = rset
         self.key = key
         self.info = info
-        self.tried: set[int] = set()
+        self.tried: tuple[int, ...] = ()  # the indexes of the replicas tried
         self.retries_left = rset.upstream.retries
 
     async def next(self) -> Ticket:
-        ticket = await self._rset.acquire(self.key, self.tried)
-        assert ticket is not None  # the first call always finds one; retry() checked the others
-        self.tried.add(ticket.replica.index)
-        self.info["replica"] = ticket.replica.name
+        rset = self._rset
+        only = rset.only
+        if only is not None and not self.tried and only.admission.try_acquire():  # a lone replica with a free slot
+            ticket = Ticket(rset, only, 0.0)
+        else:
+            found = await rset.acquire(self.key, self.tried)
+            assert found is not None  # the first call always finds one; retry() checked the others
+            ticket = found
+        replica = ticket.replica
+        self.tried += (replica.index,)
+        self.info["replica"] = replica.name
         if ticket.waited:
             self.info["queue_ms"] = round(self.info.get("queue_ms", 0) + ticket.waited * 1000, 2)
         return ticket
 
     def succeeded(self, ticket: Ticket) -> None:
-        m = self._rset.metrics
-        m.child(m.upstream_attempts, *ticket.replica.labels, "ok").inc()
-        self._rset.succeeded(ticket.replica)
+        replica = ticket.replica
+        ok = replica.ok
+        if ok is None:
+            m = self._rset.metrics
+            ok = replica.ok = m.child(m.upstream_attempts, *replica.labels, "ok")
+        ok.inc()
+        self._rset.succeeded(replica)
 
     def retry(self, ticket: Ticket, failure: ProxyError | int, time_left: float) -> bool:
         """The attempt on `ticket` failed before its response was accepted (an exception, or HTTP 502/503).
@@ -348,6 +407,14 @@ class Attempts:
             self.info.setdefault("retries", []).append({"replica": ticket.replica.name, "error": result})
             ticket.release()
         return again
+
+
+def _in_flight(admission: Admission) -> int:
+    return admission.in_flight
+
+
+def _queued(admission: Admission) -> int:
+    return admission.queued
 
 
 def _result(failure: ProxyError | int) -> str:

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -251,3 +256,92 @@ def test_named_keys_in_access_log_and_metrics(start_mock, start_proxy, tmp_path,
     assert metric(proxy, "dialect_proxy_key_requests_total", key="env-1") == 1
     assert metric(proxy, "dialect_proxy_key_tokens_total", key="team-b", kind="completion") == 26
     assert "sk-aaa" not in httpx.get(proxy.url + "/metrics").text
+
+
+# -- the replica gauges a scrape shows, single process and multiprocess -----------------------------------------------
+
+def _gauge_upstream(good: str, refused: str) -> dict[str, Any]:
+    """Replica 0 answers, replica 1 refuses: one failure ejects it for a minute; one slot per replica, one queued."""
+    return {"name": "up", "dialect": "openai", "url": [good, refused], "max_in_flight": 1, "queue_size": 1,
+            "queue_timeout": 10, "outlier_failures": 1, "outlier_backoff": 60, "retries": 1, "health_interval": 0}
+
+
+def _scrape_through_the_moments(proxy: Any) -> None:
+    """Drives the proxy at `proxy.url` (upstream `_gauge_upstream`) with the openai SDK and raw HTTP, and checks the
+    replica gauges a scrape shows: after the ejection, while a request is in flight and one is queued, after
+    release."""
+
+    def gauges(replica: str) -> tuple[float, float, float]:
+        return (metric(proxy, "dialect_proxy_replica_in_flight", replica=replica),
+                metric(proxy, "dialect_proxy_replica_queue_length", replica=replica),
+                metric(proxy, "dialect_proxy_replica_up", replica=replica))
+
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0, timeout=30)
+    try:
+        assert gauges("0") == (0, 0, 1) and gauges("1") == (0, 0, 1)
+        for i in range(30):  # least_outstanding breaks ties at random: the refusing replica is tried soon
+            assert chat(client, f"q{i}")
+            if metric(proxy, "dialect_proxy_replica_ejections_total", replica="1"):
+                break
+        assert metric(proxy, "dialect_proxy_replica_ejections_total", replica="1") == 1
+        assert gauges("1") == (0, 0, 0)  # ejected: out, nothing in flight there
+        assert gauges("0") == (0, 0, 1)
+        stalled = {"model": "m", "messages": [{"role": "user", "content": "[mock:stall=1]"}], "stream": True}
+        with httpx.Client(base_url=proxy.url + "/v1", timeout=30) as http:
+            with http.stream("POST", "/chat/completions", json=stalled) as holder:
+                assert holder.status_code == 200
+                reader = holder.iter_bytes()
+                next(reader)  # replica 0's one slot is taken (replica 1 is out)
+                assert gauges("0") == (1, 0, 1)
+                with ThreadPoolExecutor(1) as pool:
+                    queued = pool.submit(chat, client, "queued")
+                    assert wait_for(lambda: gauges("0")[1] == 1, timeout=10)
+                    assert gauges("0") == (1, 1, 1) and gauges("1") == (0, 0, 0)
+                    holder.close()  # the client leaves: its slot goes to the queued request
+                    assert queued.result(timeout=30)
+        assert wait_for(lambda: gauges("0") == (0, 0, 1), timeout=10)
+        assert gauges("1") == (0, 0, 0)
+        assert metric(proxy, "dialect_proxy_replica_queue_wait_seconds_count", replica="0") == 1
+    finally:
+        client.close()
+
+
+def test_replica_gauges_in_a_scrape(start_mock, start_proxy) -> None:
+    """One process: the gauges read the replicas' state at scrape time."""
+    good = start_mock("openai")
+    proxy = start_proxy([_gauge_upstream(good.url, f"http://127.0.0.1:{free_port()}")])
+    _scrape_through_the_moments(proxy)
+
+
+def test_replica_gauges_in_a_scrape_multiprocess(start_mock, tmp_path) -> None:
+    """Multiprocess mode (PROMETHEUS_MULTIPROC_DIR set, as `--workers N` does; one worker, so that the queue it
+    fills is the one the scrape reads): the gauges are written to the worker's files on every change, and a scrape
+    merges the files."""
+    good = start_mock("openai")
+    config = tmp_path / "proxy.yaml"
+    config.write_text(json.dumps({"upstreams": [_gauge_upstream(good.url, f"http://127.0.0.1:{free_port()}")]}))
+    (tmp_path / "metrics").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIALECT_PROXY_", "PROMETHEUS_MULTIPROC"))}
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--config", str(config),
+                             "--log-level", "error"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proxy = SimpleNamespace(url=f"http://127.0.0.1:{port}")
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(proxy.url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_for(up, timeout=30), "the proxy did not start"
+        _scrape_through_the_moments(proxy)
+        assert any(name.startswith("gauge_livesum") for name in os.listdir(tmp_path / "metrics"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
+    assert b"Traceback" not in err, err.decode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +21,7 @@ from tests.test_metrics import CONFIGURED, ROUTE, FakeClock, clock, promtool_che
 __all__ = ["clock"]  # the fixture, imported for the tests below
 
 CREATED = re.compile(r"^(\S+_created(?:\{.*\})?) \S+$", re.MULTILINE)
+QUEUE_WAIT = re.compile(r"^(dialect_proxy_replica_queue_wait_seconds_\S+) \S+$")
 
 
 def normalized(m: Metrics) -> str:
@@ -128,3 +130,149 @@ def test_replica_gauges_follow_admission() -> None:
     asyncio.run(scenario())
     names = {s.name for f in text_string_to_metric_families(m.render()[0].decode()) for s in f.samples}
     assert {"dialect_proxy_replica_in_flight", "dialect_proxy_replica_queue_length"} <= names
+
+
+class _Gateway:
+    """Two upstreams' replica sets on one Metrics: `gw` three replicas with admission and a short outlier backoff,
+    `solo` one unlimited replica (the common case)."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+        three = tuple(ReplicaSettings(n, f"http://127.0.0.1:{i + 1}") for i, n in enumerate(("x", "y", "z")))
+        gw = UpstreamSettings(name="gw", dialect="openai", url=three[0].url, replicas=three, max_in_flight=1,
+                              queue_size=2, queue_timeout=30, outlier_failures=1, outlier_backoff=0.2,
+                              health_interval=0)
+        solo = UpstreamSettings(name="solo", dialect="openai", url="http://127.0.0.1:9")
+        self.gw = ReplicaSet(gw, ServerSettings(), get_dialect("openai"), m, Redactor())
+        self.solo = ReplicaSet(solo, ServerSettings(), get_dialect("openai"), m, Redactor())
+
+    async def on(self, index: int) -> Any:
+        """A ticket on replica `index` of gw (the others count as tried), waiting in its queue if need be."""
+        return await self.gw.acquire(None, tuple(i for i in range(3) if i != index))
+
+    async def close(self) -> None:
+        await self.gw.close()
+        await self.solo.close()
+
+
+def test_replica_gauges_read_at_scrape_equal_gauges_set_on_change() -> None:
+    """Single process, the replica gauges are read from the admission and health state when a scrape collects them;
+    prometheus_client's classes (`local=False`) get them set on every change, as multiprocess mode does. At every
+    moment that matters both expositions are the same, line for line: the series appear when a replica is first
+    used and in that order, and show what is in flight, what is queued and who is up."""
+    local, reference = _Gateway(Metrics(CONFIGURED)), _Gateway(Metrics(CONFIGURED, local=False))
+    assert isinstance(local.m.replica_in_flight, LocalGauge)
+    assert not isinstance(reference.m.replica_in_flight, LocalGauge)
+    worlds = (local, reference)
+    moments = 0
+
+    def same(**expect: float) -> None:
+        """Both expositions equal; and `name__replica` = value in them (upstream gw; replica `solo` for solo)."""
+        nonlocal moments
+        moments += 1
+        assert gauge_lines(local.m) == gauge_lines(reference.m), f"moment {moments}"
+        for key, want in expect.items():
+            name, replica = key.split("__")
+            labels = {"upstream": "solo", "replica": "0"} if replica == "solo" else {"upstream": "gw",
+                                                                                     "replica": replica}
+            assert value(local.m, f"dialect_proxy_replica_{name}", **labels) == want, (key, moments)
+
+    def gauge_lines(m: Metrics) -> list[str]:
+        """The exposition, line by line; the time waited in a queue (wall time, not the same twice) blanked."""
+        return [QUEUE_WAIT.sub(r"\1 T", line) for line in normalized(m).splitlines()]
+
+    def series(m: Metrics, name: str) -> list[str]:
+        return [line.split("{", 1)[1] for line in normalized(m).splitlines()
+                if line.startswith(f"dialect_proxy_replica_{name}{{")]
+
+    async def scenario() -> None:
+        same(up__x=1, up__y=1, up__z=1, up__solo=1)
+        assert series(local.m, "in_flight") == []  # nothing used yet: no in_flight / queue_length series
+        # z is used first, then the lone replica: the series come in that order
+        held = [await w.on(2) for w in worlds]
+        same(in_flight__z=1, queue_length__z=0, up__z=1)
+        assert series(local.m, "in_flight") == ['replica="z",upstream="gw"} 1.0']
+        solo = [w.solo.attempts({}, {}) for w in worlds]
+        solo_tickets = [await a.next() for a in solo]
+        same(in_flight__solo=1, in_flight__z=1)
+        # two more for z wait in its queue
+        waiting = [asyncio.create_task(w.on(2)) for w in worlds for _ in range(2)]
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if all(w.gw.replicas[2].admission.queued == 2 for w in worlds):
+                break
+        same(in_flight__z=1, queue_length__z=2)
+        # x fails once (outlier_failures 1): ejected, its first use
+        for w in worlds:
+            w.gw.failed(w.gw.replicas[0], "unreachable")
+        same(up__x=0, in_flight__x=0, in_flight__z=1, queue_length__z=2)
+        assert value(local.m, "dialect_proxy_replica_ejections_total", upstream="gw", replica="x") == 1
+        # z's slot goes to the first in line, then to the second
+        for t in held:
+            t.release()
+        await asyncio.sleep(0)
+        same(in_flight__z=1, queue_length__z=1)
+        firsts = [await waiting[0], await waiting[2]]
+        for t in firsts:
+            t.release()
+        seconds = [await waiting[1], await waiting[3]]
+        same(in_flight__z=1, queue_length__z=0)
+        for a, t in zip(solo, solo_tickets, strict=True):
+            a.succeeded(t)
+            t.release()
+        for t in seconds:
+            t.release()
+        same(in_flight__z=0, queue_length__z=0, in_flight__solo=0, up__x=0)
+        # a queued request whose client leaves gives its place up
+        held = [await w.on(1) for w in worlds]
+        leaving = [asyncio.create_task(w.on(1)) for w in worlds]
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if all(w.gw.replicas[1].admission.queued == 1 for w in worlds):
+                break
+        same(in_flight__y=1, queue_length__y=1)
+        for task in leaving:
+            task.cancel()
+        await asyncio.gather(*leaving, return_exceptions=True)
+        same(in_flight__y=1, queue_length__y=0)
+        for t in held:
+            t.release()
+        # an active health check takes y out
+        for w in worlds:
+            w.gw.replicas[1].healthy = False
+            w.gw.gauges(w.gw.replicas[1])  # (as ReplicaSet.check does on a change)
+        same(up__y=0, in_flight__y=0)
+        # x's ejection runs out (0.2 s): up again at the next scrape, without a request
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if local.gw.replicas[0].up() and reference.gw.replicas[0].up():
+                break
+        same(up__x=1, up__y=0)
+        for w in worlds:
+            await w.close()
+
+    asyncio.run(scenario())
+    assert moments == 12
+
+
+def test_replica_sets_sharing_labels_add_up() -> None:
+    """Two replica sets whose labels are the same (upstream names beyond the label cap all become `other`): a scrape
+    shows the sum of their in-flight requests, and a replica up while either is."""
+    m = Metrics(CONFIGURED)
+    one, two = _Gateway(m), _Gateway(m)
+
+    async def scenario() -> None:
+        tickets = [await one.on(0), await two.on(0)]
+        two.gw.failed(two.gw.replicas[1], "unreachable")  # y ejected in `two` only
+        lab = {"upstream": "gw"}
+        assert value(m, "dialect_proxy_replica_in_flight", replica="x", **lab) == 2
+        assert value(m, "dialect_proxy_replica_up", replica="y", **lab) == 1
+        one.gw.failed(one.gw.replicas[1], "unreachable")
+        assert value(m, "dialect_proxy_replica_up", replica="y", **lab) == 0
+        for t in tickets:
+            t.release()
+        assert value(m, "dialect_proxy_replica_in_flight", replica="x", **lab) == 0
+        await one.close()
+        await two.close()
+
+    asyncio.run(scenario())

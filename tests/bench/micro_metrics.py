@@ -25,8 +25,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from micro import measure  # noqa: E402  (tests/bench/micro.py, next to this script)
-
 ROUTE = "/v1/chat/completions"
 USAGE = {"prompt_tokens": 15, "completion_tokens": 64, "total_tokens": 79,
          "prompt_tokens_details": {"cached_tokens": 8}}
@@ -85,7 +83,9 @@ def main() -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bench-metrics-")
     else:
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    # prometheus_client picks its value store when imported: only now.
+    # prometheus_client picks its value store when imported: only now (micro.py imports it too).
+    from micro import measure  # tests/bench/micro.py, next to this script
+
     from proxy.dialects import get_dialect
     from proxy.metrics import Metrics
     from proxy.redact import Redactor
