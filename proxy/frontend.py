@@ -54,8 +54,10 @@ class FrontendLimits:
 
 
 def frontend_options(server: ServerSettings) -> dict[str, Any]:
-    """uvicorn.Config keyword arguments for the proxy's front end."""
-    return {"http": functools.partial(GuardedHttpToolsProtocol, limits=FrontendLimits.from_settings(server))}
+    """uvicorn.Config keyword arguments for the proxy's front end. No `server: uvicorn` header: it names the software
+    to anyone who asks, and is one more header to validate and write per answer."""
+    return {"http": functools.partial(GuardedHttpToolsProtocol, limits=FrontendLimits.from_settings(server)),
+            "server_header": False}
 
 
 class _Refuse(Exception):

@@ -58,4 +58,5 @@ async def app(scope, receive, send):  # type: ignore[no-untyped-def]
 
 if __name__ == "__main__":
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools", access_log=False,
+                server_header=False,  # as the proxy (proxy/frontend.py frontend_options)
                 log_level="warning")

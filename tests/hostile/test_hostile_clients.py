@@ -118,6 +118,15 @@ def test_headers_within_the_limit_are_served(proxy_for):
     assert resp.status_code == 200
 
 
+def test_answers_do_not_name_the_server_software(proxy_for):
+    proxy, _ = proxy_for()
+    for resp in (httpx.post(proxy.url + "/v1/chat/completions", content=CHAT, timeout=10),
+                 httpx.get(proxy.url + "/healthz", timeout=10), httpx.get(proxy.url + "/metrics", timeout=10)):
+        assert resp.status_code == 200
+        assert "server" not in resp.headers
+        assert resp.headers["date"]  # HTTP's Date stays
+
+
 # ------------------------------------------------------------------------------------ time to send (408)
 
 
