@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -553,19 +554,36 @@ def _parse(body: bytes) -> dict[str, Any]:
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+# Request ids the proxy makes: unique, not secret (they are logged and returned), so a random prefix per process and
+# a counter (no system call per request). Response ids, which name stored responses, stay random (_context).
+_ID_PREFIX = os.urandom(8).hex()
+_id_counter = itertools.count(1)
+
+
+def _new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
+
+
 def _request_id(scope: Scope) -> tuple[str, bytes]:
     """The client's x-request-id (or a new one): as text for logs and the upstream header, and as the bytes to
     return. Valid UTF-8 reaches the upstream byte for byte (aiohttp writes header text as UTF-8); other bytes as
     U+FFFD. Cut to 200 bytes (at a character boundary); control characters (which no header may carry) get a new
     id instead."""
-    raw = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+    raw = b""
+    for key, value in scope["headers"]:
+        if key == b"x-request-id":
+            raw = value
+            break
+    if not raw:
+        rid = _new_request_id()
+        return rid, rid.encode()
     if len(raw) > 200:
         cut = 200
         while cut > 196 and 0x80 <= raw[cut] < 0xC0:  # the cut falls inside a UTF-8 character: cut before it
             cut -= 1
         raw = raw[:cut]
     if not raw.strip() or _CONTROL.search(raw):
-        rid = os.urandom(16).hex()
+        rid = _new_request_id()
         return rid, rid.encode()
     return raw.decode("utf-8", "replace"), raw
 

@@ -272,6 +272,9 @@ def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(st
     assert mock.last_request()["headers"]["x-request-id"] == "req-abc-123"
     generated = proxy.client().chat.completions.with_raw_response.create(model="m", messages=MSG)
     assert len(generated.headers["x-request-id"]) >= 16
+    assert mock.last_request()["headers"]["x-request-id"] == generated.headers["x-request-id"]
+    again = proxy.client().chat.completions.with_raw_response.create(model="m", messages=MSG)
+    assert again.headers["x-request-id"] != generated.headers["x-request-id"]  # a new one per request
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "dialect_proxy.access"]
     first = next(line for line in lines if line["request_id"] == "req-abc-123")
     assert first["status"] == 200 and first["upstream"] == "mock-openai" and first["model"] == "m"
