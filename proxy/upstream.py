@@ -58,6 +58,9 @@ class UpstreamClient:
                     total=None, connect=None, sock_connect=self.server.connect_timeout, sock_read=None
                 ),
                 auto_decompress=True,
+                # One pool serves every client: a cookie set in an answer to one must not go out with the requests of
+                # the others (tests/hostile/test_hostile_upstreams.py).
+                cookie_jar=aiohttp.DummyCookieJar(),
                 skip_auto_headers=("User-Agent",),
                 json_serialize=None,  # type: ignore[arg-type]
             )

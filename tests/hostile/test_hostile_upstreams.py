@@ -208,3 +208,26 @@ def test_total_timeout_cuts_a_non_stream_body_that_keeps_trickling(raw_upstream,
                         server={"idle_timeout": 5, "total_timeout": 1.0})
     status, text = ask(proxy, "trickle", False)  # 2.4 s of trickle against a total of 1 s
     assert status == 504 and "did not arrive within" in json.loads(text)["error"]["message"]
+
+
+def test_cookies_an_upstream_sets_never_reach_its_later_requests(start_proxy):
+    """The proxy serves many clients over one connection pool: a cookie the upstream sets while answering one client
+    (a session, a load balancer's stickiness, a bot-check token) must not ride along on the requests of the next. The
+    upstream is named `localhost`, a host name, for which a cookie jar would keep cookies (it ignores them for IP
+    addresses)."""
+    answer = json.dumps({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                      "finish_reason": "stop"}]}).encode()
+    srv = RawUpstream({"cookie": [http(200, answer, extra=b"set-cookie: session=client-a-secret; Path=/\r\n"), CLOSE]})
+    srv.start()
+    try:
+        proxy = start_proxy([{"name": "h", "dialect": "openai", "url": f"http://localhost:{srv.port}"}])
+        client = proxy.client()
+        for _ in range(3):
+            out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "case:cookie"}])
+            assert out.choices[0].message.content == "hi"
+        posts = [head for head in srv.requests if head.startswith(b"POST ")]
+        assert len(posts) == 3
+        assert not any(b"cookie:" in head.lower() for head in srv.requests), srv.requests
+    finally:
+        srv.stop()
