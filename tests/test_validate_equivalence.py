@@ -175,6 +175,7 @@ KEYS = st.sampled_from([*NAMES, "x"])  # "x" is in no table: passes through unch
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.integers(), st.floats(allow_nan=False),
     st.integers(-5, 5).map(float),  # integral floats: an integer where INTEGER is allowed
+    st.sampled_from([0, 1, 0.0, 1.0, 1.5, False, True]),  # equal (==) values of different types
     st.text(max_size=4),
 )
 json_values = st.recursive(
@@ -195,7 +196,8 @@ tables = st.dictionaries(paths, type_specs(), min_size=2, max_size=14)
 
 def _scalar_of(kind: str) -> st.SearchStrategy[Any]:
     return {STRING: st.text(max_size=4), NUMBER: st.integers(-3, 3) | st.floats(allow_nan=False),
-            INTEGER: st.integers(-3, 3) | st.integers(-3, 3).map(float), BOOLEAN: st.booleans(),
+            INTEGER: st.integers(-3, 3) | st.integers(-3, 3).map(float) | st.sampled_from([0, 1, 0.0, 1.0]),
+            BOOLEAN: st.booleans(),
             NULL: st.none()}[kind]
 
 
@@ -264,6 +266,10 @@ def test_the_first_offender_is_the_first_in_the_body() -> None:
     assert outcome(check_types, body, table)[1] == "a[2].b"  # type: ignore[index]
     body = {"c": 3, "a": [{"b": "x"}]}
     assert outcome(check_types, body, table)[1] == "c"  # type: ignore[index]
+    table = {"n": ARRAY, "n[]": INTEGER}
+    body = {"n": [1, 1.0, True, 1]}  # True == 1 == 1.0: the offender's place is found by identity
+    assert outcome(check_types, body, table) == outcome(ref_check_types, body, table)
+    assert outcome(check_types, body, table)[1] == "n[2]"  # type: ignore[index]
 
 
 # -------------------------------------------------------------------------------------------------- depth
