@@ -19,6 +19,11 @@ with `param` set to the concrete path of the first offender (`messages[3].role`,
 Fields the table does not name pass through unchecked (an OpenAI upstream may know them); a path under a value of
 another type is not checked (its parent's own entry decides). `check_depth` bounds JSON nesting before anything
 serialises the body (orjson parses 1024 levels but serialises only 254).
+
+Both run on every request, on bodies of 100 KB and more from agent clients, so both are cheap without changing an
+answer: the type walk visits only what the table names and checks scalars inline; the depth bound lets orjson's
+own serialisation limit do the walk in C for a body above `SMALL_BODY` bytes (tests/test_validate_equivalence.py
+holds them to the plain recursive algorithms; tests/bench/micro_validate.py times both).
 """
 
 from __future__ import annotations
@@ -238,14 +243,6 @@ def _within(value: Any, left: int) -> bool:
     return True
 
 
-def _nest(value: Any, levels: int) -> tuple[list[Any], list[Any]]:
-    """(outer, inner): `levels` arrays, each the only item of the one before; `value` is the inner one's item."""
-    outer = inner = [value]
-    for _ in range(levels - 1):
-        outer = [outer]
-    return outer, inner
-
-
 def _orjson_depth() -> int:
     """How many levels of objects and arrays orjson serialises (254 in orjson 3), found by trying; 0 (no fast
     path in `check_depth`) unless objects and arrays count alike and the bound lies below 4096 levels."""
@@ -283,8 +280,10 @@ def _serialises_within(value: Any, levels: int) -> bool:
         inner: list[Any] | None = None
     else:
         chain = getattr(_wrappers, "chain", None)
-        if chain is None or chain[2] != levels:
-            outer, inner = _nest(None, levels)
+        if chain is None or chain[2] != levels:  # `levels` arrays, each the only item of the one before
+            outer = inner = [None]
+            for _ in range(levels - 1):
+                outer = [outer]
             chain = _wrappers.chain = (outer, inner, levels)
         wrapped, inner = chain[0], chain[1]
         inner[0] = value
