@@ -547,7 +547,7 @@ def _parse(body: bytes) -> dict[str, Any]:
         raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
     if not isinstance(req, dict):
         raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
-    check_depth(req)  # before anything serialises it: orjson parses 1024 levels but serialises only 254
+    check_depth(req, size=len(body))  # before anything serialises it: orjson parses 1024 levels but serialises only 254
     return req
 
 

@@ -132,6 +132,21 @@ def test_depth_within_the_limit_is_served(proxy_all):
     assert resp.status_code == 200, resp.text
 
 
+@pytest.mark.parametrize("levels,status", [(64, 200), (65, 400)])
+def test_large_body_at_the_depth_limit(proxy_all, levels, status):
+    """A body above proxy/validate.py's SMALL_BODY (bounded by orjson's pass, not the walk): 64 levels are served,
+    65 refused."""
+    value: Any = "x"
+    for _ in range(levels - 5):  # the body, tools, the tool, function and parameters are five levels
+        value = [value]
+    body = chat(messages=[{"role": "user", "content": "hi " * 600}],
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "x": value}}}])
+    resp = post(proxy_all, "/v1/chat/completions", body)
+    assert resp.status_code == status, resp.text
+    if status == 400:
+        assert resp.json()["error"]["code"] == "invalid_json"
+
+
 # --------------------------------------------------------------------------------------------------- the fuzzer
 
 _scalars = st.one_of(
