@@ -1,12 +1,16 @@
 """Benchmark: the proxy against the barest relay and the mock upstream direct, measured in one run.
 
     python tests/bench/bench.py [--seconds 2] [--rounds 3] [--quick]      the ratio table (`make bench`)
+    python tests/bench/bench.py --ref COMMIT [--quick]      ... with another commit's proxy in the same rounds
     python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (README "Speed")
 
 Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each and the
 barest aiohttp relay (tests/bench/bare_relay.py) in front of each, as separate processes on loopback: relays pinned
-to CPU 0, the mocks and this process (the load generator, aiohttp) to CPU 1 when the machine has two, so what a relay
-spends never slows what feeds it and the direct runs get the same CPU for the mock and the load as the relayed ones.
+to CPU 0, mocks to CPU 1 when the machine has two. This process (the load generator, aiohttp) runs on either CPU
+for the ratio table, so the relay under test is driven to saturation, where its CPU per unit is its own work;
+`--pin-load` (and every scale scenario but `workers`) pins it to CPU 1 with the mocks instead: the relay then has a
+core to itself and is measured at the load the mock and the load generator can offer on theirs, wake-ups included
+(the direct runs get the same CPU for the mock and the load as the relayed ones).
 
 The ratio table has one row per upstream dialect x client dialect x scenario (non-stream; 64-chunk streams
 zero-delay and 5 ms-paced). For each row the direct mock, the bare relay and the proxy take turns for `--rounds`
@@ -89,8 +93,9 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def start(argv: list[str], cpu: int | set[int] | None) -> subprocess.Popen[bytes]:
-    """`python -m proxy ARGV`, or a script when ARGV[0] ends in .py; pinned to `cpu` (one or a set)."""
+def start(argv: list[str], cpu: int | set[int] | None, cwd: str | None = None) -> subprocess.Popen[bytes]:
+    """`python -m proxy ARGV`, or a script when ARGV[0] ends in .py; pinned to `cpu` (one or a set). `cwd`: a tree
+    whose `proxy` package to run (`python -m` imports from the working directory first)."""
     cpus = {cpu} if isinstance(cpu, int) else cpu
 
     def pin() -> None:
@@ -100,7 +105,7 @@ def start(argv: list[str], cpu: int | set[int] | None) -> subprocess.Popen[bytes
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, *argv] if argv[0].endswith(".py") else [sys.executable, "-m", "proxy", *argv]
     log = tempfile.TemporaryFile()  # stderr, shown by `died()` if the process ends early
-    proc = subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=cwd)
     LOGS[proc.pid] = log
     return proc
 
@@ -108,8 +113,25 @@ def start(argv: list[str], cpu: int | set[int] | None) -> subprocess.Popen[bytes
 LOGS: dict[int, Any] = {}
 
 
+def export_ref(ref: str) -> str:
+    """The repository's tree at `ref` in a temporary directory (git archive), for `--ref`."""
+    out = tempfile.mkdtemp(prefix="bench-ref-")
+    root = os.path.dirname(os.path.dirname(HERE))
+    archive = subprocess.run(["git", "-C", root, "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
+    return out
+
+
+REF_TREE: str | None = None  # --ref: the other commit's tree; its proxy is measured next to this one's
+
+
+PINNED_LOAD = False
+
+
 def pin_self(cpus: set[int] | None) -> None:
     """Pin this process (the load generator) to `cpus`; None: every CPU."""
+    global PINNED_LOAD
+    PINNED_LOAD = cpus is not None
     if TWO_CPUS and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus if cpus is not None else set(range(os.cpu_count() or 1)))
 
@@ -261,6 +283,7 @@ class Upstream:
     mock: subprocess.Popen[bytes] | None = None
     proxy: subprocess.Popen[bytes] | None = None
     bare: subprocess.Popen[bytes] | None = None
+    ref: subprocess.Popen[bytes] | None = None
     urls: dict[str, str] = field(default_factory=dict)
 
     def start(self, proxy_extra: tuple[str, ...] = (), proxy_cpu: int | set[int] | None = 0) -> None:
@@ -273,14 +296,22 @@ class Upstream:
         self.bare = start([os.path.join(HERE, "bare_relay.py"), str(bare_port), f"http://127.0.0.1:{mock_port}"], 0)
         self.urls = {"direct": f"http://127.0.0.1:{mock_port}", "proxy": f"http://127.0.0.1:{proxy_port}",
                      "bare": f"http://127.0.0.1:{bare_port}"}
+        if REF_TREE is not None:
+            ref_port = free_port()
+            self.ref = start(["serve", "--port", str(ref_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
+                              "--upstream-dialect", self.dialect, "--log-level", "warning", *ft, *proxy_extra],
+                             proxy_cpu, cwd=REF_TREE)
+            self.urls["ref"] = f"http://127.0.0.1:{ref_port}"
 
     async def ready(self) -> None:
         await wait_up(self.urls["direct"] + "/health")
         await wait_up(self.urls["proxy"] + "/healthz")
         await wait_up(self.urls["bare"] + "/")
+        if "ref" in self.urls:
+            await wait_up(self.urls["ref"] + "/healthz")
 
     def stop(self) -> None:
-        stop(*(p for p in (self.proxy, self.bare, self.mock) if p is not None))
+        stop(*(p for p in (self.proxy, self.ref, self.bare, self.mock) if p is not None))
 
 
 @dataclass
@@ -294,11 +325,13 @@ class Best:
 async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: int, seconds: float,
                       rounds: int) -> dict[str, Best]:
     chunks = 64 if stream else 16
-    best = {"direct": Best(), "bare": Best(), "proxy": Best()}
-    pids = {"bare": up.bare.pid if up.bare else 0, "proxy": up.proxy.pid if up.proxy else 0}
+    targets = ("direct", "bare", "proxy", "ref") if up.ref is not None else ("direct", "bare", "proxy")
+    best = {target: Best() for target in targets}
+    pids = {"bare": up.bare.pid if up.bare else 0, "proxy": up.proxy.pid if up.proxy else 0,
+            "ref": up.ref.pid if up.ref else 0}
     for _ in range(rounds):
-        for target in ("direct", "bare", "proxy"):
-            target_api = api if target == "proxy" else "chat"
+        for target in targets:
+            target_api = api if target in ("proxy", "ref") else "chat"
             url = up.urls[target]
             await load(url, stream, chunks, delay, conc, 0.3, 200, target_api)  # warm-up
             c0 = cpu_seconds(pids[target]) if target in pids else 0.0
@@ -321,12 +354,15 @@ async def ratio_table(seconds: float, rounds: int) -> None:
     try:
         for up in ups:
             await up.ready()
-        print(f"relays pinned to CPU 0, mocks and load generator to CPU 1: {TWO_CPUS}; {seconds:g} s per run, best "
-              f"of {rounds} alternating rounds (direct, bare, proxy)\n")
+        load = "CPU 1 with the mocks" if PINNED_LOAD else "either CPU"
+        print(f"relays pinned to CPU 0, mocks to CPU 1: {TWO_CPUS}; load generator on {load}; {seconds:g} s per run, "
+              f"best of {rounds} alternating rounds (direct, bare, proxy{', ref' if REF_TREE else ''})\n")
         print("cpu = the relay process's CPU time per upstream chunk (64 per stream) or per non-stream request;\n"
               "ratio = proxy cpu / bare cpu; tput = requests/s relative to the mock direct.\n")
         header = (f"{'upstream':<17}{'client':<11}{'scenario':<15}{'conc':>5}{'bare µs':>9}{'proxy µs':>10}"
                   f"{'ratio':>7}{'bare tput':>10}{'proxy tput':>11}{'p50 ms':>8}{'err':>5}")
+        if REF_TREE is not None:
+            header += f"{'ref µs':>9}{'ref ratio':>10}{'proxy/ref':>10}"
         print(header)
         print("-" * len(header))
         scenarios = [("non-stream", False, 0, 16), ("stream 64x0ms", True, 0, 16), ("stream 64x5ms", True, 5, 64)]
@@ -336,9 +372,13 @@ async def ratio_table(seconds: float, rounds: int) -> None:
             best = await measure_row(up, api, stream, delay, conc, seconds, rounds)
             d, b, p = best["direct"], best["bare"], best["proxy"]
             unit_ratio = p.cpu / b.cpu if b.cpu else float("nan")
-            print(f"{up.name:<17}{api:<11}{name:<15}{conc:>5}{b.cpu:>9.1f}{p.cpu:>10.1f}{unit_ratio:>7.2f}"
-                  f"{b.rps / d.rps if d.rps else 0:>10.2f}{p.rps / d.rps if d.rps else 0:>11.2f}"
-                  f"{p.p50 * 1000:>8.1f}{d.errors + b.errors + p.errors:>5}", flush=True)
+            line = (f"{up.name:<17}{api:<11}{name:<15}{conc:>5}{b.cpu:>9.1f}{p.cpu:>10.1f}{unit_ratio:>7.2f}"
+                    f"{b.rps / d.rps if d.rps else 0:>10.2f}{p.rps / d.rps if d.rps else 0:>11.2f}"
+                    f"{p.p50 * 1000:>8.1f}{d.errors + b.errors + p.errors:>5}")
+            if "ref" in best:
+                r = best["ref"]
+                line += f"{r.cpu:>9.1f}{r.cpu / b.cpu if b.cpu else 0:>10.2f}{p.cpu / r.cpu if r.cpu else 0:>10.2f}"
+            print(line, flush=True)
     finally:
         for up in ups:
             up.stop()
@@ -486,10 +526,18 @@ async def main() -> None:
     ap.add_argument("--scale", choices=["streams", "memory", "fulltext", "workers", "all"],
                     help="a scale scenario instead of the ratio table")
     ap.add_argument("--streams", type=int, default=1000, help="concurrent streams for --scale streams/memory")
+    ap.add_argument("--pin-load", action="store_true",
+                    help="ratio table: pin the load generator to CPU 1 with the mocks (relays not saturated)")
+    ap.add_argument("--ref", help="also measure the proxy of this commit (git archive), in the same rounds: the "
+                                  "ratio table gets its CPU, its ratio to bare, and this tree's CPU / its CPU")
     args = ap.parse_args()
+    global REF_TREE
+    if args.ref:
+        REF_TREE = export_ref(args.ref)
     seconds, rounds = (1.0, 2) if args.quick else (args.seconds, args.rounds)
     raise_fd_limit()
-    pin_self({1})  # with the mocks (see the docstring); `--scale workers` unpins
+    if args.pin_load or args.scale in ("streams", "memory", "fulltext", "all"):
+        pin_self({1})  # with the mocks (see the docstring); `--scale workers` unpins
     print(f"dialect-proxy bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}\n")
     if args.scale is None:
