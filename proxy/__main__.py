@@ -471,7 +471,14 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
 """, flush=True)
 
     async def main() -> None:
-        await asyncio.gather(mock_server.serve(), proxy_server.serve())
+        # The mock first: the proxy checks its upstream as it starts, and a newcomer's first screen should not say the
+        # upstream could not be reached.
+        mock_task = asyncio.create_task(mock_server.serve())
+        for _ in range(500):  # at most ~5 s
+            if mock_server.started or mock_task.done():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.gather(mock_task, proxy_server.serve())
 
     asyncio.run(main())
 

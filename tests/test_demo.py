@@ -54,7 +54,11 @@ def test_demo_prints_snippets_that_work_as_printed(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.communicate(timeout=15)
+            rest, _ = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate(timeout=5)
+            rest, _ = proc.communicate(timeout=5)
+    # The proxy's start-up check found the mock up (it starts first): no "could not be reached" on the first screen.
+    log = text + (rest or "")
+    assert '"event":"upstream_check"' in log and '"ready":true' in log, log
+    assert "upstream_unreachable" not in log, log
