@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -170,6 +172,36 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: floa
             return True
         time.sleep(interval)
     return predicate()
+
+
+@contextlib.contextmanager
+def serve_process(args: list[str], environ: dict[str, str] | None = None) -> Iterator[str]:
+    """`python -m proxy serve ARGS` in its own process (multiprocess metrics, `--workers`): yields its base URL once
+    /healthz answers; afterwards SIGTERM, and its stderr must hold no traceback. `environ` is added to this process's
+    environment without its DIALECT_PROXY_* and PROMETHEUS_MULTIPROC* variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIALECT_PROXY_", "PROMETHEUS_MULTIPROC"))}
+    env.update(environ or {})
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_for(up, timeout=30), "the proxy did not start"
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
+    assert b"Traceback" not in err, err.decode()
 
 
 # ---------------------------------------------------------------------------------------------------------------

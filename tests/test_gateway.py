@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -21,7 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, serve_process, wait_for
 
 
 def metric(proxy: Any, name: str, **labels: str) -> float:
@@ -321,27 +318,7 @@ def test_replica_gauges_in_a_scrape_multiprocess(start_mock, tmp_path) -> None:
     config = tmp_path / "proxy.yaml"
     config.write_text(json.dumps({"upstreams": [_gauge_upstream(good.url, f"http://127.0.0.1:{free_port()}")]}))
     (tmp_path / "metrics").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIALECT_PROXY_", "PROMETHEUS_MULTIPROC"))}
-    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--config", str(config),
-                             "--log-level", "error"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    proxy = SimpleNamespace(url=f"http://127.0.0.1:{port}")
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(proxy.url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(up, timeout=30), "the proxy did not start"
-        _scrape_through_the_moments(proxy)
+    args = ["--config", str(config), "--log-level", "error"]
+    with serve_process(args, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}) as url:
+        _scrape_through_the_moments(SimpleNamespace(url=url))
         assert any(name.startswith("gauge_livesum") for name in os.listdir(tmp_path / "metrics"))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate(timeout=10)
-    assert b"Traceback" not in err, err.decode()

@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 
 import httpx
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import serve_process
 
 
 def test_two_workers_serve_and_one_scrape_counts_all_requests(start_mock, tmp_path):
     mock = start_mock("openai")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIALECT_PROXY_", "PROMETHEUS_MULTIPROC"))}
-    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--workers", "2", "--upstream-url", mock.url,
-         "--upstream-dialect", "openai", "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(up, timeout=30), "workers did not start"
+    args = ["--workers", "2", "--upstream-url", mock.url, "--upstream-dialect", "openai", "--log-level", "warning"]
+    with serve_process(args, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}) as url:
         n = 40
         for i in range(n):  # a new connection each time, so both workers get some
             r = httpx.post(url + "/v1/chat/completions", timeout=30, headers={"connection": "close"},
@@ -41,11 +24,3 @@ def test_two_workers_serve_and_one_scrape_counts_all_requests(start_mock, tmp_pa
         assert total == n
         pids = {name.split("_")[-1] for name in os.listdir(tmp_path / "metrics") if name.endswith(".db")}
         assert len(pids) >= 2  # both workers recorded
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate(timeout=10)
-        assert b"Traceback" not in err, err.decode()
