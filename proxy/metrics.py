@@ -236,19 +236,19 @@ class Metrics:
             ["upstream", "model", "kind"], registry=r,
         )
         self.prefill = Histogram(
-            f"{p}_upstream_prefill_seconds", "MindIE-reported prefill time (prefill_time) per response.",
+            f"{p}_upstream_prefill_seconds", "Prefill time per response, as the upstream reports it.",
             ["upstream", "model"], buckets=TTFT_BUCKETS, registry=r,
         )
         self.decode = Histogram(
-            f"{p}_upstream_decode_token_seconds", "MindIE-reported decode time per token (decode_time_arr items).",
+            f"{p}_upstream_decode_token_seconds", "Decode time per generated token, as the upstream reports it.",
             ["upstream", "model"], buckets=TOKEN_LATENCY_BUCKETS, registry=r,
         )
         self.queue_wait = Histogram(
-            f"{p}_upstream_queue_wait_seconds", "MindIE-reported queue wait per token (queue_wait_time items).",
+            f"{p}_upstream_queue_wait_seconds", "Queue wait per generated token, as the upstream reports it.",
             ["upstream", "model"], buckets=QUEUE_WAIT_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
-            f"{p}_upstream_batch_size", "MindIE-reported batch size per generated token (batch_size items).",
+            f"{p}_upstream_batch_size", "Batch size per generated token, as the upstream reports it.",
             ["upstream", "model"], buckets=BATCH_SIZE_BUCKETS, registry=r,
         )
         self.in_flight_requests = Gauge(
@@ -567,7 +567,7 @@ class _Tally:
 
 
 def _observe_all(child: Any, values: list[float]) -> None:
-    """Observe each value (a MindIE answer reports a few per generated token: thousands for a long one): in one loop
+    """Observe each value (an upstream's per-token timings: thousands for a long answer): in one loop
     on a local histogram child, in one batch (a _Tally) on a prometheus_client one."""
     if isinstance(child, HistogramChild):
         child.observe_all(values)
