@@ -1,7 +1,7 @@
 """One request's answer pipeline, without I/O: upstream bytes (or a JSON body) in, hub events out.
 
     bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (streams)
-                      └──▶ TextLane (an event that repeats a plain text event's template) ─▶ [Delta]
+                      └──▶ TextLane (events that repeat a plain text event's template) ─▶ [Delta]
     JSON  ─────────────────────────▶ UpstreamSession.response ─▶ Normalizer ─▶ [Delta]  (non-stream: one chunk)
 
 The handler feeds it what it reads and gives the events to the client encoder; tests drive the very same object
@@ -79,7 +79,12 @@ class Pipeline:
 
     def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
         lane = self._lane
-        for event in events:
+        many = len(events) > 1  # a fast stream's read: lane events come in runs (TextLane.run)
+        i = 0
+        count = len(events)
+        while i < count:
+            event = events[i]
+            i += 1
             if self.done:
                 return
             if type(event) is bytes:  # a plain `data:` event (proxy/sse.py SSEDecoder.payloads), not yet decoded
@@ -90,13 +95,26 @@ class Pipeline:
                     if self.normalizer.envelope_version != self._envelope:
                         lane.forget()
                         self._envelope = self.normalizer.envelope_version
-                    hit = lane.match(event)
-                    if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
-                        index, reasoning, text = hit
-                        text = self.session.lane_text(index, text, reasoning)
-                        if text:  # no new text (a cumulative snapshot that adds nothing): no event, as on the full path
-                            out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
-                        continue
+                    if not many:
+                        hit = lane.match(event)
+                        if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
+                            index, reasoning, text = hit
+                            text = self.session.lane_text(index, text, reasoning)
+                            if text:  # no new text (a cumulative snapshot adding nothing): no event, as the full path
+                                out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+                            continue
+                    else:
+                        # This event and the lane events right after it: a lane event changes neither the session's
+                        # nor the normaliser's state, so what is asked of the first holds for the run.
+                        run = lane.run(events, i - 1)
+                        if run is not None and self.session.lane_open() and self.normalizer.passes_text(run[0]):
+                            index, reasoning, texts = run
+                            i += len(texts) - 1
+                            for text in texts:
+                                text = self.session.lane_text(index, text, reasoning)
+                                if text:
+                                    out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+                            continue
                 try:
                     parsed: Any = orjson.loads(event)  # orjson checks the UTF-8
                 except orjson.JSONDecodeError:

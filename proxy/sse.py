@@ -58,10 +58,17 @@ class SSEDecoder:
         undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`."""
         if (
             self._head is None and not self._parts and not self._data and self._event is None
-            and not self._pending_cr and chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2
-            and chunk[-1] == 0x0A and b"\r" not in chunk
-        ):  # the usual read of a paced stream, one whole event and nothing held: what the loop below would find
-            return [chunk[6:-2]]
+            and not self._pending_cr and chunk.startswith(b"data: ") and chunk.endswith(b"\n\n")
+            and b"\r" not in chunk
+        ):
+            # The usual read, nothing held: one whole plain event (a paced stream) or several (a fast one), what
+            # the loop below would find.
+            if chunk.find(b"\n") == len(chunk) - 2:
+                return [chunk[6:-2]]
+            # Split at once: the read is only such events if it holds no other line end than theirs (2 per event).
+            events: list[bytes | SSEEvent] = chunk[6:-2].split(b"\n\ndata: ")  # type: ignore[assignment]
+            if chunk.count(b"\n") == 2 * len(events):
+                return events
         out: list[bytes | SSEEvent] = []
         self._feed(chunk, out, True)
         return out

@@ -245,12 +245,20 @@ def without_ids(events: list[SSEEvent]) -> list[SSEEvent]:
                    min_size=1, max_size=12),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
     whole_events=st.booleans(),
+    groups=st.lists(st.integers(min_value=1, max_value=6), max_size=12),
 )
-def test_payloads_give_the_events_of_feed(parts: list[bytes], cuts: list[int], whole_events: bool) -> None:
+def test_payloads_give_the_events_of_feed(parts: list[bytes], cuts: list[int], whole_events: bool,
+                                          groups: list[int]) -> None:
     raw = b"".join(parts)
     expected = without_ids(decode(raw))
     if whole_events:  # one piece per read: the usual paced stream, where the fast lane applies
         assert payloads(*parts) == expected
+    # Several whole pieces per read (a fast stream), where the several-events fast lane applies.
+    reads, i = [], 0
+    for n in [*groups, len(parts)]:
+        reads.append(b"".join(parts[i:i + n]))
+        i += n
+    assert payloads(*reads) == expected
     bounds = sorted({c % (len(raw) + 1) for c in cuts})
     chunks = [raw[a:b] for a, b in zip([0, *bounds], [*bounds, len(raw)], strict=True)]
     assert payloads(*chunks) == expected
@@ -263,3 +271,11 @@ def test_a_whole_plain_event_comes_undecoded() -> None:
     assert dec.payloads(b"event: error\ndata: {}\n\n") == [SSEEvent("{}", "error")]
     assert dec.payloads(b"data: a\n") == []
     assert dec.payloads(b"\ndata: b\n\n") == [SSEEvent("a"), b"b"]
+
+
+def test_a_read_of_whole_plain_events_comes_undecoded() -> None:
+    assert SSEDecoder().payloads(b"data: {}\n\ndata: [1]\n\ndata: \n\n") == [b"{}", b"[1]", b""]
+    # any other line in the read: the general loop, in order
+    assert SSEDecoder().payloads(b"data: {}\n\n: keep-alive\n\ndata: 2\n\n") == [b"{}", b"2"]
+    assert SSEDecoder().payloads(b"data: a\ndata: b\n\ndata: c\n\n") == [SSEEvent("a\nb"), b"c"]
+    assert SSEDecoder().payloads(b"data: a\n\ndata:b\n\n") == [b"a", SSEEvent("b")]

@@ -4,6 +4,7 @@ and the same errors, whatever the upstream dialect, the JSON spelling and where 
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -17,6 +18,7 @@ from proxy.errors import ProxyError
 from proxy.events import Answer, Delta
 from proxy.pipeline import Pipeline
 from proxy.settings import UpstreamSettings
+from proxy.sse import SSEEvent
 from proxy.stream.text_lane import TextLane
 from tests.hub_harness import request_context
 
@@ -126,9 +128,13 @@ def test_the_lane_gives_what_the_full_path_gives(data: Any, upstream: tuple[str,
                 so_far = delta["content"] if data.draw(st.integers(0, 9)) == 0 else so_far + delta["content"]
                 delta["content"] = so_far
     dump = SPELLINGS[spelling]
-    raw = b"".join(b"data: " + dump(c).encode() + b"\n\n" for c in chunks)
+    events = [b"data: " + dump(c).encode() + b"\n\n" for c in chunks]
     if data.draw(st.booleans()):
-        raw += b"data: [DONE]\n\n"
+        events.append(b"data: [DONE]\n\n")
+    raw = b"".join(events)
+    if data.draw(st.booleans()):  # reads of whole events, several to a read (a fast upstream): runs on the lane
+        ends = list(itertools.accumulate(len(e) for e in events))
+        cuts = [ends[c % len(ends)] for c in cuts]
     assert run(raw, cuts, dialect, full_text, True, model) == run(raw, [], dialect, full_text, False, model)
 
 
@@ -153,6 +159,27 @@ def test_a_plain_stream_goes_through_the_lane() -> None:
     assert lane.match(first.replace(b'"a"', b'""')) is None  # empty text: the full path decides
     assert lane.match(first.replace(b'null}', b'"stop"}')) is None  # another envelope
     assert lane.match(first.replace(b'"a"', b'"a","role":"x"')) is None  # not one string token
+
+
+def test_a_run_of_lane_events_is_matched_at_once() -> None:
+    """One read of a fast stream: the lane takes the events that fit, in order, and stops at the first that does not."""
+    lane = TextLane()
+    first = b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'
+    lane.learn(first, "content", "a", 0, False)
+
+    def text(t: bytes) -> bytes:
+        return first.replace(b'"a"', t)
+
+    stop = first.replace(b'null}', b'"stop"}')
+    events: list[bytes | SSEEvent] = [stop, text(b'"b"'), text(b'"c"'), text(b'"\\u00e9"'), text(b'""'),
+                                      text(b'"d"')]
+    assert lane.run(events, 0) is None
+    assert lane.run(events, 1) == (0, False, ["b", "c", "é"])  # stops at the empty text
+    assert lane.run(events, 5) == (0, False, ["d"])
+    assert lane.run([text(b'"b"'), b"[DONE]", text(b'"c"')], 0) == (0, False, ["b"])
+    assert lane.run([text(b'"b"'), SSEEvent("x"), text(b'"c"')], 0) == (0, False, ["b"])
+    assert lane.run([text(b'"b"'), text(b'"c\xff"'), text(b'"c"')], 0) == (0, False, ["b"])  # invalid UTF-8
+    assert lane.run([text(b'"b"'), text(b'1'), text(b'"c"')], 0) == (0, False, ["b"])  # not a string
 
 
 def test_learning_skips_a_lookalike_inside_another_string() -> None:
