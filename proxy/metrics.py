@@ -798,7 +798,8 @@ class RequestObserver:
                 _observe_all(m.child(histogram, *labels), values)
 
     def upstream_error(self, dialect: str, code: str) -> None:
-        """An error from (or about) the upstream, e.g. ("mindie", "422"), ("any", "connect_refused")."""
+        """An error from (or about) the upstream: the dialect's name and its own error code (e.g. an HTTP status),
+        or "any" and what went wrong before any dialect answered (e.g. "connect_refused")."""
         d, c = self._m._error_code_label(dialect, code)
         self._m.child(self._m.upstream_errors, self._upstream, d, c).inc()
 

@@ -79,9 +79,9 @@ class Pipeline:
 
     def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
         lane = self._lane
-        many = len(events) > 1  # a fast stream's read: lane events come in runs (TextLane.run)
-        i = 0
         count = len(events)
+        many = count > 1  # a fast stream's read: lane events come in runs (TextLane.run)
+        i = 0
         while i < count:
             event = events[i]
             i += 1

@@ -12,6 +12,7 @@ turn them into an error instead of a truncated "success".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ class SSEDecoder:
         self._feed(chunk, out, False)
         return out
 
-    def payloads(self, chunk: bytes) -> list[bytes | SSEEvent]:
+    def payloads(self, chunk: bytes) -> Sequence[bytes | SSEEvent]:
         """`feed` for the answer pipeline: a plain event (a `data: ` line and a blank line, no `event:`) comes as the
         undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`."""
         if (
@@ -66,7 +67,7 @@ class SSEDecoder:
             if chunk.find(b"\n") == len(chunk) - 2:
                 return [chunk[6:-2]]
             # Split at once: the read is only such events if it holds no other line end than theirs (2 per event).
-            events: list[bytes | SSEEvent] = chunk[6:-2].split(b"\n\ndata: ")  # type: ignore[assignment]
+            events = chunk[6:-2].split(b"\n\ndata: ")
             if chunk.count(b"\n") == 2 * len(events):
                 return events
         out: list[bytes | SSEEvent] = []

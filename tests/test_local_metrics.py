@@ -185,6 +185,13 @@ def test_replica_gauges_read_at_scrape_equal_gauges_set_on_change() -> None:
         return [line.split("{", 1)[1] for line in normalized(m).splitlines()
                 if line.startswith(f"dialect_proxy_replica_{name}{{")]
 
+    async def queued(at: int, n: int) -> None:
+        """Until replica `at` has `n` requests in its queue in both worlds (bounded)."""
+        for _ in range(100):
+            await asyncio.sleep(0)
+            if all(w.gw.replicas[at].admission.queued == n for w in worlds):
+                break
+
     async def scenario() -> None:
         same(up__x=1, up__y=1, up__z=1, up__solo=1)
         assert series(local.m, "in_flight") == []  # nothing used yet: no in_flight / queue_length series
@@ -197,10 +204,7 @@ def test_replica_gauges_read_at_scrape_equal_gauges_set_on_change() -> None:
         same(in_flight__solo=1, in_flight__z=1)
         # two more for z wait in its queue
         waiting = [asyncio.create_task(w.on(2)) for w in worlds for _ in range(2)]
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if all(w.gw.replicas[2].admission.queued == 2 for w in worlds):
-                break
+        await queued(2, 2)
         same(in_flight__z=1, queue_length__z=2)
         # x fails once (outlier_failures 1): ejected, its first use
         for w in worlds:
@@ -226,10 +230,7 @@ def test_replica_gauges_read_at_scrape_equal_gauges_set_on_change() -> None:
         # a queued request whose client leaves gives its place up
         held = [await w.on(1) for w in worlds]
         leaving = [asyncio.create_task(w.on(1)) for w in worlds]
-        for _ in range(100):
-            await asyncio.sleep(0)
-            if all(w.gw.replicas[1].admission.queued == 1 for w in worlds):
-                break
+        await queued(1, 1)
         same(in_flight__y=1, queue_length__y=1)
         for task in leaving:
             task.cancel()

@@ -18,7 +18,6 @@ import argparse
 import cProfile
 import pstats
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,9 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import fastest  # noqa: E402  (tests/bench/timing.py)
 
 from proxy.canonical import CHAT, RequestContext  # noqa: E402
 from proxy.clients.base import ClientCall  # noqa: E402
@@ -237,20 +239,9 @@ def stages() -> dict[str, tuple[Callable[[], int], int]]:
 
 
 def measure(run: Callable[[], object], divisor: int, budget: float = 0.2) -> float:
-    """µs per unit: the fastest of the requests run in about `budget` seconds (on a shared machine the least
-    disturbed request is the one that shows the code's own cost)."""
+    """µs per unit: the fastest of the requests run in about `budget` seconds, after one untimed warm-up."""
     run()
-    best = float("inf")
-    clock = time.perf_counter
-    deadline = clock() + budget
-    for _ in range(100_000):
-        t0 = clock()
-        run()
-        t1 = clock()
-        best = min(best, t1 - t0)
-        if t1 >= deadline:
-            break
-    return best / divisor * 1e6
+    return fastest(run, budget) / divisor * 1e6
 
 
 def main() -> None:

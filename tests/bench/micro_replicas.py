@@ -25,10 +25,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from timing import fastest  # tests/bench/timing.py, next to this script (imports nothing of the proxy)
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUEST = {"model": "m", "messages": [{"role": "system", "content": "You are terse."},
@@ -74,7 +75,7 @@ def scenarios() -> dict[str, Callable[[], object]]:
         return run
 
     def release(rset: Any) -> Callable[[], object]:
-        # a ticket taken outside the timed call: measure() times `run` alone
+        # a ticket taken outside the timed call: worker() times `run` alone
         pending: list[Any] = []
 
         def take() -> None:
@@ -99,31 +100,14 @@ def scenarios() -> dict[str, Callable[[], object]]:
     return table
 
 
-def fastest(run: Callable[[], object], budget: float = 0.2) -> float:
-    """µs: the fastest call in about `budget` seconds (a `take` attribute is called untimed before each)."""
-    take = getattr(run, "take", None)
-    best = float("inf")
-    clock = time.perf_counter
-    deadline = clock() + budget
-    for _ in range(200_000):
-        if take is not None:
-            take()
-        t0 = clock()
-        run()
-        t1 = clock()
-        best = min(best, t1 - t0)
-        if t1 >= deadline:
-            break
-    return best * 1e6
-
-
 def worker(root: str, rounds: int) -> None:
     sys.path.insert(0, root)
     table = scenarios()
     best: dict[str, float] = {}
     for _ in range(rounds):
         for name, run in table.items():
-            best[name] = min(best.get(name, float("inf")), fastest(run))
+            us = fastest(run, before=getattr(run, "take", None)) * 1e6  # `take`: a ticket, untimed
+            best[name] = min(best.get(name, float("inf")), us)
     print(json.dumps(best))
 
 
