@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from .deadlines import Alarm
 from .errors import ProxyError, StreamTruncated, UpstreamTimeout, UpstreamUnreachable
 from .redact import Redactor, log_url
 from .settings import ServerSettings, UpstreamSettings
@@ -190,36 +191,6 @@ async def read_body(
         raise ProxyError("The upstream closed the connection in the middle of its answer.", 502) from None
     finally:
         alarm.cancel()
-
-
-class Alarm:
-    """A leaner `asyncio.timeout` for the per-request path (one loop timer, no state machine: ~3 µs instead of ~8 per
-    use, measured here): at `when` it cancels the current task. In `except asyncio.CancelledError`, `expired()` says
-    whether the cancellation was the alarm's alone (it is then undone, for the caller to raise its timeout error);
-    a cancellation from anyone else (client gone, shutdown) must be re-raised."""
-
-    __slots__ = ("_handle", "_loop", "_task", "fired")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        self._loop = loop
-        self._task = asyncio.current_task()
-        self.fired = False
-        self._handle = loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self.fired = True
-        if self._task is not None:
-            self._task.cancel()
-
-    def move(self, when: float) -> None:
-        self._handle.cancel()
-        self._handle = self._loop.call_at(when, self._fire)
-
-    def expired(self) -> bool:
-        return self.fired and self._task is not None and self._task.uncancel() == 0
-
-    def cancel(self) -> None:
-        self._handle.cancel()
 
 
 _TICK = "dialect-proxy: upstream silent"
