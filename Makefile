@@ -12,7 +12,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-cli bench soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-cli bench bench-instructions soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -59,6 +59,10 @@ lint: $(DEVSTAMP)
 
 bench: $(DEVSTAMP)
 	$(BIN)/python tests/bench/bench.py
+
+# Instructions per request under valgrind (Debian package valgrind): exact before/after. make bench-instructions REF=COMMIT
+bench-instructions: $(DEVSTAMP)
+	$(BIN)/python tests/bench/instructions.py $(if $(REF),--ref $(REF))
 
 # make soak SECONDS=600 CONCURRENCY=64 DIALECT=deepseek (each optional)
 soak: $(DEVSTAMP)

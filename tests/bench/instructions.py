@@ -1,0 +1,161 @@
+"""Benchmark: user-space instructions per request of the proxy and of the bare relay, counted by valgrind.
+
+    python tests/bench/instructions.py [--requests 200] [--ref COMMIT] [--rows NAME,...]   (`make bench-instructions`)
+
+CPU time on a shared VM swings by +-15 % between runs, more than most single optimisations change, so before/after
+figures from tests/bench/bench.py need many rounds. An instruction count does not swing: each relay runs under
+valgrind's callgrind (Debian package `valgrind`), is driven by the same load generator as the ratio table
+(tests/bench/bench.py `load`, 4 concurrent requests) for a warm-up, then its counters are zeroed, `--requests`
+requests are made and its counters dumped; a figure is the instructions (callgrind's Ir) of that window per request,
+or per upstream chunk for streams. Two runs of one tree agree within about 0.2 %; `--ref COMMIT` measures that
+commit's proxy (git archive) in the same run, for a change's before/after.
+
+What it cannot show: time in the kernel (each read and write system call; the proxy makes fewer of them than the
+bare relay, as it gets bigger reads), cache misses and branch mispredictions; and under valgrind's ~50x slowdown an
+upstream stream's events pile up, so a stream's reads are bigger than at full speed. The ratio of instructions is
+therefore higher than the ratio of CPU time in the ratio table; compare instructions with instructions.
+
+Bounded: every run is a fixed number of requests with a timeout; loopback only. Not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench  # noqa: E402  (tests/bench/bench.py: the load generator, process helpers, --ref export)
+
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WARM_UP = 60  # requests before the counters are zeroed (imports, caches, connection pools)
+STARTUP = 300.0  # seconds a relay may take to start under valgrind
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    dialect: str
+    full_text: bool
+    api: str
+    stream: bool
+
+
+ROWS = [
+    Row("openai chat non-stream", "openai", False, "chat", False),
+    Row("openai chat stream", "openai", False, "chat", True),
+    Row("mindie-ft chat non-stream", "mindie", True, "chat", False),
+    Row("mindie-ft chat stream", "mindie", True, "chat", True),
+    Row("openai responses stream", "openai", False, "responses", True),
+    Row("openai messages stream", "openai", False, "messages", True),
+]
+CHUNKS = 64  # per streamed answer, as in the ratio table
+
+
+def callgrind(argv: list[str], cwd: str, out: str) -> subprocess.Popen[bytes]:
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *argv]
+    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + STARTUP
+    while True:
+        try:
+            await bench.wait_up(url)
+            return
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not come up under valgrind") from None
+            await asyncio.sleep(1)
+
+
+def control(pid: int, flag: str) -> None:
+    subprocess.run(["callgrind_control", flag, str(pid)], check=True, timeout=120,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def instructions(out: str) -> int:
+    """The Ir of the first dump after the counters were zeroed (callgrind_control -d writes `<out>.<pid>.1`)."""
+    (path,) = glob.glob(out + ".*.1")
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
+
+
+async def measure(row: Row, target: str, tree: str, requests: int, workdir: str) -> float:
+    """Instructions per request (non-stream) or per upstream chunk (streams) of one relay."""
+    mock_port, port = bench.free_port(), bench.free_port()
+    ft = ["--full-text"] if row.full_text else []
+    mock = bench.start(["mock", "--port", str(mock_port), "--dialect", row.dialect, *ft], None, cwd=ROOT)
+    out = os.path.join(workdir, f"{target}-{row.name.replace(' ', '_')}")
+    upstream = f"http://127.0.0.1:{mock_port}"
+    if target == "bare":
+        relay = callgrind([sys.executable, os.path.join(HERE, "bare_relay.py"), str(port), upstream], ROOT, out)
+        health, api = "/", "chat"
+    else:
+        relay = callgrind([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream-url", upstream,
+                           "--upstream-dialect", row.dialect, "--log-level", "warning", *ft], tree, out)
+        health, api = "/healthz", row.api
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await bench.wait_up(upstream + "/health")
+        await wait_up(url + health, relay)
+        chunks = CHUNKS if row.stream else 16
+        warm = await bench.load(url, row.stream, chunks, 0, 4, 600.0, WARM_UP, api)
+        control(relay.pid, "-z")
+        result = await bench.load(url, row.stream, chunks, 0, 4, 600.0, requests, api)
+        control(relay.pid, "-d")
+        if warm.errors or result.errors or not result.latencies:
+            raise RuntimeError(f"{target} {row.name}: errors {result.error_kinds or warm.error_kinds}")
+        per = len(result.latencies) * (CHUNKS if row.stream else 1)
+    finally:
+        bench.stop(relay, mock)
+    return instructions(out) / per
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=200, help="measured requests per relay and row (bounded)")
+    ap.add_argument("--ref", help="also count the proxy of this commit (git archive), for a before/after")
+    ap.add_argument("--rows", help="comma-separated row names (default: all): " + ", ".join(r.name for r in ROWS))
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("valgrind is needed (Debian package `valgrind`)")
+    rows = ROWS if not args.rows else [r for r in ROWS if r.name in {n.strip() for n in args.rows.split(",")}]
+    if not rows:
+        sys.exit("no such row; rows: " + ", ".join(r.name for r in ROWS))
+    ref_tree = bench.export_ref(args.ref) if args.ref else None
+    workdir = tempfile.mkdtemp(prefix="bench-instructions-")
+    unit = "instructions per request (non-stream) or per upstream chunk (streams)"
+    print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent\n")
+    head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree else "")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    try:
+        for row in rows:
+            bare = await measure(row, "bare", ROOT, args.requests, workdir)
+            proxy = await measure(row, "proxy", ROOT, args.requests, workdir)
+            line = f"| {row.name} | {bare:,.0f} | {proxy:,.0f} | {proxy / bare:.2f} |"
+            if ref_tree:
+                ref = await measure(row, "ref", ref_tree, args.requests, workdir)
+                line += f" {ref:,.0f} | {ref / bare:.2f} | {proxy / ref:.3f} |"
+            print(line, flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if ref_tree:
+            shutil.rmtree(ref_tree, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
