@@ -57,7 +57,7 @@ class SSEDecoder:
     def payloads(self, chunk: bytes) -> Sequence[bytes | SSEEvent]:
         """`feed` for the answer pipeline: a plain event (a `data: ` line and a blank line, no `event:`) comes as the
         undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`."""
-        if self._head == b"" and chunk[:1] != _BOM[:1]:  # the stream's first read cannot start a BOM: none to strip
+        if self._head == b"" and chunk and chunk[0] != _BOM[0]:  # the stream's first bytes start no BOM: none to strip
             self._head = None
         if (
             self._head is None and not self._parts and not self._data and self._event is None

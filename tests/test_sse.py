@@ -193,6 +193,12 @@ def test_utf8_bom_at_stream_start_is_ignored() -> None:
         assert decode(raw[:i], raw[i:]) == decode(FULLTEXT)
     # only at the very start
     assert decode(b"data: a\n\n\xef\xbb\xbfdata: b\n\n")[1].garbage is not None
+    # payloads: an empty first read decides nothing; a first read that starts no BOM decides that there is none
+    decoder = SSEDecoder()
+    assert [decoder.payloads(read) for read in (b"", b"\xef\xbb", b"\xbfdata: a\n\n")] == [[], [], [b"a"]]
+    decoder = SSEDecoder()
+    assert decoder.payloads(b"data: a\n\ndata: b\n\n") == [b"a", b"b"]
+    assert decoder.payloads(b"\xef\xbb\xbfdata: c\n\n")[0].garbage is not None
 
 
 # -- encoder -------------------------------------------------------------------------------------------------------
