@@ -34,7 +34,7 @@ from .errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from .events import Answer, Delta
+from .events import Answer, Delta, TextRun
 from .frontend import DISCONNECT_HOOK
 from .pipeline import Pipeline
 from .replicas import RETRY_STATUSES
@@ -345,8 +345,9 @@ class InferenceEndpoint:
         reusable = False
         try:
             answer = Answer()
-            pipeline = Pipeline(session, answer)
             encoder = self.client.encoder(call, ctx, answer)
+            # A continuity recorder reads every event's text: it gets Deltas.
+            pipeline = Pipeline(session, answer, runs=encoder.runs and recorder is None)
             extra_headers = call.headers + [rid_header]
             obs.upstream_headers()
             t_up = time.perf_counter()
@@ -416,7 +417,7 @@ class InferenceEndpoint:
         """
         server = self.state.settings.server
         session = pipeline.session
-        events: list[Delta] = []
+        events: list[Delta | TextRun] = []  # TextRuns only for an encoder that takes them (Pipeline `runs`)
         pending: list[bytes] = []  # encoded but not yet sent: still sent when a later event fails
         substantive = False  # a token or a finish is pending or sent: worth committing the 200 for
         head = [(b"content-type", self.client.content_type), *SSE_HEADERS, *extra_headers]
@@ -424,17 +425,21 @@ class InferenceEndpoint:
         def encode() -> None:
             nonlocal substantive
             tokens = 0
+            count = len(events)
             for event in events:
-                if event.content or event.reasoning or event.tool_calls:  # Delta.has_token, inlined (per event)
+                if type(event) is TextRun:  # one event per text, each a token
+                    tokens += len(event.texts)
+                    count += len(event.texts) - 1
+                elif event.content or event.reasoning or event.tool_calls:  # Delta.has_token, inlined (per event)
                     tokens += 1
                 elif event.finish_reason is not None:
                     substantive = True
             if tokens:
                 substantive = True
-            obs.chunks(len(events), tokens)
+            obs.chunks(count, tokens)
             if recorder is not None:
-                recorder.feed(events)
-            data = encoder.feed(events)
+                recorder.feed(events)  # type: ignore[arg-type]  # Deltas only: no runs with a recorder (_serve)
+            data = encoder.feed(events)  # type: ignore[arg-type]  # TextRuns only if encoder.runs (_serve)
             events.clear()
             if data:
                 pending.append(data)

@@ -2,6 +2,7 @@
 
     bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (streams)
                       └──▶ TextLane (events that repeat a plain text event's template) ─▶ [Delta]
+                                    (several in one read, with `runs`: one TextRun)
     JSON  ─────────────────────────▶ UpstreamSession.response ─▶ Normalizer ─▶ [Delta]  (non-stream: one chunk)
 
 The handler feeds it what it reads and gives the events to the client encoder; tests drive the very same object
@@ -19,7 +20,7 @@ import orjson
 
 from .dialects.base import UpstreamSession
 from .errors import StreamTruncated, UpstreamError
-from .events import Answer, Delta
+from .events import Answer, Delta, TextRun
 from .normalize import Normalizer
 from .sse import SSEDecoder, SSEEvent
 from .stream.text_lane import TextLane
@@ -28,9 +29,10 @@ log = logging.getLogger("dialect_proxy")
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "answer", "done", "normalizer", "session")
+    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "_runs", "answer", "done", "normalizer",
+                 "session")
 
-    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True) -> None:
+    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True, runs: bool = False) -> None:
         self.session = session
         self.answer = answer
         self.normalizer = Normalizer(session.ctx.kind, session.reasoning_source, session.starts_in_reasoning, answer)
@@ -46,15 +48,18 @@ class Pipeline:
         # answer's envelope fields (system_fingerprint ...) as they were, so its templates hold only while those
         # have not changed since.
         self._envelope = 0
+        # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for a
+        # consumer that takes them (proxy/clients/base.py Encoder.runs).
+        self._runs = runs
 
-    def feed(self, data: bytes, out: list[Delta]) -> None:
+    def feed(self, data: bytes, out: list[Delta | TextRun]) -> None:
         """Append the events that `data` completes to `out`."""
         try:
             self._take(self._decoder.payloads(data), out)
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, StreamTruncated) from None
 
-    def finish(self, out: list[Delta]) -> None:
+    def finish(self, out: list[Delta | TextRun]) -> None:
         """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
         if not self.done:
             self._take(self._decoder.flush(), out)
@@ -77,7 +82,7 @@ class Pipeline:
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, UpstreamError) from None
 
-    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
+    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta | TextRun]) -> None:
         lane = self._lane
         count = len(events)
         many = count > 1  # a fast stream's read: lane events come in runs (TextLane.run)
@@ -110,6 +115,13 @@ class Pipeline:
                         if run is not None and self.session.lane_open() and self.normalizer.passes_text(run[0]):
                             index, reasoning, texts = run
                             i += len(texts) - 1
+                            if self._runs:
+                                if self.session.rewrites_text:  # in order: a cumulative snapshot each
+                                    lane_text = self.session.lane_text
+                                    texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
+                                if texts:
+                                    out.append(TextRun(index, reasoning, texts))
+                                continue
                             for text in texts:
                                 text = self.session.lane_text(index, text, reasoning)
                                 if text:
@@ -136,10 +148,10 @@ class Pipeline:
                 plain = None
             chunk = self._chunk(parsed)
             if chunk is not None:
-                n = len(out)
-                out.extend(self._feed(chunk))
-                if lane is not None and plain is not None and len(out) == n + 1:
-                    self._learn(lane, plain, chunk, out[n])
+                deltas = self._feed(chunk)
+                out.extend(deltas)
+                if lane is not None and plain is not None and len(deltas) == 1:
+                    self._learn(lane, plain, chunk, deltas[0])
 
     def _learn(self, lane: TextLane, data: bytes, chunk: dict[str, Any], d: Delta) -> None:
         """Teach the lane this event's template if the full path passed its one choice's text through unchanged."""

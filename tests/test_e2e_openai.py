@@ -57,6 +57,27 @@ def test_stream_relays_true_deltas_role_once_and_usage_per_stream_options(start_
     assert raw.text.rstrip().endswith("data: [DONE]")
 
 
+def test_a_fast_stream_is_counted_event_by_event(start_mock, start_proxy):
+    """A zero-delay stream reaches the proxy many events to a read, and the text events of a read go to the chat
+    encoder as one run each (proxy/pipeline.py `runs`): still one chunk per upstream event for the client, and one
+    token each for the metrics (a time to first token, then an inter-token latency for every later one)."""
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    msg = [{"role": "user", "content": "count [mock:chunks=300]"}]
+    with direct(mock) as d:
+        want = [c.choices[0].delta.content for c in d.chat.completions.create(model="m1", messages=msg, stream=True)
+                if c.choices and c.choices[0].delta.content]
+    got = [c.choices[0].delta.content for c in proxy.client().chat.completions.create(
+        model="m1", messages=msg, stream=True) if c.choices and c.choices[0].delta.content]
+    assert got == want and len(got) >= 300
+    counts = {}
+    for line in httpx.get(proxy.url + "/metrics", timeout=10).text.splitlines():
+        for name in ("time_to_first_token_seconds_count", "inter_token_latency_seconds_count"):
+            if line.startswith("dialect_proxy_" + name) and 'upstream="mock-openai"' in line:
+                counts[name] = float(line.rsplit(" ", 1)[1])
+    assert counts == {"time_to_first_token_seconds_count": 1, "inter_token_latency_seconds_count": len(got) - 1}
+
+
 def test_stream_helper_accumulates(start_mock, start_proxy):
     mock = start_mock("openai")
     proxy = start_proxy(mock=mock)

@@ -47,6 +47,9 @@ class ClientCall:
 
 class Encoder(Protocol):
     keepalive: bytes  # sent after a silence once the stream head is out (`: keep-alive`, Anthropic `ping` ...)
+    # True: `feed` also takes TextRun events (proxy/events.py; a fast stream's plain text events of one read, which
+    # it writes in one loop); False: Deltas only.
+    runs: bool
 
     def head(self) -> bytes:
         """Streaming: the bytes that open the client's stream (b"" for Chat Completions)."""

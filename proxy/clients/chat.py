@@ -13,14 +13,14 @@ closest to the hub. The request already is the canonical form; the encoder puts 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from ..canonical import CHAT, COMPLETIONS, RequestContext
 from ..errors import ClientRequestError, ProxyError
-from ..events import Answer, Delta
+from ..events import Answer, Delta, TextRun
 from ..sse import DONE, KEEPALIVE, encode_data
 from ..stream.usage import deepseek_usage_fields
 from ..validate import (
@@ -190,6 +190,7 @@ class _Fold:
 
 class ChatEncoder:
     keepalive = KEEPALIVE
+    runs = True  # TextRun events: one loop over their texts (`_run`)
 
     def __init__(
         self,
@@ -230,17 +231,24 @@ class ChatEncoder:
     def head(self) -> bytes:
         return b""
 
-    def feed(self, deltas: list[Delta]) -> bytes:
+    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
         if not self.stream:
             for d in deltas:
-                self._fold(d)
+                if type(d) is TextRun:
+                    for one in d.deltas():
+                        self._fold(one)
+                else:
+                    self._fold(d)
             return b""
         # One chunk per event: choices of one upstream chunk go out one by one, as OpenAI sends n > 1 streams.
         if self._extra_seen != self.answer.envelope_extra:
             self._prefixes()
-        out = []
+        out: list[bytes] = []
         dumps = orjson.dumps
         for d in deltas:
+            if type(d) is TextRun:
+                self._run(d, out)
+                continue
             # The common event adds text to a choice and nothing else: cached bytes around the one dumped string,
             # byte for byte what the general path below produces (tests/clients/test_chat_encoder.py).
             if not (d.first or d.tool_calls or d.finish_reason is not None or d.logprobs is not None or d.extra
@@ -262,6 +270,29 @@ class ChatEncoder:
                     continue
             out.append(self._chunk(d))
         return b"".join(out)
+
+    def _run(self, run: TextRun, out: list[bytes]) -> None:
+        """A TextRun: one chunk per text, as `feed` writes each of its Deltas (plain text: the hot path), in one
+        loop; a run the hot path would not take (reasoning without a delta key, inside a `<think>` tag, a
+        Completions stream) goes through `feed` as its Deltas."""
+        index = run.index
+        if not self.chat:
+            out.append(self.feed(run.deltas()))
+            return
+        if run.reasoning:
+            if self._reasoning_key is None:
+                out.append(self.feed(run.deltas()))
+                return
+            head = self._reasoning_heads.get(index) or self._cache(
+                self._reasoning_heads, index, b'"delta":{' + self._reasoning_key)
+        elif index in self._think_open:
+            out.append(self.feed(run.deltas()))
+            return
+        else:
+            head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
+        close = self._close
+        dumps = orjson.dumps
+        out.extend([head + dumps(text) + close for text in run.texts])
 
     def _cache(self, heads: dict[int, bytes], index: int, key: bytes) -> bytes:
         """The bytes of a hot-path chunk of choice `index` up to the value of `key` (kept until the envelope

@@ -67,6 +67,7 @@ class _Block:
 
 class MessagesEncoder:
     keepalive = PING
+    runs = False  # Deltas only (proxy/clients/base.py Encoder)
 
     def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner) -> None:
         self.stream = call.stream

@@ -46,6 +46,7 @@ class _Item:
 
 class ResponsesEncoder:
     keepalive = KEEPALIVE
+    runs = False  # Deltas only (proxy/clients/base.py Encoder)
 
     def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: dict[str, Any],
                  tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:

@@ -36,7 +36,7 @@ from proxy.clients.messages_encoder import MessagesEncoder  # noqa: E402
 from proxy.clients.responses_events import ResponsesEncoder  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
-from proxy.events import Answer, Delta  # noqa: E402
+from proxy.events import Answer, Delta, TextRun  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.pipeline import Pipeline  # noqa: E402
 from proxy.settings import UpstreamSettings  # noqa: E402
@@ -130,16 +130,25 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
         obs = METRICS.request("/v1/chat/completions", "bench", "bench", True)
         session = dialect.session(ctx)
         answer = Answer()
-        pipeline = Pipeline(session, answer)
         encoder = make_encoder(ctx, answer)
-        events: list[Delta] = []
+        # As the handler: the lane's runs as TextRuns for an encoder that takes them.
+        pipeline = Pipeline(session, answer, **({"runs": True} if getattr(encoder, "runs", False) else {}))
+        events: list[Delta | TextRun] = []
         sent = 0
         head = False
         for piece in pieces:
             pipeline.feed(piece, events)
             if events:
-                # the handler's metrics call per read
-                obs.chunks(len(events), sum(1 for event in events if event.has_token))
+                # the handler's metrics call per read (proxy/handlers.py _relay: a TextRun is a token per text)
+                tokens = 0
+                count = len(events)
+                for e in events:
+                    if type(e) is TextRun:
+                        tokens += len(e.texts)
+                        count += len(e.texts) - 1
+                    elif e.content or e.reasoning or e.tool_calls:
+                        tokens += 1
+                obs.chunks(count, tokens)
                 data = encoder.feed(events)
                 events.clear()
                 if not head:

@@ -1,6 +1,7 @@
 """The Chat/Completions encoder's hot path (cached envelope bytes around one dumped string) against its general path
 (the whole chunk built as a dict and dumped): byte for byte the same, for any sequence of events and any client
-setting; and the envelope follows fields that appear mid-stream."""
+setting; a TextRun (several text events in one) gives the bytes of its Deltas; and the envelope follows fields that
+appear mid-stream."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.clients.chat import ChatEncoder
-from proxy.events import Answer, Delta
+from proxy.events import Answer, Delta, TextRun
 from proxy.settings import UpstreamSettings
 
 REASONING_MODES = ["reasoning_content", "reasoning", "think_tags", "none"]
@@ -38,11 +39,12 @@ EXTRAS = st.lists(st.tuples(st.integers(0, 20), st.dictionaries(st.sampled_from(
                   max_size=3)
 
 
-def encoder(kind: str, include_usage: bool, reasoning: str, answer: Answer, keep_upstream_id: bool) -> ChatEncoder:
+def encoder(kind: str, include_usage: bool, reasoning: str, answer: Answer, keep_upstream_id: bool,
+            stream: bool = True) -> ChatEncoder:
     upstream = UpstreamSettings(name="u", dialect="openai", url="http://127.0.0.1:1", keep_upstream_id=keep_upstream_id)
     ctx = RequestContext(kind=kind, request_id="r", client_model="alias", upstream_model="m", upstream=upstream,
-                         stream=True, response_id="chatcmpl-ours", created=7)
-    return ChatEncoder(ctx, answer, True, include_usage, reasoning, False, kind == CHAT)
+                         stream=stream, response_id="chatcmpl-ours", created=7)
+    return ChatEncoder(ctx, answer, stream, include_usage, reasoning, False, kind == CHAT)
 
 
 @settings(max_examples=300, deadline=None)
@@ -79,3 +81,38 @@ def test_hot_path_chunks_parse_as_chat_chunks() -> None:
     assert [c["choices"][0]["index"] for c in chunks] == [0, 0, 0, 1]
     assert all(c["id"] == "chatcmpl-ours" and c["model"] == "alias" and c["usage"] is None for c in chunks)
     assert [c.get("system_fingerprint") for c in chunks] == [None, None, None, "fp_1"]
+
+
+RUNS = st.builds(TextRun, index=st.integers(0, 1), reasoning=st.booleans(),
+                 texts=st.lists(TEXT.filter(bool), min_size=1, max_size=5))
+# Reasoning alone: under `think_tags` it leaves a `<think>` open, which the next content must close.
+THINKING = st.builds(Delta, index=st.integers(0, 1), reasoning=TEXT.filter(bool))
+
+
+def expand(events: list[Delta | TextRun]) -> list[Delta]:
+    return [d for e in events for d in (e.deltas() if isinstance(e, TextRun) else [e])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=st.lists(st.one_of(DELTAS, THINKING, RUNS), max_size=16), kind=st.sampled_from([CHAT, COMPLETIONS]),
+       include_usage=st.booleans(), reasoning=st.sampled_from(REASONING_MODES), extras=EXTRAS,
+       batch=st.integers(1, 4), stream=st.booleans())
+def test_a_text_run_gives_the_bytes_of_its_deltas(events: list[Delta | TextRun], kind: str, include_usage: bool,
+                                                  reasoning: str, extras: list[tuple[int, dict[str, Any]]],
+                                                  batch: int, stream: bool) -> None:
+    """What the pipeline hands an encoder that takes runs (proxy/pipeline.py `runs`) against the same events as
+    Deltas: the same chunks (the run's loop, or its Deltas where the hot path would not take them: `<think>` tags,
+    reasoning the client does not get, Completions), and the same non-stream body."""
+    run_answer, delta_answer = Answer(upstream_id="up-1"), Answer(upstream_id="up-1")
+    with_runs = encoder(kind, include_usage, reasoning, run_answer, False, stream)
+    with_deltas = encoder(kind, include_usage, reasoning, delta_answer, False, stream)
+    runs_out, deltas_out = b"", b""
+    for start in range(0, len(events), batch):
+        for at, fields in extras:
+            if at == start:
+                run_answer.envelope_extra.update(fields)
+                delta_answer.envelope_extra.update(fields)
+        group = events[start:start + batch]
+        runs_out += with_runs.feed(group)
+        deltas_out += with_deltas.feed(expand(group))
+    assert runs_out + with_runs.finish() == deltas_out + with_deltas.finish()

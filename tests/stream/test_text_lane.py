@@ -1,6 +1,7 @@
 """The text lane (proxy/stream/text_lane.py) gives exactly what the full path gives: random upstream streams through a
 pipeline with the lane and one without (`Pipeline(..., text_lane=False)`) produce the same events, the same answer
-and the same errors, whatever the upstream dialect, the JSON spelling and where the bytes are cut."""
+and the same errors, whatever the upstream dialect, the JSON spelling and where the bytes are cut; with `runs` (the
+lane's runs as TextRuns), the same events once each run is its Deltas."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from proxy.canonical import CHAT
 from proxy.dialects import DIALECTS
 from proxy.errors import ProxyError
-from proxy.events import Answer, Delta
+from proxy.events import Answer, Delta, TextRun
 from proxy.pipeline import Pipeline
 from proxy.settings import UpstreamSettings
 from proxy.sse import SSEEvent
@@ -84,13 +85,13 @@ UPSTREAMS = [("openai", False), ("deepseek", False), ("mindie", False), ("mindie
 
 
 def run(raw: bytes, cuts: list[int], dialect: str, full_text: bool, lane: bool,
-        model: str = "m") -> tuple[list[Delta], tuple[Any, ...], str | None]:
+        model: str = "m", runs: bool = False) -> tuple[list[Delta], tuple[Any, ...], str | None]:
     upstream = UpstreamSettings(name="u", dialect=dialect, url="http://127.0.0.1:1", full_text=full_text)
     ctx = request_context(CHAT, model, upstream, stream=True)
     session = DIALECTS[dialect]().session(ctx)
     answer = Answer()
-    pipeline = Pipeline(session, answer, text_lane=lane)
-    events: list[Delta] = []
+    pipeline = Pipeline(session, answer, text_lane=lane, runs=runs)
+    events: list[Delta | TextRun] = []
     error = None
     points = sorted({min(c, len(raw)) for c in cuts}) + [len(raw)]
     start = 0
@@ -104,7 +105,10 @@ def run(raw: bytes, cuts: list[int], dialect: str, full_text: bool, lane: bool,
     except ProxyError as e:
         error = f"{type(e).__name__}: {e.message}"
     facts = (answer.usage, answer.usage_extras, answer.envelope_extra, answer.finish_reason, answer.upstream_id)
-    return events, facts, error
+    if runs:
+        assert all(e.texts and all(e.texts) for e in events if isinstance(e, TextRun))
+    deltas = [d for e in events for d in (e.deltas() if isinstance(e, TextRun) else [e])]
+    return deltas, facts, error
 
 
 @settings(max_examples=400, deadline=None)
@@ -119,6 +123,17 @@ def test_the_lane_gives_what_the_full_path_gives(data: Any, upstream: tuple[str,
                                                  cuts: list[int], model: str) -> None:
     ids = ["chatcmpl-1"] if data.draw(st.booleans()) else ["chatcmpl-1", "chatcmpl-2"]
     chunks = data.draw(st.lists(chunk(ids, data.draw(st.booleans())), min_size=1, max_size=30))
+    if data.draw(st.booleans()):  # a fast text stream: events repeated with other texts (the lane's runs)
+        repeated = []
+        for c in chunks:
+            repeated.append(c)
+            for _ in range(data.draw(st.integers(0, 4))):
+                again = json.loads(json.dumps(c))
+                for field in ("content", "reasoning_content", "reasoning"):
+                    if isinstance(again["choices"][0]["delta"].get(field), str):
+                        again["choices"][0]["delta"][field] = data.draw(TEXTS)
+                repeated.append(again)
+        chunks = repeated
     dialect, full_text = upstream
     if full_text:  # MindIE fullTextEnabled: each text is the whole text so far (now and then revised)
         so_far = ""
@@ -135,7 +150,9 @@ def test_the_lane_gives_what_the_full_path_gives(data: Any, upstream: tuple[str,
     if data.draw(st.booleans()):  # reads of whole events, several to a read (a fast upstream): runs on the lane
         ends = list(itertools.accumulate(len(e) for e in events))
         cuts = [ends[c % len(ends)] for c in cuts]
-    assert run(raw, cuts, dialect, full_text, True, model) == run(raw, [], dialect, full_text, False, model)
+    full = run(raw, [], dialect, full_text, False, model)
+    assert run(raw, cuts, dialect, full_text, True, model) == full
+    assert run(raw, cuts, dialect, full_text, True, model, runs=True) == full
 
 
 def test_an_error_finish_reason_still_ends_the_stream_when_the_next_event_fits_the_lane() -> None:
