@@ -10,7 +10,8 @@ never with `<think>` tags), tool-call fragments already normalised (the first fr
 encoders, metrics and the access log read it. Neither knows any upstream or client dialect.
 
 A `TextRun` is several plain text Deltas of one choice in a row (the text lane's run over one read of a fast
-stream), for the encoders that write such a run in one loop (`Encoder.runs`); every other consumer gets Deltas.
+stream), for the client encoders, which write such a run in one loop (`Encoder.runs`); every other consumer (the
+continuity recorder) gets Deltas.
 """
 
 from __future__ import annotations

@@ -14,11 +14,13 @@ Per chunk: a text or thinking delta costs one orjson dump of the delta's string 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..errors import ProxyError, UpstreamError
+from ..events import TextRun
 from ..sse import encode_event
 from . import tool_ids
 from .messages_errors import error_body
@@ -67,7 +69,7 @@ class _Block:
 
 class MessagesEncoder:
     keepalive = PING
-    runs = False  # Deltas only (proxy/clients/base.py Encoder)
+    runs = True  # TextRun events too (proxy/clients/base.py Encoder): `_events` writes a run of text in one loop
 
     def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner) -> None:
         self.stream = call.stream
@@ -157,9 +159,19 @@ class MessagesEncoder:
             else:
                 block.parts.append(args)
 
-    def _events(self, deltas: list[Delta]) -> list[bytes]:
+    def _events(self, deltas: Sequence[Delta | TextRun]) -> list[bytes]:
         out: list[bytes] = []
         for delta in deltas:
+            if type(delta) is TextRun:
+                if delta.index:
+                    continue
+                block = self.open
+                if delta.reasoning or block is None or block.kind != "text" or not self.stream:
+                    out.extend(self._events(delta.deltas()))  # not the hot path below: as its Deltas
+                    continue
+                head = block.delta_head  # the hot path below for each text, in one loop
+                out.extend([head + orjson.dumps(text) + _END for text in delta.texts])
+                continue
             if delta.index:
                 continue  # Anthropic has one answer per request (the proxy never asks for more)
             if delta.reasoning:
@@ -217,7 +229,7 @@ class MessagesEncoder:
                                          "cache_read_input_tokens": 0})
         return encode_event(b"message_start", orjson.dumps({"type": "message_start", "message": start}))
 
-    def feed(self, deltas: list[Delta]) -> bytes:
+    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
         out = self._events(deltas)
         return b"".join(out) if out else b""
 

@@ -15,13 +15,14 @@ Only choice 0 is answered (the Responses API has no `n`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from ..canonical import RequestContext
 from ..errors import ProxyError
-from ..events import Answer, Delta
+from ..events import Answer, Delta, TextRun
 from ..sse import KEEPALIVE, encode_event
 from .responses_request import ToolName
 from .signature import ThinkingSigner
@@ -46,7 +47,7 @@ class _Item:
 
 class ResponsesEncoder:
     keepalive = KEEPALIVE
-    runs = False  # Deltas only (proxy/clients/base.py Encoder)
+    runs = True  # TextRun events too (proxy/clients/base.py Encoder): `feed` writes a run of text in one loop
 
     def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: dict[str, Any],
                  tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:
@@ -72,8 +73,23 @@ class ResponsesEncoder:
         return b"".join(encode_event(name.encode(), _dumps({"type": name, "response": skeleton, "sequence_number": n}))
                         for n, name in enumerate(("response.created", "response.in_progress")))
 
-    def feed(self, deltas: list[Delta]) -> bytes:
+    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
         for d in deltas:
+            if type(d) is TextRun:
+                item = self._message
+                if d.index != 0:
+                    continue
+                if d.reasoning or item is None or not self.stream:
+                    # Not the hot path below: as its Deltas (what `feed` takes from _out goes back, in order).
+                    self._out.append(self.feed(d.deltas()))
+                    continue
+                # The hot path below for each text, in one loop.
+                item.parts.extend(d.texts)
+                seq, head = self._seq, item.delta_head
+                self._out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, _dumps(text), seq + n)
+                                  for n, text in enumerate(d.texts)])
+                self._seq = seq + len(d.texts)
+                continue
             if d.index != 0:
                 continue
             if d.reasoning:
