@@ -26,12 +26,15 @@ def run(make_loop: Callable[[], asyncio.AbstractEventLoop], coro: Coroutine[Any,
         loop.close()
 
 
-async def sleep_under(delay: float, sleep: float) -> tuple[bool, float]:
-    """Sleep `sleep` s under an alarm of `delay` s: (whether the alarm cut the sleep, when it did)."""
+async def sleep_under(delay: float, sleep: float, cancel: bool = False) -> tuple[bool, float]:
+    """Sleep `sleep` s under an alarm of `delay` s (cancelled at once with `cancel`): (whether the alarm cut the
+    sleep, when it did)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     alarm = Alarm(loop, start + delay)
     try:
+        if cancel:
+            alarm.cancel()
         await asyncio.sleep(sleep)
     except asyncio.CancelledError:
         assert alarm.expired()
@@ -63,23 +66,8 @@ def test_many_alarms_each_rings_after_its_own_time_unless_cancelled(loop: str) -
     rng = random.Random(7)
     plan = [(rng.uniform(0.0, 0.3), rng.random() < 0.5) for _ in range(120)]  # (delay, cancelled before its time)
 
-    async def one(delay: float, cancel: bool) -> tuple[bool, float]:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        alarm = Alarm(loop, start + delay)
-        try:
-            if cancel:
-                alarm.cancel()
-            await asyncio.sleep(0.6)
-        except asyncio.CancelledError:
-            assert alarm.expired()
-            return True, loop.time() - start
-        finally:
-            alarm.cancel()
-        return False, loop.time() - start
-
     async def main() -> list[tuple[bool, float]]:
-        return list(await asyncio.gather(*(one(delay, cancel) for delay, cancel in plan)))
+        return list(await asyncio.gather(*(sleep_under(delay, 0.6, cancel) for delay, cancel in plan)))
 
     for (delay, cancelled), (rang, after) in zip(plan, run(LOOPS[loop], main()), strict=True):
         assert rang is not cancelled

@@ -5,6 +5,7 @@ appear mid-stream."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -47,6 +48,21 @@ def encoder(kind: str, include_usage: bool, reasoning: str, answer: Answer, keep
     return ChatEncoder(ctx, answer, stream, include_usage, reasoning, False, kind == CHAT)
 
 
+def in_batches(events: list[Any], batch: int, extras: list[tuple[int, dict[str, Any]]], answers: list[Answer],
+               feeds: list[Callable[[list[Any]], bytes]]) -> list[bytes]:
+    """Each `feeds[i]`'s output for `events` in groups of `batch`, the `extras` entering every answer's envelope
+    before the event they name."""
+    outs = [b""] * len(feeds)
+    for start in range(0, len(events), batch):
+        for at, fields in extras:
+            if at == start:
+                for answer in answers:
+                    answer.envelope_extra.update(fields)
+        group = events[start:start + batch]
+        outs = [out + feed(group) for out, feed in zip(outs, feeds, strict=True)]
+    return outs
+
+
 @settings(max_examples=300, deadline=None)
 @given(deltas=st.lists(DELTAS, max_size=20), kind=st.sampled_from([CHAT, COMPLETIONS]), include_usage=st.booleans(),
        reasoning=st.sampled_from(REASONING_MODES), extras=EXTRAS, batch=st.integers(1, 4),
@@ -57,15 +73,8 @@ def test_hot_path_is_the_general_path(deltas: list[Delta], kind: str, include_us
     fast_answer, slow_answer = Answer(upstream_id="up-1"), Answer(upstream_id="up-1")
     fast = encoder(kind, include_usage, reasoning, fast_answer, keep_upstream_id)
     slow = encoder(kind, include_usage, reasoning, slow_answer, keep_upstream_id)
-    fast_out, slow_out = b"", b""
-    for start in range(0, len(deltas), batch):
-        for at, fields in extras:
-            if at == start:
-                fast_answer.envelope_extra.update(fields)
-                slow_answer.envelope_extra.update(fields)
-        group = deltas[start:start + batch]
-        fast_out += fast.feed(group)
-        slow_out += b"".join(slow._chunk(d) for d in group)
+    fast_out, slow_out = in_batches(deltas, batch, extras, [fast_answer, slow_answer],
+                                    [fast.feed, lambda group: b"".join(slow._chunk(d) for d in group)])
     assert fast_out == slow_out
 
 
@@ -106,13 +115,6 @@ def test_a_text_run_gives_the_bytes_of_its_deltas(events: list[Delta | TextRun],
     run_answer, delta_answer = Answer(upstream_id="up-1"), Answer(upstream_id="up-1")
     with_runs = encoder(kind, include_usage, reasoning, run_answer, False, stream)
     with_deltas = encoder(kind, include_usage, reasoning, delta_answer, False, stream)
-    runs_out, deltas_out = b"", b""
-    for start in range(0, len(events), batch):
-        for at, fields in extras:
-            if at == start:
-                run_answer.envelope_extra.update(fields)
-                delta_answer.envelope_extra.update(fields)
-        group = events[start:start + batch]
-        runs_out += with_runs.feed(group)
-        deltas_out += with_deltas.feed(expand(group))
+    runs_out, deltas_out = in_batches(events, batch, extras, [run_answer, delta_answer],
+                                      [with_runs.feed, lambda group: with_deltas.feed(expand(group))])
     assert runs_out + with_runs.finish() == deltas_out + with_deltas.finish()
