@@ -10,8 +10,8 @@ never with `<think>` tags), tool-call fragments already normalised (the first fr
 encoders, metrics and the access log read it. Neither knows any upstream or client dialect.
 
 A `TextRun` is several plain text Deltas of one choice in a row (the text lane's run over one read of a fast
-stream), for the client encoders, which write such a run in one loop (`Encoder.runs`); every other consumer (the
-continuity recorder) gets Deltas.
+stream), for the client encoders, which write such a run in one loop (`Encoder.feed`); the continuity recorder gets
+Deltas.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ class Delta:
 class TextRun:
     """Plain text events of one choice in a row, as the text lane takes them from one read (proxy/pipeline.py): the
     same as `Delta(index, text, "")` (reasoning) or `Delta(index, "", text)` (content) for each text, in order, each
-    non-empty. Only an encoder that asks for runs (`Encoder.runs`) is given them; it writes one client event per
-    text, as for those Deltas (`deltas()`)."""
+    non-empty. A client encoder writes one client event per text, as for those Deltas (`deltas()`)."""
 
     index: int
     reasoning: bool

@@ -346,8 +346,8 @@ class InferenceEndpoint:
         try:
             answer = Answer()
             encoder = self.client.encoder(call, ctx, answer)
-            # A continuity recorder reads every event's text: it gets Deltas.
-            pipeline = Pipeline(session, answer, runs=encoder.runs and recorder is None)
+            # Client encoders take the lane's runs as TextRuns; a continuity recorder reads Deltas.
+            pipeline = Pipeline(session, answer, runs=recorder is None)
             extra_headers = call.headers + [rid_header]
             obs.upstream_headers()
             t_up = time.perf_counter()
@@ -417,7 +417,7 @@ class InferenceEndpoint:
         """
         server = self.state.settings.server
         session = pipeline.session
-        events: list[Delta | TextRun] = []  # TextRuns only for an encoder that takes them (Pipeline `runs`)
+        events: list[Delta | TextRun] = []  # TextRuns only without a recorder (Pipeline `runs`, _serve)
         pending: list[bytes] = []  # encoded but not yet sent: still sent when a later event fails
         substantive = False  # a token or a finish is pending or sent: worth committing the 200 for
         head = [(b"content-type", self.client.content_type), *SSE_HEADERS, *extra_headers]
@@ -439,7 +439,7 @@ class InferenceEndpoint:
             obs.chunks(count, tokens)
             if recorder is not None:
                 recorder.feed(events)  # type: ignore[arg-type]  # Deltas only: no runs with a recorder (_serve)
-            data = encoder.feed(events)  # type: ignore[arg-type]  # TextRuns only if encoder.runs (_serve)
+            data = encoder.feed(events)
             events.clear()
             if data:
                 pending.append(data)

@@ -48,8 +48,8 @@ class Pipeline:
         # answer's envelope fields (system_fingerprint ...) as they were, so its templates hold only while those
         # have not changed since.
         self._envelope = 0
-        # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for a
-        # consumer that takes them (proxy/clients/base.py Encoder.runs).
+        # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for the
+        # client encoders (proxy/clients/base.py Encoder.feed), not for a consumer that reads Deltas.
         self._runs = runs
 
     def feed(self, data: bytes, out: list[Delta | TextRun]) -> None:
@@ -115,17 +115,15 @@ class Pipeline:
                         if run is not None and self.session.lane_open() and self.normalizer.passes_text(run[0]):
                             index, reasoning, texts = run
                             i += len(texts) - 1
-                            if self._runs:
-                                if self.session.rewrites_text:  # in order: a cumulative snapshot each
-                                    lane_text = self.session.lane_text
-                                    texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
-                                if texts:
-                                    out.append(TextRun(index, reasoning, texts))
-                                continue
-                            for text in texts:
-                                text = self.session.lane_text(index, text, reasoning)
-                                if text:
-                                    out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+                            if self.session.rewrites_text:  # in order: a cumulative snapshot each
+                                lane_text = self.session.lane_text
+                                texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
+                            if texts:  # (no new text, a cumulative snapshot adding nothing: no event)
+                                found = TextRun(index, reasoning, texts)
+                                if self._runs:
+                                    out.append(found)
+                                else:
+                                    out.extend(found.deltas())
                             continue
                 try:
                     parsed: Any = orjson.loads(event)  # orjson checks the UTF-8

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, serve_process, wait_for
 
 
 def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -98,22 +98,9 @@ def test_models_and_aliases_flags_route_list_and_bound_metric_labels(start_mock)
     """An env-only sidecar: DIALECT_PROXY_MODELS / DIALECT_PROXY_ALIASES route and list like a config file, and the
     `model` metric label keeps to them (anything else is `other`)."""
     mock = start_mock("mindie")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
-    env.update({"DIALECT_PROXY_UPSTREAM_URL": mock.url, "DIALECT_PROXY_UPSTREAM_DIALECT": "mindie",
-                "DIALECT_PROXY_PORT": str(port), "DIALECT_PROXY_MODELS": "DeepSeek-R1,Qwen3-32B",
-                "DIALECT_PROXY_ALIASES": "gpt-4o=DeepSeek-R1"})
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                return httpx.get(base + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(up, timeout=20)
+    environ = {"DIALECT_PROXY_UPSTREAM_URL": mock.url, "DIALECT_PROXY_UPSTREAM_DIALECT": "mindie",
+               "DIALECT_PROXY_MODELS": "DeepSeek-R1,Qwen3-32B", "DIALECT_PROXY_ALIASES": "gpt-4o=DeepSeek-R1"}
+    with serve_process([], environ) as base:
         listed = {m["id"] for m in httpx.get(base + "/v1/models", timeout=10).json()["data"]}
         assert listed == {"DeepSeek-R1", "Qwen3-32B", "gpt-4o"}
         say = [{"role": "user", "content": "hi"}]
@@ -123,6 +110,3 @@ def test_models_and_aliases_flags_route_list_and_bound_metric_labels(start_mock)
         assert unknown.status_code == 404
         metrics = httpx.get(base + "/metrics", timeout=10).text
         assert 'model="gpt-4o"' in metrics and 'model="llama"' not in metrics
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

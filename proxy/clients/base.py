@@ -15,7 +15,7 @@ it, `Encoder.error` renders the in-stream error that makes the client's SDK rais
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from ..canonical import ChatRequest, RequestContext
     from ..errors import ProxyError
-    from ..events import Answer, Delta
+    from ..events import Answer, Delta, TextRun
     from ..settings import Settings
     from ..state.base import StateStore
 
@@ -47,15 +47,14 @@ class ClientCall:
 
 class Encoder(Protocol):
     keepalive: bytes  # sent after a silence once the stream head is out (`: keep-alive`, Anthropic `ping` ...)
-    # True: `feed` also takes TextRun events (proxy/events.py; a fast stream's plain text events of one read, which
-    # it writes in one loop); False: Deltas only.
-    runs: bool
 
     def head(self) -> bytes:
         """Streaming: the bytes that open the client's stream (b"" for Chat Completions)."""
 
-    def feed(self, deltas: list[Delta]) -> bytes:
-        """Streaming: the client bytes for these events (may be b""). Non-streaming: accumulate, return b""."""
+    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+        """Streaming: the client bytes for these events (may be b""). Non-streaming: accumulate, return b"". A
+        TextRun (proxy/events.py: a fast stream's text events of one read) gives what its Deltas give, written in
+        one loop."""
 
     def finish(self) -> bytes:
         """The answer is complete. Streaming: the closing bytes (usage chunk and `[DONE]`, `response.completed`,

@@ -190,7 +190,6 @@ class _Fold:
 
 class ChatEncoder:
     keepalive = KEEPALIVE
-    runs = True  # TextRun events: one loop over their texts (`_run`)
 
     def __init__(
         self,

@@ -69,7 +69,6 @@ class _Block:
 
 class MessagesEncoder:
     keepalive = PING
-    runs = True  # TextRun events too (proxy/clients/base.py Encoder): `_events` writes a run of text in one loop
 
     def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner) -> None:
         self.stream = call.stream

@@ -47,7 +47,6 @@ class _Item:
 
 class ResponsesEncoder:
     keepalive = KEEPALIVE
-    runs = True  # TextRun events too (proxy/clients/base.py Encoder): `feed` writes a run of text in one loop
 
     def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: dict[str, Any],
                  tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:

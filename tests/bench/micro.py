@@ -131,8 +131,7 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
         session = dialect.session(ctx)
         answer = Answer()
         encoder = make_encoder(ctx, answer)
-        # As the handler: the lane's runs as TextRuns for an encoder that takes them.
-        pipeline = Pipeline(session, answer, **({"runs": True} if getattr(encoder, "runs", False) else {}))
+        pipeline = Pipeline(session, answer, runs=True)  # as the handler: the lane's runs as TextRuns
         events: list[Delta | TextRun] = []
         sent = 0
         head = False
