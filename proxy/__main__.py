@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from . import __version__
+from .build import BUILD
 from .settings import (
     CLIENT_REASONING,
     DIALECT_NAMES,
@@ -149,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
         description="An OpenAI Chat Completions proxy for MindIE, Siliconstorm, DeepSeek and engine upstreams.",
         epilog="Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG.",
     )
-    p.add_argument("--version", action="version", version=f"dialect-proxy {__version__}")
+    p.add_argument("--version", action="version", version=f"dialect-proxy {__version__} ({BUILD})")
     sub = p.add_subparsers(dest="command", metavar="{serve,mock,demo,probe}")
 
     serve = sub.add_parser("serve", help="run the proxy", description=(

@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from . import __version__, runtime
 from .appstate import AppState
+from .build import BUILD
 from .clients import ClientDialect
 from .errors import ProxyError
 from .handlers import KEY_NAME_SCOPE, InferenceEndpoint
@@ -53,7 +54,7 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
             await state.close()
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "version": __version__})
+        return JSONResponse({"status": "ok", "version": __version__, "build": BUILD})
 
     async def readyz(request: Request) -> Response:
         results, store = await asyncio.gather(asyncio.gather(*(_check_upstream(state, u) for u in settings.upstreams)),

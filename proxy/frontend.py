@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -41,8 +40,7 @@ from .settings import ServerSettings
 DISCONNECT_HOOK = "dialect_proxy.on_disconnect"
 
 
-@dataclass(frozen=True, slots=True)
-class FrontendLimits:
+class FrontendLimits(NamedTuple):  # (a tuple: `--workers` pickles it to each worker, compiled build or not)
     max_header_bytes: int = 65536
     header_timeout: float = 10.0
     body_timeout: float = 60.0

@@ -41,13 +41,14 @@ from .params import Refusal, load_refusals
 
 @dataclass(frozen=True, slots=True)
 class Range:
-    min: float | None = None
-    max: float | None = None
+    # int | float, not float: an integer (max_tokens) stays one, in the compiled build (setup.py) too
+    min: int | float | None = None
+    max: int | float | None = None
     min_exclusive: bool = False
     max_exclusive: bool = False
-    clamp_min: float | None = None
-    clamp_max: float | None = None
-    clamp_min_from: float | None = None  # clamp_min applies only to values >= this (lower ones are refused)
+    clamp_min: int | float | None = None
+    clamp_max: int | float | None = None
+    clamp_min_from: int | float | None = None  # clamp_min applies only to values >= this (lower ones are refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ class DialectMapping:
         return out
 
 
-def _check_range(key: str, value: float, r: Range) -> float:
+def _check_range(key: str, value: int | float, r: Range) -> int | float:
     low_bad = r.min is not None and (value < r.min or (r.min_exclusive and value == r.min))
     high_bad = r.max is not None and (value > r.max or (r.max_exclusive and value == r.max))
     if low_bad and r.clamp_min is not None and (r.clamp_min_from is None or value >= r.clamp_min_from):

@@ -39,6 +39,7 @@ from prometheus_client import values as _prom_values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from proxy import __version__
+from proxy.build import BUILD
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 from proxy.events import Timings
 from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram, count_into_buckets
@@ -334,10 +335,10 @@ class Metrics:
             "ring) or `spill` (moved on by the load bound or health).", ["upstream", "result"], registry=r,
         )
         self.build_info = Gauge(
-            f"{p}_build_info", "Always 1; labels carry the proxy and Python versions.",
-            ["version", "python_version"], multiprocess_mode="max", registry=r,
+            f"{p}_build_info", "Always 1; labels carry the proxy and Python versions and the build (python or mypyc).",
+            ["version", "python_version", "build"], multiprocess_mode="max", registry=r,
         )
-        self.build_info.labels(__version__, "{}.{}.{}".format(*sys.version_info[:3])).set(1)
+        self.build_info.labels(__version__, "{}.{}.{}".format(*sys.version_info[:3]), BUILD).set(1)
 
     # -- labels -------------------------------------------------------------------------------------------------
 
@@ -361,7 +362,7 @@ class Metrics:
         self._children[(metric, labels)] = metric.live(labels, read, combine)
         return True
 
-    def model_label(self, name: str) -> str:
+    def model_label(self, name: object) -> str:
         """The ``model`` label for a name: configured names pass, anything else is ``other``."""
         return self._model(name)
 

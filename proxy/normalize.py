@@ -45,9 +45,9 @@ class Normalizer:
     """One request's canonical chunks -> Delta events. `reasoning_source` and `starts_in_reasoning` come from the
     upstream session (proxy/dialects/base.py)."""
 
-    fast_lane = True  # False: every chunk takes the general path (tests compare the two)
-
-    def __init__(self, kind: str, reasoning_source: str, starts_in_reasoning: bool, answer: Answer) -> None:
+    def __init__(self, kind: str, reasoning_source: str, starts_in_reasoning: bool, answer: Answer,
+                 fast_lane: bool = True) -> None:
+        self.fast_lane = fast_lane  # False: every chunk takes the general path (tests compare the two)
         self.chat = kind == CHAT
         self.source = reasoning_source
         self.split = self.chat and reasoning_source in ("auto", "tags")
@@ -138,7 +138,7 @@ class Normalizer:
     def passes_text(self, index: int) -> bool:
         """Text (content or reasoning field) of a plain event for choice `index` now comes out exactly as it came in:
         the choice is on the fast lane (started, not finished, no `<think>` splitting under way), which the text lane
-        (proxy/stream/text_lane.py) also takes. `fast_lane = False` turns both off."""
+        (proxy/stream/text_lane.py) also takes. `fast_lane=False` turns both off."""
         return index in self._lanes
 
     # -----------------------------------------------------------------------------------------------------------

@@ -174,6 +174,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: floa
     return predicate()
 
 
+# The build the proxy's processes must run: `python` here, `mypyc` when `make test-compiled` runs the suite on a
+# compiled copy of the tree (tests/compiled_tree.py), so that no test passes on the wrong one.
+EXPECTED_BUILD = os.environ.get("PROXY_EXPECT_BUILD", "python")
+
+
 @contextlib.contextmanager
 def serve_process(args: list[str], environ: dict[str, str] | None = None) -> Iterator[str]:
     """`python -m proxy serve ARGS` in its own process (multiprocess metrics, `--workers`): yields its base URL once
@@ -193,6 +198,7 @@ def serve_process(args: list[str], environ: dict[str, str] | None = None) -> Ite
                 return False
 
         assert wait_for(up, timeout=30), "the proxy did not start"
+        assert httpx.get(url + "/healthz", timeout=5).json()["build"] == EXPECTED_BUILD
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)

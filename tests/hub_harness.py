@@ -3,7 +3,6 @@ pipeline -> normaliser -> the Chat Completions client encoder -> what a chat cli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -17,10 +16,10 @@ from proxy.pipeline import Pipeline
 from proxy.settings import ClientSettings, UpstreamSettings
 from proxy.sse import SSEDecoder
 
-
-@dataclass(slots=True)
-class TestContext(RequestContext):
-    include_usage: bool = False  # the client's stream_options.include_usage (a chat-client option)
+# The client's stream_options.include_usage per context, for the chat encoder: a chat-client option, which
+# RequestContext (proxy/canonical.py) does not carry, and a class of the compiled build (setup.py) cannot be
+# subclassed here to add it. Each context is held as well, so that its id stays its own.
+_INCLUDE_USAGE: dict[int, tuple[RequestContext, bool]] = {}
 
 
 def request_context(
@@ -33,8 +32,8 @@ def request_context(
     client_model: str | None = None,
     response_id: str = "chatcmpl-ours",
     created: int = 7,
-) -> TestContext:
-    return TestContext(
+) -> RequestContext:
+    ctx = RequestContext(
         kind=kind,
         request_id="rid",
         client_model=client_model or model,
@@ -43,8 +42,14 @@ def request_context(
         stream=stream,
         response_id=response_id,
         created=created,
-        include_usage=include_usage,
     )
+    _INCLUDE_USAGE[id(ctx)] = (ctx, include_usage)
+    return ctx
+
+
+def include_usage(c: RequestContext) -> bool:
+    held = _INCLUDE_USAGE.get(id(c))
+    return held is not None and held[0] is c and held[1]
 
 
 class Run:
@@ -77,7 +82,7 @@ def _encoder(c: RequestContext, answer: Answer, client: ClientSettings | None, s
         c,
         answer,
         stream,
-        bool(getattr(c, "include_usage", False)),
+        include_usage(c),
         client.reasoning,
         client.usage_fields == "deepseek",
         c.kind == "chat",

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import metrics as metrics_mod
+from proxy.build import BUILD
 from proxy.dialects.mindie import MindIEDialect
 from proxy.events import Timings
 from proxy.metrics import MAX_UNCONFIGURED_MODELS, Metrics, prepare_multiprocess_dir
@@ -236,7 +237,7 @@ def test_scripted_sequence_exact_values(clock: FakeClock) -> None:
     assert value(m, "dialect_proxy_upstream_up", upstream="r1") == 1
     assert value(m, "dialect_proxy_upstream_up", upstream="ds") == 0
     assert value(m, "dialect_proxy_build_info", version=metrics_mod.__version__,
-                 python_version="{}.{}.{}".format(*__import__("sys").version_info[:3])) == 1
+                 python_version="{}.{}.{}".format(*__import__("sys").version_info[:3]), build=BUILD) == 1
 
 
 def test_token_latency_tally_is_observe_per_sample(clock: FakeClock) -> None:

@@ -4,6 +4,7 @@ events and the same answer facts for any sequence of canonical chunks, chat or c
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import given, settings
@@ -15,8 +16,8 @@ from proxy.events import Answer, Delta
 from proxy.normalize import Normalizer
 
 
-class GeneralPath(Normalizer):
-    fast_lane = False
+def general_path(kind: str, source: str, starts: bool, answer: Answer) -> Normalizer:
+    return Normalizer(kind, source, starts, answer, fast_lane=False)
 
 
 TEXT = st.one_of(
@@ -55,10 +56,10 @@ PLAIN = st.builds(lambda text, index, role: {"id": "up-1", "system_fingerprint":
 CHUNKS = st.lists(st.one_of(PLAIN, PLAIN, CHUNK), max_size=16)
 
 
-def run(cls: type[Normalizer], chunks: list[dict[str, Any]], kind: str, source: str, starts: bool,
-        final_last: bool) -> tuple[list[Any], Answer]:
+def run(make: Callable[[str, str, bool, Answer], Normalizer], chunks: list[dict[str, Any]], kind: str, source: str,
+        starts: bool, final_last: bool) -> tuple[list[Any], Answer]:
     answer = Answer()
-    normalizer = cls(kind, source, starts, answer)
+    normalizer = make(kind, source, starts, answer)
     out: list[Any] = []
     for n, chunk in enumerate(copy.deepcopy(chunks)):
         final = final_last and n == len(chunks) - 1
@@ -82,7 +83,7 @@ def run(cls: type[Normalizer], chunks: list[dict[str, Any]], kind: str, source: 
 def test_fast_lane_is_the_general_path(chunks: list[dict[str, Any]], kind: str, source: str, starts: bool,
                                        final_last: bool) -> None:
     fast, fast_answer = run(Normalizer, chunks, kind, source, starts, final_last)
-    general, general_answer = run(GeneralPath, chunks, kind, source, starts, final_last)
+    general, general_answer = run(general_path, chunks, kind, source, starts, final_last)
     assert fast == general
     assert list(fast_answer.envelope_extra.items()) == list(general_answer.envelope_extra.items())  # same order
 

@@ -446,8 +446,8 @@ def _scaled(items: object, unit: float) -> list[float]:
         return []
     items = items[:MAX_TIMING_SAMPLES]
     if items and set(map(type, items)) <= _PLAIN_NUMBERS:  # no bool, None or string among them
-        total = sum(items)
-        if total == total and total != math.inf and min(items) >= 0:  # no NaN, no infinity, none negative
+        total = sum(items, 0.0)  # a float (int or float alike: the compiled build, setup.py, keeps the two apart)
+        if math.isfinite(total) and min(items) >= 0:  # no NaN, no infinity, none negative
             return list(map(float, items)) if unit == 1 else [item * unit for item in items]
     out = []
     for item in items:

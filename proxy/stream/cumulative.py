@@ -34,11 +34,10 @@ _FFFD = "\ufffd"
 class CumulativeText:
     """One choice's cumulative text. `feed(snapshot) -> delta`, `flush(final=None) -> delta`."""
 
-    __slots__ = ("_consumed", "_parts", "_raw", "_upstream", "mismatch", "rewrites")
+    __slots__ = ("_consumed", "_fast_lane", "_parts", "_raw", "_upstream", "mismatch", "rewrites")
 
-    fast_lane = True  # False: every snapshot takes the general path (tests compare the two)
-
-    def __init__(self) -> None:
+    def __init__(self, fast_lane: bool = True) -> None:
+        self._fast_lane = fast_lane  # False: every snapshot takes the general path (tests compare the two)
         self._upstream = ""  # the last snapshot without its trailing U+FFFD run
         self._raw = ""  # the last non-empty snapshot as received
         self._consumed = ""  # the upstream text that the client's text corresponds to
@@ -53,7 +52,7 @@ class CumulativeText:
         stable = snapshot.rstrip(_FFFD)
         consumed = self._consumed
         if (consumed is self._upstream and len(stable) > len(consumed) and stable.startswith(consumed)
-                and self.fast_lane):
+                and self._fast_lane):
             # The usual snapshot: the last one and more. What _advance does then, with one prefix comparison.
             delta = stable[len(consumed):]
             self._upstream = self._consumed = stable

@@ -74,7 +74,7 @@ class ToolCallNormalizer:
         """How many calls have been sent to the client."""
         return self._count
 
-    def feed(self, tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def feed(self, tool_calls: list[Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if not tool_calls:
             return out

@@ -29,7 +29,7 @@ def _count(value: Any) -> int | None:
     return None
 
 
-def normalize_usage(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def normalize_usage(raw: object) -> tuple[dict[str, Any], dict[str, Any]]:
     """(OpenAI-shaped usage, extras). Never raises; a non-dict gives ({}, {})."""
     counts: dict[str, int] = {}
     details: dict[str, dict[str, Any]] = {}
