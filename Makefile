@@ -2,6 +2,7 @@
 #   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
 #   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
+#   make test-compiled  the whole test suite on a copy of the tree whose request path is compiled with mypyc (setup.py)
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make soak   a bounded soak run against the mock (loopback only); SECONDS=N (default 120)
 #   make gateway-soak  a bounded soak with mock replicas going down and up (loopback only)
@@ -12,7 +13,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-cli bench bench-instructions soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-cli test-compiled bench bench-instructions soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -53,16 +54,26 @@ test-cli: $(DEVSTAMP)
 	npm install --prefix $(CLI_DIR) --no-audit --no-fund --no-update-notifier $(CLI_PACKAGES)
 	PATH="$(abspath $(CLI_DIR))/node_modules/.bin:$$PATH" $(BIN)/python -m pytest -q -m cli
 
+# The optional compiled build (setup.py), tested whole: a copy of the tree in build/compiled-tree (never the tree itself:
+# a compiled module shadows its .py), compiled there, and the suite run in it against that copy's modules; every
+# proxy process the tests start must report the build mypyc (tests/conftest.py EXPECTED_BUILD). Needs a C compiler.
+COMPILED_TREE := build/compiled-tree
+test-compiled: $(DEVSTAMP) system-deps
+	$(BIN)/python tests/compiled_tree.py $(COMPILED_TREE)
+	cd $(COMPILED_TREE) && PROXY_EXPECT_BUILD=mypyc $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider
+
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check proxy tests
 	$(BIN)/mypy
 
+# make bench [REF=COMMIT] [COMPILED=1]: COMPILED=1 measures a compiled copy of this tree (setup.py) as the proxy
 bench: $(DEVSTAMP)
-	$(BIN)/python tests/bench/bench.py
+	$(BIN)/python tests/bench/bench.py $(if $(REF),--ref $(REF)) $(if $(COMPILED),--compiled)
 
-# Instructions per request under valgrind (Debian package valgrind): exact before/after. make bench-instructions REF=COMMIT
+# Instructions per request under valgrind (Debian package valgrind): exact before/after.
+# make bench-instructions [REF=COMMIT] [COMPILED=1]
 bench-instructions: $(DEVSTAMP)
-	$(BIN)/python tests/bench/instructions.py $(if $(REF),--ref $(REF))
+	$(BIN)/python tests/bench/instructions.py $(if $(REF),--ref $(REF)) $(if $(COMPILED),--compiled)
 
 # make soak SECONDS=600 CONCURRENCY=64 DIALECT=deepseek (each optional)
 soak: $(DEVSTAMP)

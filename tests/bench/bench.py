@@ -2,6 +2,7 @@
 
     python tests/bench/bench.py [--seconds 2] [--rounds 3] [--quick]      the ratio table (`make bench`)
     python tests/bench/bench.py --ref COMMIT [--quick]      ... with another commit's proxy in the same rounds
+    python tests/bench/bench.py --compiled [--ref HEAD]     ... the proxy being a compiled copy of this tree (setup.py)
     python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (README "Speed")
 
 Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each and the
@@ -105,6 +106,8 @@ def start(argv: list[str], cpu: int | set[int] | None, cwd: str | None = None) -
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, *argv] if argv[0].endswith(".py") else [sys.executable, "-m", "proxy", *argv]
     log = tempfile.TemporaryFile()  # stderr, shown by `died()` if the process ends early
+    if cwd is None and argv[0] == "serve":
+        cwd = PROXY_TREE
     proc = subprocess.Popen(cmd, preexec_fn=pin, env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=cwd)
     LOGS[proc.pid] = log
     return proc
@@ -123,6 +126,7 @@ def export_ref(ref: str) -> str:
 
 
 REF_TREE: str | None = None  # --ref: the other commit's tree; its proxy is measured next to this one's
+PROXY_TREE: str | None = None  # --compiled: a compiled copy of this tree (tests/compiled_tree.py) is "proxy"
 
 
 PINNED_LOAD = False
@@ -530,10 +534,18 @@ async def main() -> None:
                     help="ratio table: pin the load generator to CPU 1 with the mocks (relays not saturated)")
     ap.add_argument("--ref", help="also measure the proxy of this commit (git archive), in the same rounds: the "
                                   "ratio table gets its CPU, its ratio to bare, and this tree's CPU / its CPU")
+    ap.add_argument("--compiled", action="store_true",
+                    help="measure a compiled copy of this tree (setup.py, mypyc; needs a C compiler) as the proxy; "
+                         "with --ref HEAD, proxy/ref is compiled / pure Python")
     args = ap.parse_args()
-    global REF_TREE
+    global REF_TREE, PROXY_TREE
     if args.ref:
         REF_TREE = export_ref(args.ref)
+    if args.compiled:
+        sys.path.insert(0, os.path.dirname(HERE))
+        import compiled_tree  # tests/compiled_tree.py
+
+        PROXY_TREE = compiled_tree.build(tempfile.mkdtemp(prefix="bench-compiled-"))
     seconds, rounds = (1.0, 2) if args.quick else (args.seconds, args.rounds)
     raise_fd_limit()
     if args.pin_load or args.scale in ("streams", "memory", "fulltext", "all"):

@@ -1,6 +1,7 @@
 """Benchmark: user-space instructions per request of the proxy and of the bare relay, counted by valgrind.
 
-    python tests/bench/instructions.py [--requests 200] [--ref COMMIT] [--rows NAME,...]   (`make bench-instructions`)
+    python tests/bench/instructions.py [--requests 200] [--ref COMMIT] [--compiled] [--rows NAME,...]
+                                                                            (`make bench-instructions`)
 
 CPU time on a shared VM swings by +-15 % between runs, more than most single optimisations change, so before/after
 figures from tests/bench/bench.py need many rounds. An instruction count does not swing: each relay runs under
@@ -8,7 +9,8 @@ valgrind's callgrind (Debian package `valgrind`), is driven by the same load gen
 (tests/bench/bench.py `load`, 4 concurrent requests) for a warm-up, then its counters are zeroed, `--requests`
 requests are made and its counters dumped; a figure is the instructions (callgrind's Ir) of that window per request,
 or per upstream chunk for streams. Two runs of one tree agree within about 0.2 %; `--ref COMMIT` measures that
-commit's proxy (git archive) in the same run, for a change's before/after.
+commit's proxy (git archive) in the same run, for a change's before/after. `--compiled` counts a compiled copy of
+this tree (tests/compiled_tree.py, setup.py) as the proxy; with `--ref HEAD`, proxy / ref is compiled / pure Python.
 
 What it cannot show: time in the kernel (each read and write system call; the proxy makes fewer of them than the
 bare relay, as it gets bigger reads), cache misses and branch mispredictions; and under valgrind's ~50x slowdown an
@@ -128,6 +130,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=200, help="measured requests per relay and row (bounded)")
     ap.add_argument("--ref", help="also count the proxy of this commit (git archive), for a before/after")
+    ap.add_argument("--compiled", action="store_true", help="the proxy is a compiled copy of this tree (mypyc)")
     ap.add_argument("--rows", help="comma-separated row names (default: all): " + ", ".join(r.name for r in ROWS))
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -136,16 +139,23 @@ async def main() -> None:
     if not rows:
         sys.exit("no such row; rows: " + ", ".join(r.name for r in ROWS))
     ref_tree = bench.export_ref(args.ref) if args.ref else None
+    proxy_tree = ROOT
+    if args.compiled:
+        sys.path.insert(0, os.path.dirname(HERE))
+        import compiled_tree  # tests/compiled_tree.py
+
+        proxy_tree = compiled_tree.build(tempfile.mkdtemp(prefix="bench-compiled-"))
     workdir = tempfile.mkdtemp(prefix="bench-instructions-")
     unit = "instructions per request (non-stream) or per upstream chunk (streams)"
-    print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent\n")
+    build = " (proxy: compiled copy of this tree)" if args.compiled else ""
+    print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent{build}\n")
     head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree else "")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     try:
         for row in rows:
             bare = await measure(row, "bare", ROOT, args.requests, workdir)
-            proxy = await measure(row, "proxy", ROOT, args.requests, workdir)
+            proxy = await measure(row, "proxy", proxy_tree, args.requests, workdir)
             line = f"| {row.name} | {bare:,.0f} | {proxy:,.0f} | {proxy / bare:.2f} |"
             if ref_tree:
                 ref = await measure(row, "ref", ref_tree, args.requests, workdir)
@@ -153,8 +163,9 @@ async def main() -> None:
             print(line, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        if ref_tree:
-            shutil.rmtree(ref_tree, ignore_errors=True)
+        for tree in (ref_tree, proxy_tree if args.compiled else None):
+            if tree:
+                shutil.rmtree(tree, ignore_errors=True)
 
 
 if __name__ == "__main__":
