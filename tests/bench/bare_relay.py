@@ -3,7 +3,9 @@ no translation, no metrics). What the proxy costs beyond this is the price of tr
 Its garbage collector is set as the proxy's (proxy/runtime.py), so the ratio does not count that setting as the
 proxy's gain.
 
-    python tests/bench/bare_relay.py PORT UPSTREAM_URL
+    python tests/bench/bare_relay.py PORT UPSTREAM_URL [WORKERS]
+
+WORKERS > 1 (tests/bench/bench.py `--scale workers`): that many uvicorn worker processes, as `serve --workers N`.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ async def app(scope, receive, send):  # type: ignore[no-untyped-def]
 
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop", http="httptools", access_log=False,
+    workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    # a worker process imports the app by name (it re-reads PORT and UPSTREAM_URL from the same argv)
+    uvicorn.run("bare_relay:app" if workers > 1 else app, app_dir=str(Path(__file__).resolve().parent),
+                workers=workers if workers > 1 else None, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop",
+                http="httptools", access_log=False,
                 server_header=False,  # as the proxy (proxy/frontend.py frontend_options)
                 log_level="warning")
