@@ -9,8 +9,10 @@ install, and CI) nothing is compiled and the package is pure Python; both run th
 test-compiled` runs the whole suite on a compiled copy of the tree). Measured before/after: README.md "Speed".
 
 Not compiled: modules that run once or rarely (settings, start-up, probes, state stores, the mock upstreams), the
-error classes (proxy/errors.py: other modules subclass them, which a compiled class forbids) and the two modules
-whose async generators mypyc cannot compile (proxy/app.py, proxy/upstream.py).
+error classes (proxy/errors.py: other modules subclass them, which a compiled class forbids), proxy/app.py (Starlette
+tells its endpoint functions from ASGI apps by their Python type, and its lifespan is an async generator: the
+per-request ASGI entry is proxy/asgi.py, compiled) and proxy/upstream.py (an async generator reads a streamed body;
+mypyc cannot compile those).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from setuptools import setup
 
 COMPILED = [
     "proxy/admission.py",
+    "proxy/asgi.py",
     "proxy/canonical.py",
     "proxy/continuity.py",
     "proxy/deadlines.py",
     "proxy/events.py",
     "proxy/frontend.py",
     "proxy/handlers.py",
+    "proxy/local_metrics.py",
     "proxy/mapping.py",
     "proxy/metrics.py",
     "proxy/normalize.py",

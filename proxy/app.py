@@ -1,10 +1,10 @@
-"""create_app(settings) -> Starlette. The lifespan owns the aiohttp sessions (one per upstream)."""
+"""create_app(settings) -> the ASGI app (proxy/asgi.py ProxyApp around Starlette). The lifespan owns the aiohttp
+sessions (one per upstream)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,10 +17,10 @@ from starlette.routing import Route
 
 from . import __version__, runtime
 from .appstate import AppState
+from .asgi import ProxyApp
 from .build import BUILD
-from .clients import ClientDialect
 from .errors import ProxyError
-from .handlers import KEY_NAME_SCOPE, InferenceEndpoint
+from .handlers import InferenceEndpoint
 from .health import UpstreamCheck
 from .redact import log_url
 from .settings import Settings, UpstreamSettings
@@ -117,81 +117,12 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
         exception_handlers={404: not_found, 405: method_not_allowed, 500: server_error, Exception: server_error},
     )
     # Starlette would answer `/v1/models/` with a redirect built from the client's Host header (an open
-    # redirect); without the slash redirect such paths are served (inference, see ProxyApp) or 404.
+    # redirect); without the slash redirect such paths are served (inference, see proxy/asgi.py) or 404.
     app.router.redirect_slashes = False
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
                     list(state.client_dialects.values()))
-
-
-class ProxyApp:
-    """The ASGI app: the inference endpoints are called directly (they handle their own errors, disconnects
-    and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
-    `send` in two more coroutines, off the per-chunk path."""
-
-    def __init__(
-        self,
-        app: Starlette,
-        fast: dict[str, Any],
-        api_keys: dict[str, str] | None = None,
-        clients: list[ClientDialect] | None = None,
-    ) -> None:
-        self.app = app
-        self.state = app.state
-        self._fast = fast
-        # name -> key. The name of the key a request used goes into its scope (KEY_NAME_SCOPE) for the access log
-        # and the `key` metrics label (docs/gateway.md "Named keys").
-        keys = api_keys or {}
-        self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in keys.items())
-        self._raw_keys = tuple((name, k.encode()) for name, k in keys.items())  # `x-api-key: <key>` (Anthropic)
-        self._clients = clients or []
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
-                err = ProxyError(
-                    "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
-                )
-                status, headers, body = self._error(scope["path"], err)
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": status,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"), *headers],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-            if scope["method"] == "POST":
-                path = scope["path"]
-                endpoint = self._fast.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
-                if endpoint is not None:
-                    await endpoint(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
-
-    def _authorized(self, scope: Any) -> bool:
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        api_key = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
-        name = None
-        for key_name, key in self._keys:  # every key is compared (no early exit): the time does not tell which
-            if hmac.compare_digest(given, key):
-                name = key_name
-        if name is None and api_key:
-            for key_name, key in self._raw_keys:
-                if hmac.compare_digest(api_key, key):
-                    name = key_name
-        if name is not None:
-            scope[KEY_NAME_SCOPE] = name
-        return name is not None
-
-    def _error(self, path: str, err: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """An error in the shape of the client dialect that owns `path` (OpenAI's elsewhere)."""
-        for client in self._clients:
-            if path == client.path or path.startswith(client.path + "/"):
-                return client.error_response(err)
-        return err.status, [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()], err.body()
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:

@@ -51,7 +51,7 @@ access_log = logging.getLogger("dialect_proxy.access")
 
 Scope = dict[str, Any]
 JSON_HEADERS = [(b"content-type", b"application/json")]
-KEY_NAME_SCOPE = "dialect_proxy.key_name"  # set by proxy.app.ProxyApp: the name of the inbound key used
+KEY_NAME_SCOPE = "dialect_proxy.key_name"  # set by proxy.asgi.ProxyApp: the name of the inbound key used
 SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
