@@ -9,10 +9,9 @@ install, and CI) nothing is compiled and the package is pure Python; both run th
 test-compiled` runs the whole suite on a compiled copy of the tree). Measured before/after: README.md "Speed".
 
 Not compiled: modules that run once or rarely (settings, start-up, probes, state stores, the mock upstreams), the
-error classes (proxy/errors.py: other modules subclass them, which a compiled class forbids), proxy/app.py (Starlette
-tells its endpoint functions from ASGI apps by their Python type, and its lifespan is an async generator: the
-per-request ASGI entry is proxy/asgi.py, compiled) and proxy/upstream.py (an async generator reads a streamed body;
-mypyc cannot compile those).
+error classes (proxy/errors.py: other modules subclass them, which a compiled class forbids) and proxy/app.py
+(Starlette tells its endpoint functions from ASGI apps by their Python type, and its lifespan is an async generator,
+which mypyc cannot compile: the per-request ASGI entry is proxy/asgi.py, compiled).
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ COMPILED = [
     "proxy/replicas.py",
     "proxy/routing.py",
     "proxy/sse.py",
+    "proxy/upstream.py",
     "proxy/validate.py",
     "proxy/stream/cumulative.py",
     "proxy/stream/text_lane.py",

@@ -38,7 +38,7 @@ from .events import Answer, Delta, TextRun
 from .frontend import DISCONNECT_HOOK
 from .pipeline import Pipeline
 from .replicas import RETRY_STATUSES
-from .upstream import iter_stream, read_body, release
+from .upstream import StreamReads, read_body, release
 from .validate import check_depth
 
 if TYPE_CHECKING:
@@ -455,14 +455,15 @@ class InferenceEndpoint:
             await send({"type": "http.response.body", "body": body, "more_body": more})
 
         try:
-            # aclosing: the silence timer is cancelled as soon as we stop reading (e.g. right after [DONE]).
-            async with contextlib.aclosing(
-                iter_stream(resp, server.idle_timeout, server.keepalive_interval, deadline)
-            ) as reads:
-                async for data in reads:
+            reads = StreamReads(resp, server.idle_timeout, server.keepalive_interval, deadline)
+            try:
+                while True:
+                    data = await reads.read()
                     if data is None:
                         await flush(encoder.keepalive)
                         continue
+                    if not data:
+                        break
                     pipeline.feed(data, events)
                     if events:
                         encode()
@@ -472,6 +473,8 @@ class InferenceEndpoint:
                         await flush()
                     if pipeline.done:
                         break
+            finally:
+                reads.close()  # the silence timer ends as soon as we stop reading (e.g. right after [DONE])
             pipeline.finish(events)
             if events:
                 encode()
