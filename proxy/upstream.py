@@ -196,95 +196,58 @@ async def read_body(
 _TICK = "dialect-proxy: upstream silent"
 
 
-class _Silence:
-    """The one timer of a streamed body's reads (StreamReads): it looks at the time of the last read and cancels the
-    reading task (with _TICK) only when the upstream has been silent past a limit. `close()` ends it (the timer
-    holds `tick`, bound to this object: cancelled and dropped there, no reference cycle is left behind)."""
-
-    __slots__ = ("_deadline", "_handle", "_idle", "_keepalive", "_loop", "_task", "fired", "last_data", "last_tick",
-                 "reading")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], idle_timeout: float,
-                 keepalive: float, deadline: float) -> None:
-        self._loop = loop
-        self._task = task
-        self._idle = idle_timeout
-        self._keepalive = keepalive
-        self._deadline = deadline
-        self.last_data = self.last_tick = loop.time()
-        self.reading = False
-        self.fired = False
-        self._handle: asyncio.TimerHandle | None = loop.call_at(self.next_due(), self.tick)
-
-    def next_due(self) -> float:
-        return min(max(self.last_data, self.last_tick) + self._keepalive, self.last_data + self._idle, self._deadline)
-
-    def tick(self) -> None:
-        now = self._loop.time()
-        due = self.next_due()
-        if now >= due:
-            if self.reading:
-                self.fired = True
-                self._task.cancel(msg=_TICK)
-                return
-            due = now + min(self._keepalive, 1.0)  # the caller is busy sending to a slow client: look again soon
-        self._handle = self._loop.call_at(due, self.tick)
-
-    def rearm(self) -> None:
-        self._handle = self._loop.call_at(self.next_due(), self.tick)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
 class StreamReads:
     """Raw bytes of a streamed body as they arrive: `await read()` gives the next bytes, None after each `keepalive`
     seconds of silence (so the caller can send an SSE comment), b"" at the end; it raises StreamTruncated on idle
-    timeout, total deadline or a broken body. `close()` (always, in a `finally`) ends the silence timer.
+    timeout, total deadline or a broken body. `close()` (always, in a `finally`) ends its timer.
 
-    Deadlines cost nothing per chunk: instead of arming a timeout around every read (~8 µs each), one timer
-    (_Silence) checks the time of the last read and interrupts the read only when the upstream really was silent. It
-    never interrupts the caller while the caller is busy sending (a slow client is back-pressure, not upstream
-    silence). A class, not an async generator, so that it compiles with the request path (setup.py).
+    Deadlines cost nothing per chunk: instead of arming a timeout around every read (~8 µs each), one timer (`_tick`)
+    looks at the time of the last read and cancels the reading task (with _TICK) only when the upstream really was
+    silent past a limit. It never interrupts the caller while the caller is busy sending (a slow client is
+    back-pressure, not upstream silence). The timer holds `_tick`, bound to this object: `close()` cancels and drops
+    it, so no reference cycle is left behind. A class, not an async generator, so that it compiles with the request
+    path (setup.py).
     """
 
-    __slots__ = ("_content", "_deadline", "_idle", "_loop", "_rearm", "_silence", "_task")
+    __slots__ = ("_content", "_deadline", "_fired", "_handle", "_idle", "_keepalive", "_last_data", "_last_tick",
+                 "_loop", "_reading", "_rearm", "_task")
 
     def __init__(self, resp: aiohttp.ClientResponse, idle_timeout: float, keepalive: float, deadline: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        task = asyncio.current_task(self._loop)
+        self._loop = loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         assert task is not None
         self._task: asyncio.Task[Any] = task
         self._content = resp.content
         self._idle = idle_timeout
+        self._keepalive = keepalive
         self._deadline = deadline
+        self._last_data = self._last_tick = loop.time()
+        self._reading = False  # awaiting the upstream: only then may the timer interrupt
+        self._fired = False  # the timer cancelled the read
         self._rearm = False  # a keep-alive was given: the timer starts again at the next read
-        self._silence = _Silence(self._loop, task, idle_timeout, keepalive, deadline)
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self._next_due(), self._tick)
 
     async def read(self) -> bytes | None:
-        silence = self._silence
         if self._rearm:
             self._rearm = False
-            silence.rearm()
-        silence.reading = True
+            self._handle = self._loop.call_at(self._next_due(), self._tick)
+        self._reading = True
         try:
             data = await self._content.readany()
         except asyncio.CancelledError as e:
-            if not (silence.fired and e.args == (_TICK,)):
+            if not (self._fired and e.args == (_TICK,)):
                 raise
-            silence.fired = False
+            self._fired = False
             if self._task.uncancel() > 0:  # someone else (client disconnect, shutdown) cancelled us too
                 raise
             now = self._loop.time()
             if now >= self._deadline:
                 raise StreamTruncated("The request exceeded the proxy's total time limit.",
                                       reason="idle_timeout", status=504) from None
-            if now - silence.last_data >= self._idle:
+            if now - self._last_data >= self._idle:
                 raise StreamTruncated(f"The upstream sent nothing for {self._idle:g} s.",
                                       reason="idle_timeout", status=504) from None
-            silence.last_tick = now
+            self._last_tick = now
             self._rearm = True
             return None
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
@@ -292,13 +255,30 @@ class StreamReads:
                 "The upstream connection broke in the middle of the stream.", reason="upstream_closed"
             ) from None
         finally:
-            silence.reading = False
+            self._reading = False
         if data:
-            silence.last_data = self._loop.time()
+            self._last_data = self._loop.time()
         return data
 
     def close(self) -> None:
-        self._silence.close()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _next_due(self) -> float:
+        return min(max(self._last_data, self._last_tick) + self._keepalive, self._last_data + self._idle,
+                   self._deadline)
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        due = self._next_due()
+        if now >= due:
+            if self._reading:
+                self._fired = True
+                self._task.cancel(msg=_TICK)
+                return
+            due = now + min(self._keepalive, 1.0)  # the caller is busy sending to a slow client: look again soon
+        self._handle = self._loop.call_at(due, self._tick)
 
 
 async def release(resp: aiohttp.ClientResponse, drain_timeout: float = 1.0) -> None:

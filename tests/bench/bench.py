@@ -31,6 +31,7 @@ import asyncio
 import glob
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,6 +124,14 @@ def export_ref(ref: str) -> str:
     archive = subprocess.run(["git", "-C", root, "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
     return out
+
+
+def compiled_copy() -> str:
+    """A compiled copy of this tree in a temporary directory (tests/compiled_tree.py, setup.py), for `--compiled`."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    import compiled_tree  # tests/compiled_tree.py
+
+    return compiled_tree.build(tempfile.mkdtemp(prefix="bench-compiled-"))
 
 
 REF_TREE: str | None = None  # --ref: the other commit's tree; its proxy is measured next to this one's
@@ -554,10 +563,7 @@ async def main() -> None:
     if args.ref:
         REF_TREE = export_ref(args.ref)
     if args.compiled:
-        sys.path.insert(0, os.path.dirname(HERE))
-        import compiled_tree  # tests/compiled_tree.py
-
-        PROXY_TREE = compiled_tree.build(tempfile.mkdtemp(prefix="bench-compiled-"))
+        PROXY_TREE = compiled_copy()
     seconds, rounds = (1.0, 2) if args.quick else (args.seconds, args.rounds)
     raise_fd_limit()
     if args.pin_load or args.scale in ("streams", "memory", "fulltext", "all"):
@@ -578,4 +584,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        for tree in (REF_TREE, PROXY_TREE):  # the temporary trees of --ref and --compiled
+            if tree is not None:
+                shutil.rmtree(tree, ignore_errors=True)

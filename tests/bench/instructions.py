@@ -141,10 +141,7 @@ async def main() -> None:
     ref_tree = bench.export_ref(args.ref) if args.ref else None
     proxy_tree = ROOT
     if args.compiled:
-        sys.path.insert(0, os.path.dirname(HERE))
-        import compiled_tree  # tests/compiled_tree.py
-
-        proxy_tree = compiled_tree.build(tempfile.mkdtemp(prefix="bench-compiled-"))
+        proxy_tree = bench.compiled_copy()
     workdir = tempfile.mkdtemp(prefix="bench-instructions-")
     unit = "instructions per request (non-stream) or per upstream chunk (streams)"
     build = " (proxy: compiled copy of this tree)" if args.compiled else ""
