@@ -65,4 +65,5 @@ if __name__ == "__main__":
                 workers=workers if workers > 1 else None, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop",
                 http="httptools", access_log=False,
                 server_header=False,  # as the proxy (proxy/frontend.py frontend_options)
+                proxy_headers=False,  # as the proxy (proxy/__main__.py): no middleware coroutine around the app
                 log_level="warning")
