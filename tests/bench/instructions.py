@@ -6,16 +6,19 @@
 CPU time on a shared VM swings by +-15 % between runs, more than most single optimisations change, so before/after
 figures from tests/bench/bench.py need many rounds. An instruction count does not swing: each relay runs under
 valgrind's callgrind (Debian package `valgrind`), is driven by the same load generator as the ratio table
-(tests/bench/bench.py `load`, 4 concurrent requests) for a warm-up, then its counters are zeroed, `--requests`
-requests are made and its counters dumped; a figure is the instructions (callgrind's Ir) of that window per request,
-or per upstream chunk for streams. Two runs of one tree agree within about 0.2 %; `--ref COMMIT` measures that
-commit's proxy (git archive) in the same run, for a change's before/after. `--compiled` counts a compiled copy of
-this tree (tests/compiled_tree.py, setup.py) as the proxy; with `--ref HEAD`, proxy / ref is compiled / pure Python.
+(tests/bench/bench.py `load`, 4 concurrent requests; the paced row one at a time, a quarter as many) for a
+warm-up, then its counters are zeroed, `--requests` requests are made and its counters dumped; a figure is the
+instructions (callgrind's Ir) of that window per request, or per upstream chunk for streams. Two runs of one tree
+agree within about 0.3 %; `--ref COMMIT` measures that commit's proxy (git archive) in the same run, for a change's
+before/after. `--compiled` counts a compiled copy of this tree (tests/compiled_tree.py, setup.py) as the proxy;
+with `--ref HEAD`, proxy / ref is compiled / pure Python.
 
-What it cannot show: time in the kernel (each read and write system call; the proxy makes fewer of them than the
-bare relay, as it gets bigger reads), cache misses and branch mispredictions; and under valgrind's ~50x slowdown an
-upstream stream's events pile up, so a stream's reads are bigger than at full speed. The ratio of instructions is
-therefore higher than the ratio of CPU time in the ratio table; compare instructions with instructions.
+What it cannot show: time in the kernel (each read and write system call), cache misses and branch mispredictions;
+and under valgrind's ~50x slowdown a zero-delay stream's events pile up into bigger reads than at full speed, where
+the proxy gains more from its per-read work than the bare relay: its zero-delay ratios of instructions are higher
+than the CPU table's. The paced row is the other way round: at full speed, 64 paced streams at once touch more
+memory per chunk than one under valgrind, and the proxy touches more than the bare relay. Compare instructions with
+instructions.
 
 Bounded: every run is a fixed number of requests with a timeout; loopback only. Not a test: it asserts nothing.
 """
@@ -50,6 +53,9 @@ class Row:
     full_text: bool
     api: str
     stream: bool
+    delay_ms: int = 0  # between the mock's chunks
+    concurrency: int = 4
+    share: int = 1  # the row makes requests // share (a paced row's requests take a second or more each)
 
 
 ROWS = [
@@ -59,6 +65,10 @@ ROWS = [
     Row("mindie-ft chat stream", "mindie", True, "chat", True),
     Row("openai responses stream", "openai", False, "responses", True),
     Row("openai messages stream", "openai", False, "messages", True),
+    # 5 ms apart, each chunk comes in a read of its own and wakes the relay: the per-read cost, which the CPU table's
+    # paced rows pay on every chunk (at zero delay, events pile up into fewer, bigger reads). One stream at a time:
+    # at 4, the relay under valgrind is busy enough for some reads to hold two events, and runs differ by +-5 %.
+    Row("openai chat stream 5 ms", "openai", False, "chat", True, 5, 1, 4),
 ]
 CHUNKS = 64  # per streamed answer, as in the ratio table
 
@@ -114,9 +124,11 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
         await bench.wait_up(upstream + "/health")
         await wait_up(url + health, relay)
         chunks = CHUNKS if row.stream else 16
-        warm = await bench.load(url, row.stream, chunks, 0, 4, 600.0, WARM_UP, api)
+        warm = await bench.load(url, row.stream, chunks, row.delay_ms, row.concurrency, 600.0, WARM_UP // row.share,
+                                api)
         control(relay.pid, "-z")
-        result = await bench.load(url, row.stream, chunks, 0, 4, 600.0, requests, api)
+        result = await bench.load(url, row.stream, chunks, row.delay_ms, row.concurrency, 600.0,
+                                  max(requests // row.share, 1), api)
         control(relay.pid, "-d")
         if warm.errors or result.errors or not result.latencies:
             raise RuntimeError(f"{target} {row.name}: errors {result.error_kinds or warm.error_kinds}")
