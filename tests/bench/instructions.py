@@ -157,7 +157,8 @@ async def main() -> None:
     workdir = tempfile.mkdtemp(prefix="bench-instructions-")
     unit = "instructions per request (non-stream) or per upstream chunk (streams)"
     build = " (proxy: compiled copy of this tree)" if args.compiled else ""
-    print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent{build}\n")
+    print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent (the paced row:"
+          f" a quarter of them, one at a time){build}\n")
     head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree else "")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
