@@ -7,6 +7,12 @@ between chunks (`idle_timeout`, applied by the reader), whole request (`total_ti
 
 Client libraries blur failures; we classify them: refused / reset / DNS -> 502 `UpstreamUnreachable`,
 connect or first-byte timeout -> 504 `UpstreamTimeout`.
+
+A pooled keep-alive connection can be closed by the upstream (its idle timeout: 5 s for uvicorn) just as a request
+goes out on it. aiohttp resends only idempotent methods then, and every request here is a POST: `open` sends it again
+(at most `_STALE_RETRIES` times) when a connection that had served a request before broke before the answer's
+headers, as Go's net/http does for a closed idle connection; the next try takes another pooled connection or a new
+one. A new connection that breaks is a failure (failover's business, proxy/replicas.py).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
@@ -28,7 +35,34 @@ from .redact import Redactor, log_url
 from .settings import ServerSettings, UpstreamSettings
 
 _READ_SIZE = 2**16
+_STALE_RETRIES = 3  # pooled connections found closed under one request before the last try (see the docstring)
 log = logging.getLogger("dialect_proxy")
+
+
+# Whether the connection of the request this task is sending is a new one, not yet known to the upstream's idle
+# timeout: set by _Connector.connect, read by UpstreamClient.open. Set only when it changes: a request on a pooled
+# connection, the common case, leaves it alone.
+_new_connection: ContextVar[bool] = ContextVar("dialect_proxy_new_connection", default=False)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connection pool, saying (in `_new_connection`) whether the connection it hands out is new or has
+    served a request before. The mark is an attribute of the connection's protocol object (a WeakSet of them cost
+    ~8k instructions per request); should aiohttp's protocol ever refuse attributes, every connection counts as new
+    (no resending)."""
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        protocol: Any = conn.protocol
+        new = not getattr(protocol, "_dialect_proxy_served", False)
+        if new:
+            try:
+                protocol._dialect_proxy_served = True
+            except AttributeError:
+                pass
+        if new is not _new_connection.get():
+            _new_connection.set(new)
+        return conn
 
 
 class UpstreamClient:
@@ -45,7 +79,7 @@ class UpstreamClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
+            connector = _Connector(
                 ssl=tls_context(self.upstream),
                 limit=self.upstream.max_connections,
                 limit_per_host=self.upstream.max_connections,
@@ -85,8 +119,18 @@ class UpstreamClient:
         limit = self.server.first_byte_timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         alarm = Alarm(loop, loop.time() + limit)
+        session = self.session
         try:
-            return await self.session.request(method, url, data=body, headers=headers, allow_redirects=False)
+            for _ in range(_STALE_RETRIES):
+                try:
+                    return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                    if isinstance(e, aiohttp.ClientConnectorError) or _new_connection.get():
+                        raise
+                    log.debug(orjson.dumps({"event": "upstream_stale_connection", "upstream": self.upstream.name,
+                                            "url": log_url(url), "reason": self.redactor.secrets(_reason(e))}).decode())
+            # Closed pooled connections every time: the next one comes from the pool too, or is new.
+            return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
         except asyncio.CancelledError:
             if alarm.expired():
                 raise UpstreamTimeout(f"The upstream {self.what} sent no response within {limit:g} s.") from None

@@ -21,6 +21,10 @@ class Sleep:
 
 CLOSE = "close"  # close the connection (FIN)
 RESET = "reset"  # close with a TCP reset
+# Keep the connection open until the next request on it has arrived, then close (FIN) or reset it without an answer:
+# a server whose idle keep-alive timeout fired as the request crossed.
+CLOSE_ON_NEXT = "close_on_next"
+RESET_ON_NEXT = "reset_on_next"
 
 Step = bytes | Sleep | str
 Script = Sequence[Step]
@@ -50,6 +54,8 @@ class RawUpstream:
     def __init__(self, cases: dict[str, Script]) -> None:
         self.cases = cases
         self.requests: list[bytes] = []  # the raw heads received (for assertions on headers)
+        self.connections = 0  # connections accepted
+        self.dropped: list[bytes] = []  # the heads of requests dropped by CLOSE_ON_NEXT / RESET_ON_NEXT
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -89,11 +95,9 @@ class RawUpstream:
         assert task is not None
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        self.connections += 1
         try:
-            async with asyncio.timeout(10):
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
-                body = await reader.readexactly(int(length.group(1))) if length else b""
+            head, body = await _read_request(reader)
             self.requests.append(head)
             match = _CASE.search(body) or _CASE.search(head)
             script = self.cases[match.group(1).decode()] if match else [http(200, b"{}"), CLOSE]
@@ -103,14 +107,27 @@ class RawUpstream:
                     await writer.drain()
                 elif isinstance(step, Sleep):
                     await asyncio.sleep(step.seconds)
-                elif step == RESET:
-                    sock = writer.get_extra_info("socket")
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    writer.transport.abort()
-                    return
+                elif step in (RESET, RESET_ON_NEXT, CLOSE_ON_NEXT):
+                    if step != RESET:
+                        self.dropped.append((await _read_request(reader))[0])
+                    if step != CLOSE_ON_NEXT:
+                        sock = writer.get_extra_info("socket")
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        writer.transport.abort()
+                        return
+                    break
                 elif step == CLOSE:
                     break
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # (cancelled: `stop`, while a connection waits for its next request)
         finally:
             writer.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request's head and body, within 10 s."""
+    async with asyncio.timeout(10):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+        body = await reader.readexactly(int(length.group(1))) if length else b""
+    return head, body

@@ -219,7 +219,8 @@ def test_cookies_an_upstream_sets_never_reach_its_later_requests(start_proxy):
                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
                                       "finish_reason": "stop"}]}).encode()
     # `connection: close`, as the script closes after each answer: without it the pool may send the next request on
-    # the closing connection (a reset, 502), a race this test is not about.
+    # the closing connection (sent again on a new one, tests/hostile/test_stale_connections.py), which this test is
+    # not about.
     srv = RawUpstream({"cookie": [http(200, answer, extra=b"set-cookie: session=client-a-secret; Path=/\r\n"
                                                        b"connection: close\r\n"), CLOSE]})
     srv.start()
