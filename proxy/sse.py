@@ -68,9 +68,14 @@ class SSEDecoder:
             # the loop below would find.
             if chunk.find(b"\n") == len(chunk) - 2:
                 return [chunk[6:-2]]
-            # Split at once: the read is only such events if it holds no other line end than theirs (2 per event).
+            # Split at once: the read is only such events if none of them holds a line end of its own. One search
+            # per event (memchr), not `chunk.count`: CPython counts a byte one byte at a time (~6 instructions a byte,
+            # three times the search's cost on 200-byte events, more on long full-text ones).
             events = chunk[6:-2].split(b"\n\ndata: ")
-            if chunk.count(b"\n") == 2 * len(events):
+            for event in events:
+                if event.find(b"\n") >= 0:
+                    break
+            else:
                 return events
         out: list[bytes | SSEEvent] = []
         self._feed(chunk, out, True)
