@@ -289,9 +289,13 @@ class ChatEncoder:
             return
         else:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
+        # One chunk per text, head + text + close each: written as head, the texts joined by close + head, close
+        # (the same bytes, without two new bytes objects a text).
         close = self._close
         dumps = orjson.dumps
-        out.extend([head + dumps(text) + close for text in run.texts])
+        out.append(head)
+        out.append((close + head).join([dumps(text) for text in run.texts]))
+        out.append(close)
 
     def _cache(self, heads: dict[int, bytes], index: int, key: bytes) -> bytes:
         """The bytes of a hot-path chunk of choice `index` up to the value of `key` (kept until the envelope
