@@ -189,7 +189,7 @@ class MindIEDialect(Dialect):
         and `batch_size` (per token) in `usage` (either place is accepted for each). Values that are not finite
         non-negative numbers are left out; lists are read up to MAX_TIMING_SAMPLES items."""
         nested = extras.get("usage")
-        nested = nested if isinstance(nested, Mapping) else {}
+        nested = nested if isinstance(nested, dict) else {}  # JSON's; an ABC's isinstance runs Python code
 
         def get(key: str) -> Any:
             value = extras.get(key)
