@@ -167,7 +167,8 @@ class ResponsesEncoder:
 
     # -- items ----------------------------------------------------------------------------------------------------
     def _new(self, prefix: str) -> _Item:
-        item = _Item(f"{prefix}_{self._hex}{self._count:02d}", self._count)
+        # (not an f-string: compiled, one with a format spec costs two str.format calls, proxy/handlers.py)
+        item = _Item(prefix + "_" + self._hex + format(self._count, "02d"), self._count)
         self._count += 1
         return item
 
