@@ -225,3 +225,38 @@ def test_invalid_utf8_in_a_lane_event_is_replaced_as_on_the_full_path() -> None:
     with_lane = run(raw, [], "openai", False, True)
     assert with_lane == run(raw, [], "openai", False, False)
     assert [e.content for e in with_lane[0]][:4] == ["", "a", "b\ufffd\ufffdc", "d"]
+
+
+def _loads_text(token: bytes) -> str | None:
+    """What the lane took from a token before its direct read (proxy/stream/text_lane.py `_text`): orjson's verdict."""
+    try:
+        value = orjson.loads(token)
+    except orjson.JSONDecodeError:
+        return None
+    return value if value.__class__ is str and value else None
+
+
+TOKEN_TEXTS = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF, exclude_categories=["Cs"]),
+                      max_size=40) | st.sampled_from(["", "a", "\x00", "\x1f", "\x7f", "\x85", "\u00a0", "\u2028",
+                                                      "é", "😀", "x" * 300, '"', "\\", "a\tb"])
+
+
+@given(TOKEN_TEXTS, st.sampled_from(["orjson", "ascii", "raw", "raw_quoted"]), st.binary(max_size=8),
+       st.binary(max_size=3))
+@settings(max_examples=600, deadline=None)
+def test_a_tokens_text_is_orjsons_verdict(text: str, spelling: str, junk: bytes, pad: bytes) -> None:
+    """`_text` reads short plain tokens without orjson: the same value, or None, as orjson gives for any bytes
+    (escapes, raw control characters JSON forbids, DEL, invalid UTF-8, quotes inside, long tokens, not a string)."""
+    from proxy.stream.text_lane import _text
+
+    if spelling == "orjson":
+        token = orjson.dumps(text)
+    elif spelling == "ascii":
+        token = json.dumps(text).encode()
+    elif spelling == "raw":  # the text's UTF-8 between quotes, as is: invalid JSON when it holds a control character
+        token = b'"' + text.encode() + b'"'
+    else:  # anything between quotes, invalid UTF-8 included
+        token = b'"' + junk + text.encode()[:4] + b'"'
+    data = pad + token + pad[::-1]
+    start, end = len(pad), len(pad) + len(token)
+    assert _text(data, start, end) == _loads_text(token)
