@@ -20,14 +20,36 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from functools import reduce
 from operator import add
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import metrics as _prom_metrics
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from .build import BUILD
+
 __all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeChild", "LocalCounter", "LocalGauge",
-           "LocalHistogram"]
+           "LocalHistogram", "NATIVE_BISECT", "bucket_index"]
+
+
+def bucket_index(bounds: list[float], amount: float) -> int:
+    """`bisect_left(bounds, amount)`, the index of the first bound >= amount (the bucket prometheus_client counts
+    it in), as a loop of float comparisons: compiled, C doubles (~150 instructions for 16 buckets), where
+    bisect_left makes a rich comparison of two float objects a probe (~700; callgrind of a paced stream, one sample
+    a read). Interpreted, bisect_left is the faster one, so callers take this one `if NATIVE_BISECT` (a native call
+    compiled; a call through a variable would cost what it saves)."""
+    lo = 0
+    hi = len(bounds)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if bounds[mid] < amount:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+NATIVE_BISECT: Final = BUILD == "mypyc"
 
 
 def _use_created() -> bool:
@@ -149,7 +171,8 @@ class HistogramChild(_Child):
         if amount != amount:  # NaN: prometheus_client adds it to the sum and to no bucket
             self.sum += amount
             return
-        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount, as prometheus_client
+        bounds = self.bounds  # the first bound >= amount, as prometheus_client
+        self.counts[bucket_index(bounds, amount) if NATIVE_BISECT else bisect_left(bounds, amount)] += 1
         self.sum += amount
 
     def observe_all(self, amounts: Sequence[float]) -> None:
@@ -169,7 +192,8 @@ class HistogramChild(_Child):
         if amount != amount:
             self.sum += amount * n
             return
-        self.counts[bisect_left(self.bounds, amount)] += n
+        bounds = self.bounds
+        self.counts[bucket_index(bounds, amount) if NATIVE_BISECT else bisect_left(bounds, amount)] += n
         self.sum += amount * n
 
     def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:

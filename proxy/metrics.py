@@ -42,7 +42,16 @@ from proxy import __version__
 from proxy.build import BUILD
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 from proxy.events import Timings
-from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram, count_into_buckets
+from proxy.local_metrics import (
+    NATIVE_BISECT,
+    Family,
+    HistogramChild,
+    LocalCounter,
+    LocalGauge,
+    LocalHistogram,
+    bucket_index,
+    count_into_buckets,
+)
 
 __all__ = [
     "CONTENT_TYPE",
@@ -516,7 +525,8 @@ class _Tally:
         if bounds is None:
             self._child.observe(value)
             return
-        self._counts[bisect_left(bounds, value)] += 1  # the first bucket whose bound is >= value, as observe()
+        # the first bucket whose bound is >= value, as observe()
+        self._counts[bucket_index(bounds, value) if NATIVE_BISECT else bisect_left(bounds, value)] += 1
         self._sum += value
         if not self._pending:
             self._due = now + TALLY_FLUSH_INTERVAL
@@ -545,7 +555,8 @@ class _Tally:
             for _ in range(n):
                 self._child.observe(value)
             return
-        self._counts[bisect_left(self._bounds, value)] += n
+        bounds = self._bounds
+        self._counts[bucket_index(bounds, value) if NATIVE_BISECT else bisect_left(bounds, value)] += n
         self._sum += value * n
         if not self._pending:
             self._due = now + TALLY_FLUSH_INTERVAL
