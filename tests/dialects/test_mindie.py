@@ -898,3 +898,25 @@ def test_auto_replay_per_model(model: str, mode: str) -> None:
     up = UpstreamSettings(name="mi", dialect="mindie", url="http://127.0.0.1:9")
     c = request_context(CHAT, model, up)
     assert get_dialect("mindie").reasoning_replay({"model": model, "messages": []}, c) == mode
+
+
+def test_timing_lists_read_alike_compiled_and_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """proxy/dialects/mindie.py `_scaled`: the compiled build's per-item loop (`_NATIVE`) keeps what the
+    interpreted pass of builtins keeps — finite non-negative numbers, times the unit — for plain and mixed lists."""
+    from proxy.dialects import mindie
+
+    lists: list[Any] = [
+        [12, 13.5, 0, 0.0, 250],
+        [1.5] * 40,
+        [3, True, None, "4", -1, float("nan"), float("inf"), 2**70, 7.25, [], {"a": 1}, 0.5],
+        [],
+        [-0.0, 1e-300, 1e300],
+        "not a list",
+    ]
+    for unit in (1, 1e-3, 1e-6):
+        got = {}
+        for native in (True, False):
+            monkeypatch.setattr(mindie, "_NATIVE", native)
+            got[native] = [mindie._scaled(items, unit) for items in lists]
+        assert got[True] == got[False]
+        assert got[False][2] == [3 * unit, 2**70 * unit, 7.25 * unit, 0.5 * unit]
