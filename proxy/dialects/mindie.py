@@ -447,23 +447,17 @@ _NATIVE: Final = BUILD == "mypyc"
 
 
 def _scaled(items: object, unit: float) -> list[float]:
-    """The list's finite non-negative numbers times `unit` (others left out). A list of such numbers only (the usual
-    case: one per generated token, thousands in a long answer) is converted in one pass."""
+    """The list's finite non-negative numbers times `unit` (others left out). Interpreted, a list of such numbers
+    only (the usual case: one per generated token, thousands in a long answer) is converted in one pass of
+    builtins; compiled (`_NATIVE`), the loop below is the cheaper one for every list."""
     if not isinstance(items, list):
         return []
     items = items[:MAX_TIMING_SAMPLES]
-    if _NATIVE:
-        out: list[float] = []
-        for item in items:
-            v = _number(item)
-            if v is not None:
-                out.append(v * unit)
-        return out
-    if items and set(map(type, items)) <= _PLAIN_NUMBERS:  # no bool, None or string among them
+    if not _NATIVE and items and set(map(type, items)) <= _PLAIN_NUMBERS:  # no bool, None or string among them
         total = sum(items, 0.0)  # a float (int or float alike: the compiled build, setup.py, keeps the two apart)
         if math.isfinite(total) and min(items) >= 0:  # no NaN, no infinity, none negative
             return list(map(float, items)) if unit == 1 else [item * unit for item in items]
-    out = []
+    out: list[float] = []
     for item in items:
         v = _number(item)
         if v is not None:
