@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -26,6 +26,7 @@ from .sse import SSEDecoder, SSEEvent
 from .stream.text_lane import TextLane
 
 log = logging.getLogger("dialect_proxy")
+_json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per event)
 
 
 class Pipeline:
@@ -126,7 +127,7 @@ class Pipeline:
                                     out.extend(found.deltas())
                             continue
                 try:
-                    parsed: Any = orjson.loads(event)  # orjson checks the UTF-8
+                    parsed: Any = _json_loads(event)  # orjson checks the UTF-8
                 except orjson.JSONDecodeError:
                     parsed = _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
                 plain = event

@@ -15,7 +15,7 @@ Per chunk: a text or thinking delta costs one orjson dump of the delta's string 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -37,6 +37,7 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
                 "content_filter": "refusal"}
 
 PING = encode_event(b"ping", b'{"type":"ping"}')
+_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 _STOP = b"content_block_stop"
 _START = b"content_block_start"
 _END = b"}}\n\n"  # what follows a delta's value
@@ -50,7 +51,7 @@ def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
 
 
 def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
-    return _delta_head(index, kind, field) + orjson.dumps(value) + _END
+    return _delta_head(index, kind, field) + _dumps(value) + _END
 
 
 class _Block:
@@ -123,14 +124,14 @@ class MessagesEncoder:
         if self.omit_thinking or not self.stream:
             block.parts.append(text)
         else:
-            out.append(block.delta_head + orjson.dumps(text) + _END)
+            out.append(block.delta_head + _dumps(text) + _END)
 
     def _text(self, text: str, out: list[bytes]) -> None:
         block = self.open
         if block is None or block.kind != "text":
             block = self._start("text", out)
         if self.stream:
-            out.append(block.delta_head + orjson.dumps(text) + _END)
+            out.append(block.delta_head + _dumps(text) + _END)
         else:
             block.parts.append(text)
 
@@ -172,7 +173,7 @@ class MessagesEncoder:
                 # _END + head (the same bytes, without two new bytes objects a text).
                 head = block.delta_head
                 out.append(head)
-                out.append((_END + head).join([orjson.dumps(text) for text in delta.texts]))
+                out.append((_END + head).join([_dumps(text) for text in delta.texts]))
                 out.append(_END)
                 continue
             if delta.index:
@@ -182,7 +183,7 @@ class MessagesEncoder:
             if delta.content:
                 block = self.open
                 if block is not None and block.kind == "text" and self.stream:  # the hot path, as _text does
-                    out.append(block.delta_head + orjson.dumps(delta.content) + _END)
+                    out.append(block.delta_head + _dumps(delta.content) + _END)
                 else:
                     self._text(delta.content, out)
             if delta.tool_calls:

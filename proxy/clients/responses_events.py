@@ -16,7 +16,7 @@ Only choice 0 is answered (the Responses API has no `n`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -28,7 +28,7 @@ from .responses_request import ToolName
 from .signature import ThinkingSigner
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
-_dumps = orjson.dumps
+_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 
 
 class _Item:
