@@ -216,6 +216,7 @@ _PIECES = [
     b"data: l1\ndata: l2\n\n", b"event: error\ndata: {}\n\n", b"Engine callback timeout\n",
     b"data: \xf0\x9f\x99\x82\r\n\n", b"\r\n", b"data: [DONE]\n\n",
 ]
+_LONG = b"data: " + b"x" * 1100 + b"\n\n"  # longer than the head of a read SSEDecoder.payloads looks at first
 
 
 @settings(max_examples=300, deadline=None)
@@ -247,7 +248,7 @@ def without_ids(events: list[SSEEvent]) -> list[SSEEvent]:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    parts=st.lists(st.sampled_from([*_PIECES, b"data: {}\n\n", b"id: 7\n", b"data: \xff\n\n", b"\xef\xbb\xbf"]),
+    parts=st.lists(st.sampled_from([*_PIECES, b"data: {}\n\n", b"id: 7\n", b"data: \xff\n\n", b"\xef\xbb\xbf", _LONG]),
                    min_size=1, max_size=12),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
     whole_events=st.booleans(),
@@ -285,3 +286,9 @@ def test_a_read_of_whole_plain_events_comes_undecoded() -> None:
     assert SSEDecoder().payloads(b"data: {}\n\n: keep-alive\n\ndata: 2\n\n") == [b"{}", b"2"]
     assert SSEDecoder().payloads(b"data: a\ndata: b\n\ndata: c\n\n") == [SSEEvent("a\nb"), b"c"]
     assert SSEDecoder().payloads(b"data: a\n\ndata:b\n\n") == [b"a", SSEEvent("b")]
+    # a first event longer than the head looked at first, alone or with others; an event of two data lines
+    long = b"y" * 1100
+    assert SSEDecoder().payloads(b"data: " + long + b"\n\n") == [long]
+    assert SSEDecoder().payloads(b"data: " + long + b"\n\ndata: z\n\n") == [long, b"z"]
+    assert SSEDecoder().payloads(b"data: z\n\ndata: " + long + b"\n\n") == [b"z", long]
+    assert SSEDecoder().payloads(b"data: " + long + b"\ndata: z\n\n") == [SSEEvent(long.decode() + "\nz")]
