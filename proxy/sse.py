@@ -73,20 +73,18 @@ class SSEDecoder:
             # The usual read, nothing held: one whole plain event (a paced stream) or several (a fast one), what
             # the loop below would find. Its first bytes tell which, unless the first event is long.
             end = len(chunk) - 2
-            head = chunk[6:end if end < _HEAD else _HEAD]
+            head = chunk[6:end if end <= _HEAD else _HEAD]
             if _LF not in head:
                 if end <= _HEAD:
                     return [head]  # one short event: the whole payload
                 payload = chunk[6:-2]
                 if _LF not in payload:
                     return [payload]
-                events = payload.split(b"\n\ndata: ")
-            else:
-                # Several events: the read itself is split, not a copy of all of it (a fast stream's read holds
-                # tens of events; a full-text one's, tens of kB each); its first and last pieces lose their framing.
-                events = chunk.split(b"\n\ndata: ")
-                events[0] = events[0][6:]
-                events[-1] = events[-1][:-2]
+            # Several events: the read itself is split, not a copy of all of it (a fast stream's read holds tens of
+            # events; a full-text one's, tens of kB each); its first and last pieces lose their framing.
+            events = chunk.split(b"\n\ndata: ")
+            events[0] = events[0][6:]
+            events[-1] = events[-1][:-2]
             # The read is only such events if none of them holds a line end of its own. One search per event
             # (memchr), not `chunk.count`: CPython counts a byte one byte at a time (~6 instructions a byte, several
             # times the search's cost on 200-byte events, more on long full-text ones).
