@@ -1,8 +1,15 @@
-"""The HTTP front end's own limits: header size, time to receive a request, number of client connections.
+"""The HTTP/1.1 front end: uvicorn's server around the proxy's own connection protocol, with its own limits.
 
-uvicorn's httptools protocol has none of these: a client may send headers forever (slowloris), megabytes of them,
-or open connections without sending anything, and each is held. `GuardedHttpToolsProtocol` is uvicorn's httptools
-protocol with three guards, all below the ASGI app (so they hold for every route, before any handler runs):
+uvicorn runs the server (sockets, workers, lifespan, signals, graceful shutdown, the `date` header); each client
+connection is a `GuardedHttpToolsProtocol`, which parses requests with httptools and runs the ASGI app once per
+request (a `Cycle`), as uvicorn's httptools protocol does: the same scope, the same `receive`/`send` messages and
+checks (header names and values, content-length against the body, `connection: close`, chunked encoding when no
+length is given, HEAD, `Expect: 100-continue`, pipelined requests answered in order, back-pressure both ways, a 500
+when the app fails before answering). It is the proxy's own so that the per-request path compiles with the rest of
+it (setup.py): uvicorn's protocol is interpreted Python, and its callbacks and `send` were a fifth of the
+instructions of a non-stream request (README "The compiled build").
+
+Beyond uvicorn's protocol:
 
 - `max_header_bytes`: the request line and headers together; more gets `431` and the connection is closed. Counted
   as bytes arrive, so a head that never ends is refused as soon as it is too long, not when it is complete.
@@ -11,6 +18,10 @@ protocol with three guards, all below the ASGI app (so they hold for every route
   `body_timeout`: the body must then be complete within this many seconds; otherwise `408` (if no answer has
   started) and close — the handler sees the client leave, as for any disconnect.
 - `max_client_connections`: a connection beyond this many open ones gets `503` at once and is closed.
+- A response's status line and headers go out in one write with its first body bytes (on loopback and in VMs each
+  write that reaches an idle reader costs a wake-up: a non-stream answer is one write, not two).
+- Protocol upgrades (WebSocket) are refused with `400`; the proxy serves none.
+- No access log of uvicorn's: the proxy writes its own (proxy/handlers.py).
 
 It also tells the handler at once when a client goes away mid-request: the handler puts a callback under
 `DISCONNECT_HOOK` in the request's scope (proxy/handlers.py), called from `connection_lost` while the answer is
@@ -25,12 +36,19 @@ pickles, so `--workers` > 1 works too).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
+import logging
+import re
+import urllib.parse
+from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from .errors import ProxyError
 from .settings import ServerSettings
@@ -38,6 +56,14 @@ from .settings import ServerSettings
 # The scope key of the handler's disconnect callback: present (None until the handler sets it) on every request this
 # front end serves.
 DISCONNECT_HOOK = "dialect_proxy.on_disconnect"
+
+_logger: Final = logging.getLogger("uvicorn.error")  # where uvicorn's own protocol logs (the server's log settings)
+# A header name must be a token, a value must hold no control character but tab (RFC 9110 5.1, 5.5), as uvicorn's
+# protocol checks them: a value that carried CR LF would split the answer.
+_bad_name: Final = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]').search
+_bad_value: Final = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]").search
+_NAMES_MAX: Final = 256  # header names checked once and remembered, lower-cased (the proxy sends a few dozen)
+_names: dict[bytes, bytes] = {}
 
 
 class FrontendLimits(NamedTuple):  # (a tuple: `--workers` pickles it to each worker, compiled build or not)
@@ -64,10 +90,60 @@ class _Refuse(Exception):
         self.status = status
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    def __init__(self, *args: Any, limits: FrontendLimits, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+def _header_name(name: bytes) -> bytes:
+    """`name` lower-cased, after checking it is a token (remembered: names come from a small set)."""
+    lower = _names.get(name)
+    if lower is None:
+        if _bad_name(name) is not None:
+            raise RuntimeError("Invalid HTTP header name.")
+        lower = name.lower()
+        if len(_names) < _NAMES_MAX:
+            _names[name] = lower
+    return lower
+
+
+class GuardedHttpToolsProtocol:
+    """One client connection (an asyncio protocol): httptools' parser callbacks, the guards, and one `Cycle` per
+    request."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *, limits: FrontendLimits) -> None:
+        if not config.loaded:
+            config.load()
+        self.app: Any = config.loaded_app
+        self.loop: asyncio.AbstractEventLoop = _loop or asyncio.get_event_loop()
+        self.parser: Any = httptools.HttpRequestParser(self)
+        try:  # answer the first of pipelined requests even when the client closes its side after sending them
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        except AttributeError:  # httptools < 0.6.3
+            pass
+        self.root_path: str = config.root_path
+        self.asgi_version: str = config.asgi_version
+        self.limit_concurrency: int | None = config.limit_concurrency
+        self.timeout_keep_alive: float = config.timeout_keep_alive
+        self.fresh_context = bool(getattr(config, "reset_contextvars", False))  # uvicorn >= 0.36's option
+        self.app_state = app_state
+        self.server_state: Any = server_state
+        self.connections: set[Any] = server_state.connections
+        self.tasks: set[asyncio.Task[None]] = server_state.tasks
         self.limits = limits
+        # The connection
+        self.transport: Any = None
+        self.server: tuple[str, int | None] | None = None
+        self.client: tuple[str, int] | None = None
+        self.scheme = "http"
+        self.pipeline: deque[tuple[Cycle, Any]] = deque()  # requests received while an answer is in progress
+        self.read_paused = False
+        self.write_paused = False
+        self._writable: asyncio.Event | None = None  # made when writing first pauses
+        self._keep_alive: asyncio.TimerHandle | None = None
+        # The request being received
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.scope: dict[str, Any] = {}
+        self.expect_100_continue = False
+        self.cycle: Cycle | None = None  # the latest request's (answered, being answered or queued)
+        # The guards
         self._head_done = False  # the current request's headers are complete
         self._head_bytes = 0  # bytes received for the current request's head so far
         self._timer: asyncio.TimerHandle | None = None
@@ -75,11 +151,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False
 
     # -- connection ---------------------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._out = _HeadWithBody(transport)  # what each response's cycle writes to
+    def connection_made(self, transport: Any) -> None:
+        self.connections.add(self)
+        self.transport = transport
+        self.server = get_local_addr(transport)
+        self.client = get_remote_addr(transport)
+        self.scheme = "https" if is_ssl(transport) else "http"
         if len(self.connections) > self.limits.max_client_connections:
-            self.logger.warning("Refused a connection: %d client connections are open.", len(self.connections) - 1)
+            _logger.warning("Refused a connection: %d client connections are open.", len(self.connections) - 1)
             self._refuse(503, "The proxy has too many open connections; retry later.")
             return
         self._arm(self.limits.header_timeout)
@@ -89,25 +168,37 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.connections.discard(self)
         cycle = self.cycle
         incomplete = cycle is not None and not cycle.response_complete
-        super().connection_lost(exc)
+        if cycle is not None:
+            if incomplete:
+                cycle.disconnected = True
+            cycle.wake()
+        self.resume_writing()
+        if exc is None:
+            self.transport.close()
+            self._stop_keep_alive()
+        self.parser = None  # it holds this protocol: no reference cycle left behind
         if incomplete:
             assert cycle is not None
-            hook: Callable[[], None] | None = cycle.scope.get(DISCONNECT_HOOK)  # type: ignore[assignment]
+            hook: Callable[[], None] | None = cycle.scope.get(DISCONNECT_HOOK)
             if hook is not None:
                 hook()
+
+    def eof_received(self) -> None:
+        pass
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        self._unset_keepalive_if_required()
+        self._stop_keep_alive()
         if not self._head_done:
             self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._unsupported_upgrade_warning()
+            _logger.warning("Unsupported upgrade request.")
             self._refuse(400, "Protocol upgrades are not supported.")
             return
         except httptools.HttpParserError as e:
@@ -115,40 +206,167 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if isinstance(cause, _Refuse):
                 self._refuse(cause.status, str(cause))
             else:
-                self.logger.warning("Invalid HTTP request received.")
+                _logger.warning("Invalid HTTP request received.")
                 self._refuse(400, "Invalid HTTP request.")
             return
         if not self._head_done and self._head_bytes > self.limits.max_header_bytes:
             self._refuse(431, f"The request's headers are larger than {self.limits.max_header_bytes} bytes.")
 
+    def shutdown(self) -> None:
+        """uvicorn's server, shutting down: close an idle connection now, a busy one after its answer."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self.transport.close()
+        else:
+            cycle.keep_alive = False
+
+    # -- back-pressure --------------------------------------------------------------------------------------------
+    def pause_writing(self) -> None:  # the transport's buffer is over its high-water mark
+        if not self.write_paused:
+            self.write_paused = True
+            if self._writable is None:
+                self._writable = asyncio.Event()
+            self._writable.clear()
+
+    def resume_writing(self) -> None:
+        if self.write_paused:
+            self.write_paused = False
+            if self._writable is not None:
+                self._writable.set()
+
+    async def drain(self) -> None:
+        if self._writable is not None:
+            await self._writable.wait()
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+
     # -- parser callbacks ---------------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+            DISCONNECT_HOOK: None,  # this front end calls the handler's hook
+        }
         if self._due is None:  # a new request on a kept-alive connection
             self._arm(self.limits.header_timeout)
 
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
     def on_headers_complete(self) -> None:
         self._head_done = True
-        if self._head_bytes > self.limits.max_header_bytes:  # the whole head arrived in one read
+        limits = self.limits
+        if self._head_bytes > limits.max_header_bytes:  # the whole head arrived in one read
             size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
-            if size > self.limits.max_header_bytes:
-                raise _Refuse(431, f"The request's headers are larger than {self.limits.max_header_bytes} bytes.")
-        self._arm(self.limits.body_timeout)
-        super().on_headers_complete()
-        self.scope[DISCONNECT_HOOK] = None  # type: ignore[literal-required]  # this front end calls the handler's hook
-        self.cycle.transport = self._out
-        if self.pipeline:  # queued behind the answer in progress; uvicorn stops reading until its turn
+            if size > limits.max_header_bytes:
+                raise _Refuse(431, f"The request's headers are larger than {limits.max_header_bytes} bytes.")
+        self._arm(limits.body_timeout)
+        parser = self.parser
+        scope = self.scope
+        http_version: str = parser.get_http_version()
+        method: str = parser.get_method().decode("ascii")
+        scope["method"] = method
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        url: Any = httptools.parse_url(self.url)
+        raw_path: bytes = url.path
+        query: bytes | None = url.query  # None when the target has no `?` (the stubs say bytes)
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        root = self.root_path
+        scope["path"] = root + path if root else path
+        scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
+        scope["query_string"] = query or b""
+        app = self.app
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            app = service_unavailable
+            _logger.warning("Exceeded concurrency limit.")
+        previous = self.cycle
+        keep_alive = http_version != "1.0" and bool(parser.should_keep_alive())
+        cycle = Cycle(self, scope, method == "HEAD", self.expect_100_continue, keep_alive)
+        self.cycle = cycle
+        if previous is None or previous.response_complete:
+            self._start(cycle, app)
+        else:  # pipelined: queued behind the answer in progress, and reading stops until its turn
+            self.pause_reading()
+            self.pipeline.appendleft((cycle, app))
             self._disarm()
 
-    def on_response_complete(self) -> None:
-        self._out.next_response()  # a response without body bytes (HEAD): its head goes out now
-        super().on_response_complete()
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.pause_reading()
+        cycle.wake()
 
     def on_message_complete(self) -> None:
         self._disarm()
         self._head_done = False
         self._head_bytes = 0
-        super().on_message_complete()
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return
+        cycle.more_body = False
+        cycle.wake()
+
+    def on_response_complete(self) -> None:
+        """Called by the cycle when its answer is complete: the next pipelined request, or the keep-alive wait."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._stop_keep_alive()
+        self.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start(cycle, app)
+        else:
+            self._keep_alive = self.loop.call_later(self.timeout_keep_alive, self._idle_too_long)
+
+    def _start(self, cycle: Cycle, app: Any) -> None:
+        if self.fresh_context:
+            task = self.loop.create_task(cycle.run_asgi(app), context=contextvars.Context())
+        else:
+            task = self.loop.create_task(cycle.run_asgi(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def _stop_keep_alive(self) -> None:
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
+
+    def _idle_too_long(self) -> None:
+        self._keep_alive = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     # -- guards -------------------------------------------------------------------------------------------------
     # One loop timer per connection, re-armed only when it fires early: a phase change just moves `_due` (a
@@ -210,53 +428,179 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-class _HeadWithBody(asyncio.Transport):
-    """The connection's transport as its responses' cycles see it: a response's status line and headers (its first
-    write) are held and go out in one write with its first body bytes, not in a write of their own. On loopback and
-    in VMs each write that reaches an idle reader costs a wake-up; a non-stream answer now costs one write, not two.
-    A held head goes out with the next write, on close, and when the response completes (`next_response`, called by
-    GuardedHttpToolsProtocol.on_response_complete: a HEAD answer has no body bytes). `100 Continue` is never held
-    (the client waits for it before it sends the body). Responses on a connection are sequential, so one object
-    serves them all."""
-
-    __slots__ = ("_first", "_held", "_transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        super().__init__()
-        self._transport = transport
-        self._held: bytes | None = None
-        self._first = True  # the next write is a response's head
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            self._transport.write(held + data)
-        elif self._first and data[:13] != b"HTTP/1.1 100 ":
-            self._first = False
-            self._held = bytes(data)
-        else:
-            self._transport.write(data)
-
-    def next_response(self) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            self._transport.write(held)
-        self._first = True
-
-    def close(self) -> None:
-        self.next_response()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-
 _LINGER = 2.0  # seconds a refused connection is still read (and discarded) before it is closed
 
 _CODES = {400: "invalid_request", 408: "request_timeout", 431: "request_header_fields_too_large",
           503: "too_many_connections"}
+
+
+class Cycle:
+    """One request and its answer: the ASGI app's `receive` and `send`, and the task that runs the app (`run_asgi`).
+    The answer's status line and headers are held (`_head`) and written with its first body bytes."""
+
+    def __init__(self, conn: GuardedHttpToolsProtocol, scope: dict[str, Any], head_only: bool,
+                 expect_100_continue: bool, keep_alive: bool) -> None:
+        self.conn: GuardedHttpToolsProtocol | None = conn  # dropped when the app is done: no reference cycle
+        self.scope = scope
+        self.transport: Any = conn.transport
+        self.default_headers: list[tuple[bytes, bytes]] = conn.server_state.default_headers
+        self.head_only = head_only  # a HEAD request: the answer's head alone
+        # The connection
+        self.disconnected = False
+        self.keep_alive = keep_alive
+        self.waiting_for_100_continue = expect_100_continue
+        # The request's body
+        self.body = bytearray()
+        self.more_body = True
+        self._ready = False  # body bytes, the body's end or a disconnect came since `receive` last looked
+        self._waiters: list[asyncio.Future[None]] = []
+        # The answer
+        self.response_started = False
+        self.response_complete = False
+        self.chunked: bool | None = None
+        self.expected_length = 0
+        self._head: bytes | None = None
+
+    def wake(self) -> None:
+        """Something for `receive` (asyncio.Event.set, without the Event)."""
+        self._ready = True
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def run_asgi(self, app: Any) -> None:
+        try:
+            result = await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            _logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self._send_500()
+            else:
+                self._close()
+        else:
+            if result is not None:
+                _logger.error("ASGI callable should return None, but returned '%s'.", result)
+                self._close()
+            elif not self.response_started and not self.disconnected:
+                _logger.error("ASGI callable returned without starting response.")
+                await self._send_500()
+            elif not self.response_complete and not self.disconnected:
+                _logger.error("ASGI callable returned without completing response.")
+                self._close()
+        finally:
+            self.conn = None
+
+    async def _send_500(self) -> None:
+        await self.send({"type": "http.response.start", "status": 500,
+                         "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"),
+                                     (b"connection", b"close")]})
+        await self.send({"type": "http.response.body", "body": b"Internal Server Error", "more_body": False})
+
+    def _close(self) -> None:
+        """Close the connection, after the held head if there is one (the client sees an answer cut short)."""
+        head = self._head
+        if head is not None:
+            self._head = None
+            self.transport.write(head)
+        self.transport.close()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        conn = self.conn
+        if conn is not None and conn.write_paused and not self.disconnected:
+            await conn.drain()
+        if self.disconnected:
+            return
+        kind = message["type"]
+        if not self.response_started:
+            if kind != "http.response.start":
+                raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{kind}'.")
+            self.response_started = True
+            self.waiting_for_100_continue = False
+            self._start(message["status"], self.default_headers + list(message.get("headers", [])))
+        elif not self.response_complete:
+            if kind != "http.response.body":
+                raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
+            body: bytes = message.get("body", b"")
+            more_body = bool(message.get("more_body", False))
+            if self.head_only:
+                self.expected_length = 0
+                data = b""
+            elif self.chunked:
+                if body:
+                    data = b"%x\r\n%b\r\n" % (len(body), body)
+                    if not more_body:
+                        data += b"0\r\n\r\n"
+                else:
+                    data = b"" if more_body else b"0\r\n\r\n"
+            else:
+                size = len(body)
+                if size > self.expected_length:
+                    raise RuntimeError("Response content longer than Content-Length")
+                self.expected_length -= size
+                data = body
+            head = self._head
+            if head is not None:
+                self._head = None
+                data = head + data
+            if data:
+                self.transport.write(data)
+            if not more_body:
+                if self.expected_length != 0:
+                    raise RuntimeError("Response content shorter than Content-Length")
+                self.response_complete = True
+                self.wake()
+                if not self.keep_alive:
+                    self.transport.close()
+                if conn is not None:
+                    conn.on_response_complete()
+        else:
+            raise RuntimeError(f"Unexpected ASGI message '{kind}' sent, after response already completed.")
+
+    def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes."""
+        content = [STATUS_LINE[status]]
+        closing = False
+        for raw, value in headers:
+            name = _header_name(raw)
+            if _bad_value(value) is not None:
+                raise RuntimeError("Invalid HTTP header value.")
+            if name == b"content-length" and self.chunked is None:
+                self.expected_length = int(value.decode())
+                self.chunked = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_length = 0
+                self.chunked = True
+            elif name == b"connection":
+                if b"close" in [token.lower().strip() for token in value.split(b",")]:
+                    self.keep_alive = False
+                    closing = True
+            content.append(name + b": " + value + b"\r\n")
+        if not self.keep_alive and not closing:
+            content.append(b"connection: close\r\n")
+        if self.chunked is None and not self.head_only and status != 204 and status != 304:
+            self.chunked = True  # neither a length nor an encoding given
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        self._head = b"".join(content)
+
+    async def receive(self) -> dict[str, Any]:
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            conn = self.conn
+            if conn is not None:
+                conn.resume_reading()
+            if not self._ready:
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
+            self._ready = False
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        message = {"type": "http.request", "body": bytes(self.body), "more_body": self.more_body}
+        self.body = bytearray()
+        return message

@@ -1,16 +1,18 @@
-"""The front end writes a response's head together with its first body bytes (proxy/frontend.py _HeadWithBody): one
+"""The front end writes a response's head together with its first body bytes (proxy/frontend.py `Cycle`): one
 write for a non-stream answer instead of two. What must not change: HEAD answers (no body bytes), `100 Continue`
-(sent before the client sends its body), keep-alive and pipelined requests, streams."""
+(sent before the client sends its body), keep-alive and pipelined requests, streams, and uvicorn's checks of what
+the app sends."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 
-from proxy.frontend import _HeadWithBody
+from proxy.frontend import Cycle, FrontendLimits, GuardedHttpToolsProtocol
 from tests.hostile.test_hostile_clients import port_of, read_answer, request_bytes
 
 
@@ -29,43 +31,109 @@ class Recorder(asyncio.Transport):
     def is_closing(self) -> bool:
         return self.closed
 
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
 
-HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+
+def connection() -> tuple[GuardedHttpToolsProtocol, Recorder]:
+    """A connection protocol on a recording transport, with uvicorn's server state as the server gives it."""
+    config = SimpleNamespace(loaded=True, loaded_app=None, root_path="", asgi_version="3.0", limit_concurrency=None,
+                             timeout_keep_alive=5)
+    state = SimpleNamespace(connections=set(), tasks=set(), default_headers=[], total_requests=0)
+    conn = GuardedHttpToolsProtocol(config, state, {}, asyncio.new_event_loop(), limits=FrontendLimits())
+    out = Recorder()
+    conn.connection_made(out)
+    return conn, out
+
+
+def answer(cycle: Cycle, *messages: dict[str, Any]) -> None:
+    async def go() -> None:
+        for message in messages:
+            await cycle.send(message)
+    asyncio.run(go())
+
+
+START = {"type": "http.response.start", "status": 200, "headers": [(b"Content-Length", b"6")]}
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\n"
 
 
 def test_head_goes_out_with_the_first_body_bytes_then_writes_pass() -> None:
-    out = Recorder()
-    t = _HeadWithBody(out)
-    t.write(HEAD)
+    conn, out = connection()
+    cycle = Cycle(conn, {}, False, False, True)
+    answer(cycle, START)
     assert out.writes == []
-    t.write(b"ok")
-    t.write(b"more")
-    assert out.writes == [HEAD + b"ok", b"more"]
-    t.next_response()  # the response is complete; the next one's head is held again
-    t.write(HEAD)
-    t.write(b"ok")
-    assert out.writes == [HEAD + b"ok", b"more", HEAD + b"ok"]
+    answer(cycle, {"type": "http.response.body", "body": b"ok", "more_body": True},
+           {"type": "http.response.body", "body": b"more"})
+    assert out.writes == [HEAD + b"ok", b"more"] and cycle.response_complete and not out.closed
+    assert conn.server_state.total_requests == 1  # the connection was told: the next request may start
+    conn.loop.close()
 
 
 def test_a_head_without_body_goes_out_when_the_response_completes_or_the_connection_closes() -> None:
-    out = Recorder()
-    t = _HeadWithBody(out)
-    t.write(HEAD)
-    t.next_response()
-    assert out.writes == [HEAD]
-    t.write(HEAD)
-    t.close()
-    assert out.writes == [HEAD, HEAD] and out.closed
+    conn, out = connection()
+    head_only = Cycle(conn, {}, True, False, True)  # a HEAD request
+    answer(head_only, START, {"type": "http.response.body", "body": b""})
+    assert out.writes == [HEAD] and head_only.response_complete
+    failing = Cycle(conn, {}, False, False, True)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send(START)
+        raise RuntimeError("the app fails after the head")
+
+    asyncio.run(failing.run_asgi(app))
+    assert out.writes == [HEAD, HEAD] and out.closed  # the head, then the connection closed: a cut answer
+    conn.loop.close()
 
 
 def test_100_continue_is_never_held() -> None:
-    out = Recorder()
-    t = _HeadWithBody(out)
-    t.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    assert out.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
-    t.write(HEAD)
-    t.write(memoryview(b"ok"))
-    assert out.writes[1:] == [HEAD + b"ok"]
+    conn, out = connection()
+    cycle = Cycle(conn, {}, False, True, True)  # the request said `expect: 100-continue`
+    cycle.more_body = False
+    cycle.wake()
+
+    async def go() -> dict[str, Any]:
+        message = await cycle.receive()
+        await cycle.send(START)
+        await cycle.send({"type": "http.response.body", "body": memoryview(b"ok all")})
+        return message
+
+    assert asyncio.run(go())["type"] == "http.request"
+    assert out.writes == [b"HTTP/1.1 100 Continue\r\n\r\n", HEAD + b"ok all"]
+    conn.loop.close()
+
+
+@pytest.mark.parametrize("headers, error", [
+    ([(b"x-id", b"a\r\nset-cookie: x")], "Invalid HTTP header value."),
+    ([(b"bad name", b"v")], "Invalid HTTP header name."),
+])
+def test_headers_that_would_split_the_answer_are_refused(headers: list[tuple[bytes, bytes]], error: str) -> None:
+    conn, out = connection()
+    cycle = Cycle(conn, {}, False, False, True)
+    with pytest.raises(RuntimeError, match=error):
+        answer(cycle, {"type": "http.response.start", "status": 200, "headers": headers})
+    assert out.writes == []
+    conn.loop.close()
+
+
+def test_a_body_longer_or_shorter_than_its_content_length_is_an_error() -> None:
+    conn, _ = connection()
+    with pytest.raises(RuntimeError, match="longer than Content-Length"):
+        answer(Cycle(conn, {}, False, False, True), START, {"type": "http.response.body", "body": b"1234567"})
+    with pytest.raises(RuntimeError, match="shorter than Content-Length"):
+        answer(Cycle(conn, {}, False, False, True), START, {"type": "http.response.body", "body": b"12345"})
+    conn.loop.close()
+
+
+def test_without_a_length_the_answer_is_chunked_and_ends_with_the_last_chunk() -> None:
+    conn, out = connection()
+    cycle = Cycle(conn, {}, False, False, False)  # the client asked to close after this answer
+    answer(cycle, {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]},
+           {"type": "http.response.body", "body": b"ab", "more_body": True},
+           {"type": "http.response.body", "body": b"c"})
+    assert out.writes == [b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n"
+                          b"transfer-encoding: chunked\r\n\r\n2\r\nab\r\n", b"1\r\nc\r\n0\r\n\r\n"]
+    assert out.closed
+    conn.loop.close()
 
 
 @pytest.fixture
