@@ -526,7 +526,8 @@ class Cycle:
         elif not self.response_complete:
             if kind != "http.response.body":
                 raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
-            body: bytes = message.get("body", b"")
+            raw: Any = message.get("body", b"")
+            body = raw if type(raw) is bytes else bytes(raw)  # any bytes-like, as uvicorn takes it
             more_body = bool(message.get("more_body", False))
             if self.head_only:
                 self.expected_length = 0
@@ -562,12 +563,14 @@ class Cycle:
         else:
             raise RuntimeError(f"Unexpected ASGI message '{kind}' sent, after response already completed.")
 
-    def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes."""
+    def _start(self, status: int, headers: list[Any]) -> None:
+        """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes. `headers`:
+        (name, value) pairs of bytes-like objects, tuples or lists (ASGI says iterables)."""
         content = [STATUS_LINE[status]]
         closing = False
-        for raw, value in headers:
-            name = _header_name(raw)
+        for raw_name, raw_value in headers:
+            name = _header_name(raw_name if type(raw_name) is bytes else bytes(raw_name))
+            value: bytes = raw_value if type(raw_value) is bytes else bytes(raw_value)
             if value.translate(_VALUE_OK) is not value and _bad_value(value) is not None:
                 raise RuntimeError("Invalid HTTP header value.")
             if name == b"content-length" and self.chunked is None:

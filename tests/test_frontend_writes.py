@@ -133,6 +133,18 @@ def test_every_control_character_but_tab_is_refused_in_a_header_value() -> None:
         conn.loop.close()
 
 
+def test_headers_and_bodies_may_be_any_bytes_like_objects_in_lists() -> None:
+    """ASGI allows header pairs as any iterable of two bytes-like objects, and bodies as bytes-like: as uvicorn."""
+    conn, out = connection()
+    cycle = Cycle(conn, {}, False, False, True)
+    answer(cycle, {"type": "http.response.start", "status": 200,
+                   "headers": [[bytearray(b"X-A"), memoryview(b"1")], (b"content-length", b"4")]},
+           {"type": "http.response.body", "body": bytearray(b"ab"), "more_body": True},
+           {"type": "http.response.body", "body": memoryview(b"cd")})
+    assert out.writes == [b"HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 4\r\n\r\nab", b"cd"]
+    conn.loop.close()
+
+
 def test_a_body_longer_or_shorter_than_its_content_length_is_an_error() -> None:
     conn, _ = connection()
     with pytest.raises(RuntimeError, match="longer than Content-Length"):
