@@ -183,6 +183,7 @@ class GuardedHttpToolsProtocol:
             self.transport.close()
             self._stop_keep_alive()
         self.parser = None  # it holds this protocol: no reference cycle left behind
+        self.pipeline.clear()  # queued requests never run now (their cycles hold this protocol)
         if incomplete:
             assert cycle is not None
             hook: Callable[[], None] | None = cycle.scope.get(DISCONNECT_HOOK)
