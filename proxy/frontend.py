@@ -39,7 +39,6 @@ import asyncio
 import contextvars
 import functools
 import logging
-import re
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from typing import Any, Final, NamedTuple
 
 import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from .errors import ProxyError
@@ -58,10 +57,10 @@ from .settings import ServerSettings
 DISCONNECT_HOOK = "dialect_proxy.on_disconnect"
 
 _logger: Final = logging.getLogger("uvicorn.error")  # where uvicorn's own protocol logs (the server's log settings)
-# A header name must be a token, a value must hold no control character but tab (RFC 9110 5.1, 5.5), as uvicorn's
-# protocol checks them: a value that carried CR LF would split the answer.
-_bad_name: Final = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]').search
-_bad_value: Final = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]").search
+# A header name must be a token, a value must hold no control character but tab (RFC 9110 5.1, 5.5): uvicorn's own
+# patterns, so the checks are its checks. A value that carried CR LF would split the answer.
+_bad_name: Final = HEADER_RE.search
+_bad_value: Final = HEADER_VALUE_RE.search
 # Those control characters to a space, every other byte to itself: a value without one translates to the very same
 # object (a C loop, where a regex search costs ~1,900 instructions compiled); one that changes is searched to be sure
 _VALUE_OK: Final = bytes(32 if b < 9 or 9 < b < 32 or b == 127 else b for b in range(256))
@@ -225,6 +224,7 @@ class GuardedHttpToolsProtocol:
             cycle.keep_alive = False
 
     # -- back-pressure --------------------------------------------------------------------------------------------
+    # uvicorn's FlowControl, as fields of the protocol: its methods are interpreted, and receive() calls one per request
     def pause_writing(self) -> None:  # the transport's buffer is over its high-water mark
         if not self.write_paused:
             self.write_paused = True
