@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 from .build import BUILD
 
 __all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeChild", "LocalCounter", "LocalGauge",
-           "LocalHistogram", "NATIVE_BISECT", "bucket_index"]
+           "LocalHistogram", "NATIVE_BISECT", "bucket_index", "sum_after"]
 
 
 def bucket_index(bounds: list[float], amount: float) -> int:
@@ -50,6 +50,18 @@ def bucket_index(bounds: list[float], amount: float) -> int:
 
 
 NATIVE_BISECT: Final = BUILD == "mypyc"
+
+
+def sum_after(start: float, amounts: list[float]) -> float:
+    """`start` plus each of `amounts` in order: the sum that observing them one by one reaches. Compiled, a loop of
+    C doubles (~10 instructions an amount); interpreted, `reduce(add, ...)` (a generic call of `add` an amount,
+    ~270 instructions compiled: callgrind of a MindIE stream's timing lists)."""
+    if not NATIVE_BISECT:
+        return reduce(add, amounts, start)
+    total = start
+    for amount in amounts:
+        total += amount
+    return total
 
 
 def _use_created() -> bool:
@@ -175,9 +187,9 @@ class HistogramChild(_Child):
         self.counts[bucket_index(bounds, amount) if NATIVE_BISECT else bisect_left(bounds, amount)] += 1
         self.sum += amount
 
-    def observe_all(self, amounts: Sequence[float]) -> None:
+    def observe_all(self, amounts: list[float]) -> None:
         """Each of `amounts` (as a call of `observe` each: the same buckets, the sum added in the same order)."""
-        total = reduce(add, amounts, self.sum)
+        total = sum_after(self.sum, amounts)
         if total != total:  # a NaN among them (or in the sum already): one by one, as observe() does
             for amount in amounts:
                 self.observe(amount)
@@ -209,11 +221,24 @@ class HistogramChild(_Child):
             metric.add_sample(name + "_created", labels, self.created)
 
 
-def count_into_buckets(bounds: Sequence[float], counts: list[Any], amounts: Sequence[float]) -> None:
+def count_into_buckets(bounds: list[float], counts: list[Any], amounts: list[float]) -> None:
     """Add each amount (none NaN) to the count of the first bucket whose bound is >= it, as `observe` does one by one:
-    sorted once, then one bisection per bucket instead of one per amount."""
+    sorted once, then one bisection per bucket instead of one per amount (interpreted), or one walk along the sorted
+    amounts and the bounds together (compiled: C double comparisons, where `bisect_right` compares float objects)."""
     values = sorted(amounts)
     n = len(values)
+    if NATIVE_BISECT:
+        i = 0
+        for b in range(len(bounds)):
+            bound = bounds[b]
+            start = i
+            while i < n and values[i] <= bound:
+                i += 1
+            if i != start:
+                counts[b] += i - start
+                if i == n:
+                    return
+        return
     below = 0
     for i, bound in enumerate(bounds):
         upto = bisect_right(values, bound)

@@ -25,9 +25,7 @@ import tempfile
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
-from functools import reduce
-from operator import add
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Self
 
@@ -51,6 +49,7 @@ from proxy.local_metrics import (
     LocalHistogram,
     bucket_index,
     count_into_buckets,
+    sum_after,
 )
 
 __all__ = [
@@ -534,10 +533,10 @@ class _Tally:
         if now >= self._due:
             self.flush()
 
-    def observe_all(self, values: Sequence[float]) -> None:
+    def observe_all(self, values: list[float]) -> None:
         """Each of `values`, then flush: one batch for a whole list."""
         bounds = self._bounds
-        total = reduce(add, values, self._sum)
+        total = sum_after(self._sum, values)
         if bounds is None or total != total:  # not batchable, or a NaN among them: one by one, as observe() takes it
             for value in values:
                 self._child.observe(value)

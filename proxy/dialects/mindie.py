@@ -433,15 +433,27 @@ MAX_TIMING_SAMPLES = 65_536  # per list: bounds the work done for one response
 
 
 def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    f = float(value)
-    return f if 0.0 <= f < _INF else None  # finite, not negative (NaN compares false)
+    f = _finite(value)
+    return None if f < 0.0 else f
+
+
+def _finite(value: object) -> float:
+    """`value` as a float if it is a finite non-negative number (a bool is not), else -1.0: compiled, a C double
+    either way, so a timing list's items are never boxed on the way (callgrind: ~300 -> ~100 instructions an item).
+    One isinstance per type, so that each `float` is a C conversion of a narrowed value (of an `object`, a generic
+    call of the float type: ~170 instructions)."""
+    if isinstance(value, float):
+        f = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        f = float(value)
+    else:
+        return -1.0
+    return f if 0.0 <= f < _INF else -1.0  # finite, not negative (NaN compares false)
 
 
 _PLAIN_NUMBERS = frozenset({int, float})
 _INF: Final = math.inf
-# Compiled, `_number` per item is a loop of C checks (~8x fewer instructions than the pass of builtins below, whose
+# Compiled, `_finite` per item is a loop of C checks (~8x fewer instructions than the pass of builtins below, whose
 # every call is looked up and made generically); interpreted, the builtins' pass is the faster one.
 _NATIVE: Final = BUILD == "mypyc"
 
@@ -459,8 +471,8 @@ def _scaled(items: object, unit: float) -> list[float]:
             return list(map(float, items)) if unit == 1 else [item * unit for item in items]
     out: list[float] = []
     for item in items:
-        v = _number(item)
-        if v is not None:
+        v = _finite(item)
+        if v >= 0.0:
             out.append(v * unit)
     return out
 
