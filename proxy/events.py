@@ -96,6 +96,15 @@ class Answer:
     finish_reason: str | None = None  # the last finish reason seen
     upstream_id: str | None = None  # the upstream's own response id (keep_upstream_id)
 
+    def __init__(self, usage: Usage | None = None, usage_extras: dict[str, Any] | None = None,
+                 envelope_extra: dict[str, Any] | None = None, finish_reason: str | None = None,
+                 upstream_id: str | None = None) -> None:  # compiled, as Delta's (one per request)
+        self.usage = usage
+        self.usage_extras = {} if usage_extras is None else usage_extras
+        self.envelope_extra = {} if envelope_extra is None else envelope_extra
+        self.finish_reason = finish_reason
+        self.upstream_id = upstream_id
+
 
 @dataclass(slots=True)
 class Timings:

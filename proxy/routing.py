@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from .errors import ProxyError
 from .settings import UpstreamSettings
 
+_WILD_CACHE = 1024  # model names of the default route remembered
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -23,6 +25,9 @@ class Router:
     def __init__(self, upstreams: tuple[UpstreamSettings, ...]) -> None:
         self._exact: dict[str, Route] = {}
         self._default: UpstreamSettings | None = None
+        # The default route's Routes by model name, made once each (compiled, a dataclass's generated `__init__`
+        # runs interpreted: ~3,500 instructions a request); a bounded cache, as clients choose the names.
+        self._wild: dict[str, Route] = {}
         # Aliases first so that an alias wins over a same-named model of another upstream.
         for u in upstreams:
             for client_name, upstream_name in u.aliases.items():
@@ -40,7 +45,12 @@ class Router:
         if route is not None:
             return route
         if self._default is not None:
-            return Route(self._default, model)
+            route = self._wild.get(model)
+            if route is None:
+                if len(self._wild) >= _WILD_CACHE:
+                    self._wild.clear()
+                route = self._wild[model] = Route(self._default, model)
+            return route
         raise ProxyError(
             f"The model `{model}` does not exist or is not served by this proxy "
             f"(configured: {', '.join(sorted(self._exact)) or 'none'}).",

@@ -67,6 +67,21 @@ def test_url_accepts_trailing_v1():
     assert Router(s.upstreams).resolve("anything").upstream_model == "anything"
 
 
+def test_default_route_remembers_names_within_a_bound():
+    """The default route's Routes are made once per model name, and the names remembered stay bounded however
+    many a client invents (proxy/routing.py)."""
+    from proxy import routing
+
+    s = build_settings(single_upstream={"url": "http://127.0.0.1:9", "dialect": "openai"}, environ={})
+    router = Router(s.upstreams)
+    assert router.resolve("m") is router.resolve("m")
+    for n in range(routing._WILD_CACHE * 2 + 5):
+        route = router.resolve(f"model-{n}")
+        assert route.upstream_model == f"model-{n}" and route.upstream is s.upstreams[0]
+        assert len(router._wild) <= routing._WILD_CACHE
+    assert router.resolve("m").upstream_model == "m"
+
+
 def test_precedence_flag_over_env_over_file(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(textwrap.dedent("""

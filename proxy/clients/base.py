@@ -44,6 +44,16 @@ class ClientCall:
     # Response headers the client spoke adds (e.g. the hosted tools left out of the upstream request).
     headers: Headers = field(default_factory=list)
 
+    def __init__(self, request: ChatRequest, kind: str, model: str, stream: bool,
+                 options: dict[str, Any] | None = None, headers: Headers | None = None) -> None:
+        # Written out, as Delta's (proxy/events.py): compiled, a generated `__init__` runs interpreted.
+        self.request = request
+        self.kind = kind
+        self.model = model
+        self.stream = stream
+        self.options = {} if options is None else options
+        self.headers = [] if headers is None else headers
+
 
 class Encoder(Protocol):
     keepalive: bytes  # sent after a silence once the stream head is out (`: keep-alive`, Anthropic `ping` ...)
