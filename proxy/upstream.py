@@ -209,8 +209,9 @@ async def read_body(
     try:
         chunks = []
         size = 0
+        content = resp.content
         while True:
-            data = await resp.content.read(_READ_SIZE)
+            data = await content.read(_READ_SIZE)
             if not data:
                 break
             if idle is not None:
@@ -219,6 +220,8 @@ async def read_body(
             if size > limit:
                 raise ProxyError("The upstream's answer is larger than the proxy accepts.", 502)
             chunks.append(data)
+            if content.at_eof():  # the whole body is in (the usual case: one read), no read for the end
+                break
         return b"".join(chunks)
     except asyncio.CancelledError:
         if not alarm.expired():
