@@ -29,6 +29,7 @@ COMPILED = [
     "proxy/events.py",
     "proxy/frontend.py",
     "proxy/handlers.py",
+    "proxy/jsontext.py",
     "proxy/local_metrics.py",
     "proxy/mapping.py",
     "proxy/metrics.py",

@@ -14,13 +14,14 @@ closest to the hub. The request already is the canonical form; the encoder puts 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from ..canonical import CHAT, COMPLETIONS, RequestContext
 from ..errors import ClientRequestError, ProxyError
 from ..events import Answer, Delta, TextRun
+from ..jsontext import dumps_joined, dumps_text
 from ..sse import DONE, KEEPALIVE, encode_data
 from ..stream.usage import deepseek_usage_fields
 from ..validate import (
@@ -37,7 +38,6 @@ from ..validate import (
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 
-_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 # The JSON types of the fields the hub and the upstream spokes read (OpenAI's API reference; `null` where OpenAI
@@ -244,7 +244,7 @@ class ChatEncoder:
         if self._extra_seen != self.answer.envelope_extra:
             self._prefixes()
         out: list[bytes] = []
-        dumps = _dumps
+        dumps = dumps_text
         for d in deltas:
             if type(d) is TextRun:
                 self._run(d, out)
@@ -293,10 +293,7 @@ class ChatEncoder:
         # One chunk per text, head + text + close each: written as head, the texts joined by close + head, close
         # (the same bytes, without two new bytes objects a text).
         close = self._close
-        dumps = _dumps
-        out.append(head)
-        out.append((close + head).join([dumps(text) for text in run.texts]))
-        out.append(close)
+        out.append(dumps_joined(run.texts, close + head, head, close))
 
     def _cache(self, heads: dict[int, bytes], index: int, key: bytes) -> bytes:
         """The bytes of a hot-path chunk of choice `index` up to the value of `key` (kept until the envelope

@@ -15,12 +15,13 @@ Per chunk: a text or thinking delta costs one orjson dump of the delta's string 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..errors import ProxyError, UpstreamError
 from ..events import TextRun
+from ..jsontext import dumps_joined, dumps_text
 from ..sse import encode_event
 from . import tool_ids
 from .messages_errors import error_body
@@ -37,7 +38,6 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
                 "content_filter": "refusal"}
 
 PING = encode_event(b"ping", b'{"type":"ping"}')
-_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 _STOP = b"content_block_stop"
 _START = b"content_block_start"
 _END = b"}}\n\n"  # what follows a delta's value
@@ -51,7 +51,7 @@ def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
 
 
 def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
-    return _delta_head(index, kind, field) + _dumps(value) + _END
+    return _delta_head(index, kind, field) + dumps_text(value) + _END
 
 
 class _Block:
@@ -124,14 +124,14 @@ class MessagesEncoder:
         if self.omit_thinking or not self.stream:
             block.parts.append(text)
         else:
-            out.append(block.delta_head + _dumps(text) + _END)
+            out.append(block.delta_head + dumps_text(text) + _END)
 
     def _text(self, text: str, out: list[bytes]) -> None:
         block = self.open
         if block is None or block.kind != "text":
             block = self._start("text", out)
         if self.stream:
-            out.append(block.delta_head + _dumps(text) + _END)
+            out.append(block.delta_head + dumps_text(text) + _END)
         else:
             block.parts.append(text)
 
@@ -172,9 +172,7 @@ class MessagesEncoder:
                 # The hot path below for each text, head + text + _END each, in one piece: the texts joined by
                 # _END + head (the same bytes, without two new bytes objects a text).
                 head = block.delta_head
-                out.append(head)
-                out.append((_END + head).join([_dumps(text) for text in delta.texts]))
-                out.append(_END)
+                out.append(dumps_joined(delta.texts, _END + head, head, _END))
                 continue
             if delta.index:
                 continue  # Anthropic has one answer per request (the proxy never asks for more)
@@ -183,7 +181,7 @@ class MessagesEncoder:
             if delta.content:
                 block = self.open
                 if block is not None and block.kind == "text" and self.stream:  # the hot path, as _text does
-                    out.append(block.delta_head + _dumps(delta.content) + _END)
+                    out.append(block.delta_head + dumps_text(delta.content) + _END)
                 else:
                     self._text(delta.content, out)
             if delta.tool_calls:

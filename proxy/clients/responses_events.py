@@ -23,6 +23,7 @@ import orjson
 from ..canonical import RequestContext
 from ..errors import ProxyError
 from ..events import Answer, Delta, TextRun
+from ..jsontext import dumps_text
 from ..sse import KEEPALIVE, encode_event
 from .responses_request import ToolName
 from .signature import ThinkingSigner
@@ -87,7 +88,7 @@ class ResponsesEncoder:
                 # The hot path below for each text, in one loop.
                 item.parts.extend(d.texts)
                 seq, head = self._seq, item.delta_head
-                self._out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, _dumps(text), seq + n)
+                self._out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, dumps_text(text), seq + n)
                                   for n, text in enumerate(d.texts)])
                 self._seq = seq + len(d.texts)
                 continue
@@ -99,8 +100,8 @@ class ResponsesEncoder:
                 item = self._message
                 if item is not None and self.stream:  # the hot path: more text for the open message, as _text does
                     item.parts.append(d.content)
-                    self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, _dumps(d.content),
-                                                                            self._seq))
+                    self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head,
+                                                                            dumps_text(d.content), self._seq))
                     self._seq += 1
                 else:
                     self._text(d.content)
@@ -328,7 +329,7 @@ class ResponsesEncoder:
         return head + b',"delta":'
 
     def _delta(self, item: _Item, text: str) -> None:
-        self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, _dumps(text), self._seq))
+        self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, dumps_text(text), self._seq))
         self._seq += 1
 
     def _take(self) -> bytes:

@@ -30,6 +30,7 @@ from typing import Any, Final
 import orjson
 
 from ..build import BUILD
+from ..jsontext import PLAIN
 from ..sse import SSEEvent
 
 __all__ = ["TextLane"]
@@ -43,9 +44,6 @@ _MAX_TRIES = 4  # learns in a row without a single match in between: the upstrea
 # snapshots, go to orjson, whose scan costs less per byte)
 _SHORT: Final = 32
 _QUOTE: Final = 0x22
-# A byte table that changes exactly the bytes a JSON string cannot hold raw: U+0000-U+001F, the quote, the backslash
-# (UTF-8 multi-byte sequences hold none of them).
-_PLAIN: Final = bytes(0xFF if b < 0x20 or b in (0x22, 0x5C) else b for b in range(256))
 _loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per call)
 # The direct read pays off compiled only (in C, its checks cost less than orjson's call; interpreted, more: +3 %
 # instructions per chunk of a pure Python OpenAI chat stream, measured), so the pure Python build skips it.
@@ -149,12 +147,12 @@ class TextLane:
 def _text(data: bytes, start: int, end: int, direct: bool = _DIRECT) -> str | None:
     """The value of `data[start:end]` if that is a JSON string token holding text, else None (not JSON, not a
     string, empty). With `direct` (compiled), a short token with no byte that JSON escapes inside (a control
-    character, a quote, a backslash: `_PLAIN` leaves it unchanged, and translate gives back the very object then) is
+    character, a quote, a backslash: `PLAIN` leaves it unchanged, and translate gives back the very object then) is
     its UTF-8 between the quotes, without orjson's ~1,500 instructions a call (a tiny string's parse; callgrind).
     Anything else, orjson decides."""
     if direct and end - start <= _SHORT and data[start] == _QUOTE and data[end - 1] == _QUOTE:
         inner = data[start + 1:end - 1]
-        if inner.translate(_PLAIN) is inner:
+        if inner.translate(PLAIN) is inner:
             try:
                 return inner.decode() or None
             except UnicodeDecodeError:
