@@ -17,6 +17,7 @@ text = st.one_of(
     st.text(max_size=12),
     st.text(alphabet=st.sampled_from(['"', "\\", "\n", "\x00", "\x1f", "\x7f", "é", "😀", "\u2028", "a"]),
             max_size=6),
+    st.text(min_size=20, max_size=80),  # beyond the byte-by-byte check's length
 )
 with_surrogates = st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=2)
 sep = st.sampled_from([b"", b"},{", b'"}}]}\n\ndata: {"a":', b"\\"])
