@@ -23,6 +23,8 @@ from .stream.tool_calls import ToolCallNormalizer
 from .stream.usage import normalize_usage
 
 # What the hub understands; anything else is passed on in Delta.extra / choice_extra / Answer.envelope_extra.
+# (Asked as `d.keys() <= OWN`: a view compared with a set in C, where `OWN.issuperset(d)` first copies d's keys into
+# a new set, ~1,100 instructions a call; callgrind.)
 _DELTA_OWN = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
 _CHOICE_OWN = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
 _CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
@@ -79,11 +81,11 @@ class Normalizer:
         # mostly have the same fields: they are sorted out again only when the fields change.
         keys = chunk.keys()
         if final:
-            extra: tuple[str, ...] | list[str] = () if _CHUNK_OWN.issuperset(keys) else [
+            extra: tuple[str, ...] | list[str] = () if keys <= _CHUNK_OWN else [
                 key for key in keys if key not in _CHUNK_OWN]
         elif keys != self._keys:
             self._keys = set(keys)
-            extra = self._extra = () if _CHUNK_OWN.issuperset(keys) else tuple(
+            extra = self._extra = () if keys <= _CHUNK_OWN else tuple(
                 [key for key in keys if key not in _CHUNK_OWN])
         else:
             extra = self._extra
@@ -104,10 +106,10 @@ class Normalizer:
             choice = choices[0]
             index = choice.get("index") or 0
             if (index in self._lanes and choice.get("finish_reason") is None and choice.get("logprobs") is None
-                    and _CHOICE_OWN.issuperset(choice)):
+                    and choice.keys() <= _CHOICE_OWN):
                 if self.chat:
                     delta = choice.get("delta")
-                    if delta and _TEXT_ONLY.issuperset(delta):
+                    if delta and delta.keys() <= _TEXT_ONLY:
                         text = delta.get("content")
                         if type(text) is str and text:
                             return [Delta(index, "", text)]
@@ -174,11 +176,11 @@ class Normalizer:
                 if final:
                     normalized += st.tools.flush()
                 tool_calls = normalized or None
-            if not _DELTA_OWN.issuperset(delta):  # refusal, audio, annotations, vendor extras
+            if not delta.keys() <= _DELTA_OWN:  # refusal, audio, annotations, vendor extras
                 extra = {k: v for k, v in delta.items() if k not in _DELTA_OWN}
         else:
             r, c = self._text(st, choice.get("text"), None, final)
-        if not _CHOICE_OWN.issuperset(choice):
+        if not choice.keys() <= _CHOICE_OWN:
             choice_extra = {k: v for k, v in choice.items() if k not in _CHOICE_OWN}
         first = not st.started
         if not (
