@@ -9,7 +9,7 @@ document intent for readers and mypy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from .settings import UpstreamSettings
 
@@ -21,8 +21,8 @@ ChatCompletion = dict[str, Any]
 ChatChunk = dict[str, Any]
 Usage = dict[str, Any]  # {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details"?,...}
 
-CHAT = "chat"
-COMPLETIONS = "completions"
+CHAT: Final = "chat"
+COMPLETIONS: Final = "completions"
 
 
 @dataclass(slots=True)

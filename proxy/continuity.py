@@ -32,7 +32,7 @@ import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -47,9 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dialect_proxy")
 
-NAMESPACE = "reasoning"
-REASONING_KEYS = ("reasoning_content", "reasoning")
-MAX_CALLS_PER_TURN = 128  # keys written per turn (DeepSeek accepts at most 128 tools anyway)
+NAMESPACE: Final = "reasoning"
+REASONING_KEYS: Final = ("reasoning_content", "reasoning")
+MAX_CALLS_PER_TURN: Final = 128  # keys written per turn (DeepSeek accepts at most 128 tools anyway)
 
 
 def call_key(call_id: str) -> str:

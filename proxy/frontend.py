@@ -54,7 +54,7 @@ from .settings import ServerSettings
 
 # The scope key of the handler's disconnect callback: present (None until the handler sets it) on every request this
 # front end serves.
-DISCONNECT_HOOK = "dialect_proxy.on_disconnect"
+DISCONNECT_HOOK: Final = "dialect_proxy.on_disconnect"
 
 _logger: Final = logging.getLogger("uvicorn.error")  # where uvicorn's own protocol logs (the server's log settings)
 # A header name must be a token, a value must hold no control character but tab (RFC 9110 5.1, 5.5): uvicorn's own
@@ -432,9 +432,9 @@ class GuardedHttpToolsProtocol:
             self.transport.close()
 
 
-_LINGER = 2.0  # seconds a refused connection is still read (and discarded) before it is closed
+_LINGER: Final = 2.0  # seconds a refused connection is still read (and discarded) before it is closed
 
-_CODES = {400: "invalid_request", 408: "request_timeout", 431: "request_header_fields_too_large",
+_CODES: Final = {400: "invalid_request", 408: "request_timeout", 431: "request_header_fields_too_large",
           503: "too_many_connections"}
 
 

@@ -60,9 +60,9 @@ _dumps: Final = orjson.dumps
 _loads: Final = orjson.loads
 
 Scope = dict[str, Any]
-JSON_HEADERS = [(b"content-type", b"application/json")]
-KEY_NAME_SCOPE = "dialect_proxy.key_name"  # set by proxy.asgi.ProxyApp: the name of the inbound key used
-SSE_HEADERS = [
+JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+KEY_NAME_SCOPE: Final = "dialect_proxy.key_name"  # set by proxy.asgi.ProxyApp: the name of the inbound key used
+SSE_HEADERS: Final = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
@@ -528,7 +528,7 @@ class InferenceEndpoint:
             obs.upstream_timings(timings)
 
 
-_SECRET_KEYS = ("authorization", "api_key", "apikey", "api-key", "password", "secret", "token")
+_SECRET_KEYS: Final = ("authorization", "api_key", "apikey", "api-key", "password", "secret", "token")
 
 
 def redact(value: Any) -> Any:
@@ -553,7 +553,7 @@ def _uncancel() -> None:
 
 # uvicorn cancels the tasks still running when its graceful-shutdown timeout (our --shutdown-grace) is over, with
 # this message; proxy.server.ProxyServer uses the same one.
-SHUTDOWN_CANCEL_MSG = "graceful shutdown exceeded"
+SHUTDOWN_CANCEL_MSG: Final = "graceful shutdown exceeded"
 
 
 def _is_shutdown_cancel(exc: asyncio.CancelledError) -> bool:
@@ -571,7 +571,7 @@ def _parse(body: bytes) -> dict[str, Any]:
     return req
 
 
-_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 # Request ids the proxy makes: unique, not secret (they are logged and returned), so a random prefix per process and

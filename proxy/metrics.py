@@ -27,7 +27,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -60,55 +60,55 @@ __all__ = [
     "prepare_multiprocess_dir",
 ]
 
-PREFIX = "dialect_proxy"
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PREFIX: Final = "dialect_proxy"
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 # The classic text format. prometheus-client >= 0.22 names it CONTENT_TYPE_PLAIN_0_0_4; older ones call it
 # CONTENT_TYPE_LATEST, so spell it out.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
-OTHER = "other"
-NONE = "none"
-MAX_UNCONFIGURED_MODELS = 50  # DECISIONS.md: without a config, the first 50 distinct names are kept
-MAX_LABEL_VALUES = 50  # cap for route / upstream (config-bounded anyway; this is a guard)
-MAX_ERROR_CODES = 100  # distinct (dialect, code) pairs; later ones become "other"
-MAX_LABEL_LENGTH = 128
-MAX_CACHED_SERIES = 4096  # (route, upstream, model, stream, key) combinations whose children are kept resolved
-MOSTRECENT_REFRESH = 1.0  # multiprocess: seconds after which an unchanged `mostrecent` gauge is written again
+OTHER: Final = "other"
+NONE: Final = "none"
+MAX_UNCONFIGURED_MODELS: Final = 50  # DECISIONS.md: without a config, the first 50 distinct names are kept
+MAX_LABEL_VALUES: Final = 50  # cap for route / upstream (config-bounded anyway; this is a guard)
+MAX_ERROR_CODES: Final = 100  # distinct (dialect, code) pairs; later ones become "other"
+MAX_LABEL_LENGTH: Final = 128
+MAX_CACHED_SERIES: Final = 4096  # (route, upstream, model, stream, key) combinations whose children are kept resolved
+MOSTRECENT_REFRESH: Final = 1.0  # multiprocess: seconds after which an unchanged `mostrecent` gauge is written again
 
-OUTCOMES = ("ok", "error", "truncated", "client_disconnect")
-TRUNCATION_REASONS = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown"})
-FINISH_REASONS = frozenset(
+OUTCOMES: Final = ("ok", "error", "truncated", "client_disconnect")
+TRUNCATION_REASONS: Final = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown"})
+FINISH_REASONS: Final = frozenset(
     {"stop", "length", "tool_calls", "function_call", "content_filter", "insufficient_system_resource"}
 )
-TOKEN_KINDS = ("prompt", "completion", "cached", "reasoning")
-DIALECTS = frozenset({*DIALECT_REGISTRY, "any"})  # the `dialect` label: the registry's names, or "any"
-CONTINUITY_EVENTS = frozenset({"restored", "fallback", "recorded", "record_failed"})  # proxy/continuity.py
+TOKEN_KINDS: Final = ("prompt", "completion", "cached", "reasoning")
+DIALECTS: Final = frozenset({*DIALECT_REGISTRY, "any"})  # the `dialect` label: the registry's names, or "any"
+CONTINUITY_EVENTS: Final = frozenset({"restored", "fallback", "recorded", "record_failed"})  # proxy/continuity.py
 
 # Buckets (seconds). LLM latencies span milliseconds (one decode step) to many minutes (a long reasoning answer).
-REQUEST_DURATION_BUCKETS = (
+REQUEST_DURATION_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
     1800.0,
 )
-TTFT_BUCKETS = (
+TTFT_BUCKETS: Final = (
     0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
     300.0, 600.0,
 )
-TOKEN_LATENCY_BUCKETS = (
+TOKEN_LATENCY_BUCKETS: Final = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
     5.0, 10.0, 30.0, 60.0, 300.0,
 )
-OVERHEAD_BUCKETS = (
+OVERHEAD_BUCKETS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )
-QUEUE_WAIT_BUCKETS = (
+QUEUE_WAIT_BUCKETS: Final = (
     0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0, 30.0, 60.0,
 )
-BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+BATCH_SIZE_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 _now = time.perf_counter  # the clock of every duration here; tests replace it
 
-_CODE_CLEAN = re.compile(r"[^a-z0-9_.\-]+")
+_CODE_CLEAN: Final = re.compile(r"[^a-z0-9_.\-]+")
 
 
 def prepare_multiprocess_dir(path: str | None = None) -> str:
@@ -489,7 +489,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-TALLY_FLUSH_INTERVAL = 1.0  # seconds: per-token samples reach the histogram at most this late (and at the end)
+TALLY_FLUSH_INTERVAL: Final = 1.0  # seconds: per-token samples reach the histogram at most this late (and at the end)
 
 
 class _Tally:

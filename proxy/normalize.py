@@ -13,7 +13,7 @@ client formats are applied after it (proxy/clients). A non-stream answer is one 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from .canonical import CHAT, ChatChunk
 from .errors import StreamTruncated
@@ -25,11 +25,11 @@ from .stream.usage import normalize_usage
 # What the hub understands; anything else is passed on in Delta.extra / choice_extra / Answer.envelope_extra.
 # (Asked as `d.keys() <= OWN`: a view compared with a set in C; `OWN.issuperset(d)` first copies d's keys into a new
 # set.)
-_DELTA_OWN = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
-_CHOICE_OWN = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
-_CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
+_DELTA_OWN: Final = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
+_CHOICE_OWN: Final = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
+_CHUNK_OWN: Final = frozenset({"id", "object", "created", "model", "choices", "usage"})
 # A delta with only these keys may take the fast lane (MindIE repeats `role`).
-_TEXT_ONLY = frozenset({"role", "content"})
+_TEXT_ONLY: Final = frozenset({"role", "content"})
 
 
 class _Choice:

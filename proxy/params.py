@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from .errors import ClientRequestError
 
-STRUCTURED = ("json_object", "json_schema")
+STRUCTURED: Final = ("json_object", "json_schema")
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,7 +189,7 @@ def _loads(data: str) -> Any:
 
 # A JSON value of a shape no dialect expects (a string where an object belongs, a list for an index ...) ends up as
 # one of these deep in a spoke; it is the upstream's fault, so a 502 (or an error event), never our 500.
-_SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError)
+_SHAPE_ERRORS: Final = (AttributeError, TypeError, KeyError, IndexError, ValueError)
 
 
 def _bad_shape(e: Exception, cls: type[UpstreamError]) -> UpstreamError:

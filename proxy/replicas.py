@@ -31,7 +31,7 @@ import math
 import random
 import time
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dialect_proxy")
 
-RETRY_STATUSES = frozenset({502, 503})
-VNODES = 100  # points per replica on the hash ring
+RETRY_STATUSES: Final = frozenset({502, 503})
+VNODES: Final = 100  # points per replica on the hash ring
 
 
 class Replica:

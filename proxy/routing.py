@@ -8,11 +8,12 @@ A client's model name is looked up, in order: an alias of some upstream (`aliase
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from .errors import ProxyError
 from .settings import UpstreamSettings
 
-_WILD_CACHE = 1024  # model names of the default route remembered
+_WILD_CACHE: Final = 1024  # model names of the default route remembered
 
 
 @dataclass(frozen=True, slots=True)

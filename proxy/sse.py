@@ -18,9 +18,9 @@ from typing import Any, Final
 
 __all__ = ["DONE", "KEEPALIVE", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data", "encode_event"]
 
-DONE = b"data: [DONE]\n\n"
-KEEPALIVE = b": keep-alive\n\n"
-_BOM = b"\xef\xbb\xbf"
+DONE: Final = b"data: [DONE]\n\n"
+KEEPALIVE: Final = b": keep-alive\n\n"
+_BOM: Final = b"\xef\xbb\xbf"
 # A line end's byte as an int: `_LF in data` is one memchr. `data.find(b"\n")` costs ~1,000 instructions a call
 # compiled (a method looked up by name, its arguments packed and parsed), `b"\n" in data` first tries the needle as
 # an integer and makes and drops a TypeError; an int needle is what `bytes.__contains__` searches for at once.

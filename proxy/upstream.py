@@ -34,8 +34,8 @@ from .errors import ProxyError, StreamTruncated, UpstreamTimeout, UpstreamUnreac
 from .redact import Redactor, log_url
 from .settings import ServerSettings, UpstreamSettings
 
-_READ_SIZE = 2**16
-_STALE_RETRIES = 3  # pooled connections found closed under one request before the last try (see the docstring)
+_READ_SIZE: Final = 2**16
+_STALE_RETRIES: Final = 3  # pooled connections found closed under one request before the last try (see the docstring)
 log = logging.getLogger("dialect_proxy")
 # Called per request, as statics (compiled: no module attribute looked up per call, ~270 instructions each)
 _current_task: Final = asyncio.current_task
@@ -235,7 +235,7 @@ async def read_body(
         alarm.cancel()
 
 
-_TICK = "dialect-proxy: upstream silent"
+_TICK: Final = "dialect-proxy: upstream silent"
 
 
 class StreamReads:
@@ -348,7 +348,7 @@ async def release(resp: aiohttp.ClientResponse, drain_timeout: float = 1.0) -> N
         resp.close()
 
 
-_ERRNO_KINDS = {
+_ERRNO_KINDS: Final = {
     errno.ECONNREFUSED: "connection refused",
     errno.ECONNRESET: "connection reset",
     errno.EHOSTUNREACH: "host unreachable",

@@ -30,29 +30,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from .errors import ClientRequestError
 
-STRING = "string"
-NUMBER = "number"
-INTEGER = "integer"
-BOOLEAN = "boolean"
-OBJECT = "object"
-ARRAY = "array"
-NULL = "null"
+STRING: Final = "string"
+NUMBER: Final = "number"
+INTEGER: Final = "integer"
+BOOLEAN: Final = "boolean"
+OBJECT: Final = "object"
+ARRAY: Final = "array"
+NULL: Final = "null"
 
 TypeSpec = str | tuple[str, ...]
 FieldTable = Mapping[str, TypeSpec]
 
 # Deep enough for any real request (a tool's JSON schema nests a few levels per property), far below the 254 levels
 # that orjson can serialise.
-MAX_DEPTH = 64
+MAX_DEPTH: Final = 64
 # Up to this many bytes of JSON text, `check_depth` walks the body: cheaper than orjson's pass (tests/bench/
 # micro_validate.py).
-SMALL_BODY = 1024
+SMALL_BODY: Final = 1024
 
 
 def json_type(value: Any) -> str:
@@ -74,7 +74,7 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-_ARTICLE = {STRING: "a string", NUMBER: "a number", INTEGER: "an integer", BOOLEAN: "a boolean",
+_ARTICLE: Final = {STRING: "a string", NUMBER: "a number", INTEGER: "an integer", BOOLEAN: "a boolean",
             OBJECT: "an object", ARRAY: "an array", NULL: "null"}
 
 
@@ -269,7 +269,7 @@ def _orjson_depth() -> int:
     return found[0] if found[0] == found[1] else 0
 
 
-_ORJSON_DEPTH = _orjson_depth()
+_ORJSON_DEPTH: Final = _orjson_depth()
 _wrappers = threading.local()  # per thread: the arrays around the value (orjson runs no Python code meanwhile)
 
 

@@ -14,7 +14,7 @@ closest to the hub. The request already is the canonical form; the encoder puts 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -38,7 +38,7 @@ from ..validate import (
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 
-_ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+_ZERO_USAGE: Final = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 # The JSON types of the fields the hub and the upstream spokes read (OpenAI's API reference; `null` where OpenAI
 # accepts it). Checked once in decode: a wrong type is a 400 naming the parameter, never a 500 deeper down.
@@ -119,8 +119,8 @@ COMPLETIONS_FIELDS: dict[str, TypeSpec] = {
     "echo": (BOOLEAN, NULL),
     "suffix": (STRING, NULL),
 }
-_CHAT_TABLE = compile_table(CHAT_FIELDS)
-_COMPLETIONS_TABLE = compile_table(COMPLETIONS_FIELDS)
+_CHAT_TABLE: Final = compile_table(CHAT_FIELDS)
+_COMPLETIONS_TABLE: Final = compile_table(COMPLETIONS_FIELDS)
 
 
 class ChatClient(ClientDialect):

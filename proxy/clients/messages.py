@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 from starlette.requests import Request
@@ -44,11 +44,11 @@ if TYPE_CHECKING:
     from ..settings import Settings
     from ..state.base import StateStore
 
-DROPPED_TOOLS_HEADER = b"x-dialect-proxy-dropped-tools"
+DROPPED_TOOLS_HEADER: Final = b"x-dialect-proxy-dropped-tools"
 
 # Anthropic effort -> OpenAI reasoning_effort (no upstream has "max": the highest it has).
-EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
-THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
+EFFORTS: Final = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
+THINKING_TYPES: Final = ("enabled", "disabled", "adaptive", "between_tools")
 
 # Anthropic-defined tools that the client runs: their input schemas (Anthropic documents them; the model is trained
 # on them, an upstream model needs them spelled out).
@@ -84,13 +84,13 @@ CLIENT_TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 # Assistant-side blocks only Anthropic's own servers produce (server tools, MCP connector, compaction): no upstream
 # could continue them, so they are left out of the history.
-SERVER_BLOCKS = frozenset({
+SERVER_BLOCKS: Final = frozenset({
     "server_tool_use", "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
     "bash_code_execution_tool_result", "text_editor_code_execution_tool_result", "tool_search_tool_result",
     "mcp_tool_use", "mcp_tool_result", "container_upload", "compaction",
 })
-_TOOL_SEARCH = re.compile(r"(?i)tool.?search")
-IMAGE_TOKENS = 1600  # count_tokens: Anthropic's own upper estimate for one image
+_TOOL_SEARCH: Final = re.compile(r"(?i)tool.?search")
+IMAGE_TOKENS: Final = 1600  # count_tokens: Anthropic's own upper estimate for one image
 
 
 class MessagesClient(ClientDialect):

@@ -15,7 +15,7 @@ Per chunk: a text or thinking delta costs one orjson dump of the delta's string 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -34,14 +34,14 @@ if TYPE_CHECKING:
     from .base import ClientCall
     from .signature import ThinkingSigner
 
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
-                "content_filter": "refusal"}
+STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                       "function_call": "tool_use", "content_filter": "refusal"}
 
-PING = encode_event(b"ping", b'{"type":"ping"}')
-_STOP = b"content_block_stop"
-_START = b"content_block_start"
-_END = b"}}\n\n"  # what follows a delta's value
-_DELTA_KINDS = {"text": (b"text_delta", b"text"), "thinking": (b"thinking_delta", b"thinking")}
+PING: Final = encode_event(b"ping", b'{"type":"ping"}')
+_STOP: Final = b"content_block_stop"
+_START: Final = b"content_block_start"
+_END: Final = b"}}\n\n"  # what follows a delta's value
+_DELTA_KINDS: Final = {"text": (b"text_delta", b"text"), "thinking": (b"thinking_delta", b"thinking")}
 
 
 def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:

@@ -4,14 +4,14 @@ stay, as `api_error`). The same body is the in-stream `event: error` after the s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from ..errors import ProxyError
 from .base import Headers
 
-_TYPES = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
+_TYPES: Final = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
           413: "request_too_large", 429: "rate_limit_error"}
 
 

@@ -11,7 +11,7 @@ namespace "responses" as its response object plus the conversation so far in hub
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 from starlette.requests import Request
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
     from ..state.base import StateStore
 
-NAMESPACE = "responses"
+NAMESPACE: Final = "responses"
 # The fields' JSON types, checked once at the edge (proxy/validate.py): a wrong type is a 400 naming the parameter.
 RESPONSES_FIELDS: FieldTable = {
     "model": STRING,
@@ -79,9 +79,9 @@ RESPONSES_FIELDS: FieldTable = {
     "text.format": (OBJECT, NULL),
     "user": (STRING, NULL),
 }
-_TABLE = compile_table(RESPONSES_FIELDS)
-IGNORED_TOOLS_HEADER = b"x-dialect-proxy-ignored-tools"
-_ENCRYPTED = "reasoning.encrypted_content"
+_TABLE: Final = compile_table(RESPONSES_FIELDS)
+IGNORED_TOOLS_HEADER: Final = b"x-dialect-proxy-ignored-tools"
+_ENCRYPTED: Final = "reasoning.encrypted_content"
 
 
 class ResponsesClient(ClientDialect):

@@ -28,7 +28,7 @@ from ..sse import KEEPALIVE, encode_event
 from .responses_request import ToolName
 from .signature import ThinkingSigner
 
-_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+_INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 
 

@@ -22,7 +22,7 @@ names the parameter. docs/responses.md has the full table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -30,19 +30,19 @@ from ..errors import ClientRequestError
 from .signature import ThinkingSigner
 
 # Tool types a hosted OpenAI model runs itself; no upstream here can, so they are left out of the upstream request.
-HOSTED_TOOLS = frozenset({
+HOSTED_TOOLS: Final = frozenset({
     "web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26", "file_search",
     "code_interpreter", "computer_use_preview", "computer_use", "image_generation", "mcp", "local_shell", "shell",
     "apply_patch", "tool_search",
 })
 # Requests the proxy cannot serve (they need OpenAI-side machinery).
-_UNSUPPORTED = {
+_UNSUPPORTED: Final = {
     "background": "background responses are not supported by this proxy; leave `background` out or false",
     "conversation": "the Conversations API is not supported by this proxy; send the history in `input` or use "
                     "`previous_response_id`",
     "prompt": "prompt templates are not supported by this proxy; send the text in `instructions` and `input`",
 }
-CUSTOM_PARAMETERS = {
+CUSTOM_PARAMETERS: Final = {
     "type": "object",
     "properties": {"input": {"type": "string", "description": "The raw input for this tool, as free text."}},
     "required": ["input"],

@@ -24,13 +24,14 @@ import hashlib
 import hmac
 import secrets
 import zlib
+from typing import Final
 
-_DOMAIN = b"thinking\x00"
-_MAC_LEN = 16
-SHOWN = 1
-CARRIED = 2
+_DOMAIN: Final = b"thinking\x00"
+_MAC_LEN: Final = 16
+SHOWN: Final = 1
+CARRIED: Final = 2
 # A carried text never inflates beyond this (the request body limit bounds the compressed form; this bounds a bomb).
-MAX_CARRIED_BYTES = 16 * 1024 * 1024
+MAX_CARRIED_BYTES: Final = 16 * 1024 * 1024
 
 
 class ThinkingSigner:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from typing import Final
 
-PREFIX = "toolu_"
-_SAFE = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]*")
+PREFIX: Final = "toolu_"
+_SAFE: Final = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]*")
 
 
 def to_client(upstream_id: str) -> str:

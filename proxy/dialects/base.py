@@ -23,13 +23,13 @@ from ..events import Timings
 from ..mapping import DialectMapping, load_mapping
 from ..params import apply_response_format, refuse_unsupported
 
-MAX_ERROR_TEXT = 500
+MAX_ERROR_TEXT: Final = 500
 
 # DECISIONS.md "Reasoning": upstream model names whose template opens the thinking block in the prompt (R1 family).
-THINKING_MODEL_RE = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
+THINKING_MODEL_RE: Final = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
 # R1-era models (DeepSeek-R1 and its distills): reasoning must never be sent back to them. Not `reasoner`: DeepSeek's
 # `deepseek-reasoner` ended as an alias of V4 Flash's thinking mode (proxy/dialects/deepseek.py).
-R1_MODEL_RE = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
+R1_MODEL_RE: Final = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
 
 
 class NameTest:

@@ -33,19 +33,19 @@ Responses are OpenAI-shaped already (`reasoning_content`, usage cache fields han
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from ..canonical import CHAT, ChatRequest, RequestContext
 from ..errors import ClientRequestError
 from .base import Dialect, UpstreamSession, is_r1_era, join_text_parts
 
-RESPONSE_FORMATS = ("text", "json_object")
+RESPONSE_FORMATS: Final = ("text", "json_object")
 # OpenAI `reasoning_effort` -> DeepSeek's effort (low / high / max), as DeepSeek maps them; `none` disables thinking.
-EFFORTS = {"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+EFFORTS: Final = {"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
 # Retired on 2026-07-24; until then aliases of V4 Flash's two modes. Name -> its thinking type (model: RETIRED_TARGET).
-RETIRED_MODELS = {"deepseek-chat": "disabled", "deepseek-reasoner": "enabled"}
-RETIRED_TARGET = "deepseek-v4-flash"
-BETA = "/beta"
+RETIRED_MODELS: Final = {"deepseek-chat": "disabled", "deepseek-reasoner": "enabled"}
+RETIRED_TARGET: Final = "deepseek-v4-flash"
+BETA: Final = "/beta"
 
 
 def is_r1(model: str) -> bool:

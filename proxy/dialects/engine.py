@@ -16,12 +16,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from .base import Dialect, UpstreamSession, join_text_parts
 
-_MESSAGE_DROP = ("name", "reasoning_content", "reasoning")
+_MESSAGE_DROP: Final = ("name", "reasoning_content", "reasoning")
 
 
 class EngineSession(UpstreamSession):

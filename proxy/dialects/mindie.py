@@ -44,22 +44,22 @@ from .base import Dialect, NameTest, UpstreamSession
 
 log = logging.getLogger("dialect_proxy")
 
-MAX_STOP_ITEMS = 1024
-MAX_STOP_LEN = 1024
-MAX_STOP_TOTAL = 32768
-MAX_INT32 = 2147483647
+MAX_STOP_ITEMS: Final = 1024
+MAX_STOP_LEN: Final = 1024
+MAX_STOP_TOTAL: Final = 32768
+MAX_INT32: Final = 2147483647
 
 # OpenAI reasoning_effort values; "none" and "minimal" ask for (next to) no thinking, which MindIE can only switch off.
-_EFFORT_OFF = frozenset({"none", "minimal"})
-_EFFORT_ON = frozenset({"low", "medium", "high", "xhigh"})
-_MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+_EFFORT_OFF: Final = frozenset({"none", "minimal"})
+_EFFORT_ON: Final = frozenset({"low", "medium", "high", "xhigh"})
+_MEDIA_PARTS: Final = ("image_url", "video_url", "audio_url")
 # Chat templates whose thinking switch is the `thinking` kwarg (DeepSeek V3.1 and later); others (Qwen3, GLM ...)
 # read `enable_thinking`.
-_THINKING_KWARG_MODELS = re.compile(r"(?i)deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4")
+_THINKING_KWARG_MODELS: Final = re.compile(r"(?i)deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4")
 # Thinking models whose chat templates render the reasoning of the current tool loop's assistant turns (Qwen3 keeps
 # `reasoning_content` after the last user query; DeepSeek V3.1+ and GLM-4.5+ interleave it with tool calls): a client
 # that drops it changes the prompt, so `reasoning_replay: auto` restores it (proxy/continuity.py).
-_INTERLEAVED_THINKING = re.compile(r"(?i)qwen3|deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4|glm-?4\.[5-9]|kimi-k2")
+_INTERLEAVED_THINKING: Final = re.compile(r"(?i)qwen3|deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4|glm-?4\.[5-9]|kimi-k2")
 _interleaved_thinking: Final = NameTest(_INTERLEAVED_THINKING)  # asked once per request
 _thinking_kwarg_model: Final = NameTest(_THINKING_KWARG_MODELS)
 
@@ -69,11 +69,11 @@ def thinking_kwarg(model: str) -> str:
     return "thinking" if _thinking_kwarg_model(model) else "enable_thinking"
 
 # MindIE's "Model not found" (chat) and "Not found given model, please check modelName in config file." (completions)
-_MODEL_NOT_FOUND = re.compile(r"(?i)model not found|not found given model")
+_MODEL_NOT_FOUND: Final = re.compile(r"(?i)model not found|not found given model")
 # MindIE validation messages name the parameter: "Parameter temperature must be in ...", "Parameter [n] should be ...",
 # "Parameter 'repetition_penalty' must be ...", "length of `stop` must be ...", "Parameter top logprobs must be ...".
-_PARAM_IN_MESSAGE = re.compile(r"(?i)parameter\s+[\[\'`\"]?([a-z_]+(?: logprobs)?)|`([a-z_]+)`")
-_KNOWN_PARAMS = frozenset(
+_PARAM_IN_MESSAGE: Final = re.compile(r"(?i)parameter\s+[\[\'`\"]?([a-z_]+(?: logprobs)?)|`([a-z_]+)`")
+_KNOWN_PARAMS: Final = frozenset(
     {
         "model",
         "messages",
@@ -426,10 +426,10 @@ def _check_samples(out: dict[str, Any]) -> None:
 # Units of MindIE's timing fields. queue_wait_time is documented in microseconds (mindie-chat-completions.md, usage
 # table). prefill_time and decode_time_arr have no documented unit; the documented examples (prefill 39..200,
 # decode ~27 per token) only make sense as milliseconds, which is also what MindIE's own benchmarks print.
-PREFILL_TIME_UNIT = 1e-3
-DECODE_TIME_UNIT = 1e-3
-QUEUE_WAIT_TIME_UNIT = 1e-6
-MAX_TIMING_SAMPLES = 65_536  # per list: bounds the work done for one response
+PREFILL_TIME_UNIT: Final = 1e-3
+DECODE_TIME_UNIT: Final = 1e-3
+QUEUE_WAIT_TIME_UNIT: Final = 1e-6
+MAX_TIMING_SAMPLES: Final = 65_536  # per list: bounds the work done for one response
 
 
 def _number(value: object) -> float | None:
@@ -451,7 +451,7 @@ def _finite(value: object) -> float:
     return f if 0.0 <= f < _INF else -1.0  # finite, not negative (NaN compares false)
 
 
-_PLAIN_NUMBERS = frozenset({int, float})
+_PLAIN_NUMBERS: Final = frozenset({int, float})
 _INF: Final = math.inf
 # Compiled, `_finite` per item is a loop of C checks (~8x fewer instructions than the pass of builtins below, whose
 # every call is looked up and made generically); interpreted, the builtins' pass is the faster one.

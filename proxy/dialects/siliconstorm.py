@@ -10,7 +10,7 @@ The upstream's message is kept; the code is added after it.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -18,7 +18,7 @@ from ..errors import ProxyError, UpstreamError, error_type_for
 from .mindie import MindIEDialect
 
 # The document's own descriptions, used when a body carries a code without a message.
-CODE_TEXT = {
+CODE_TEXT: Final = {
     701: "Insufficient balance",
     702: "Authorization not passed",
     801: "Apikey error",
@@ -28,7 +28,8 @@ CODE_TEXT = {
 
 
 # The document's own example is not JSON (`"message": 'Insufficient balance'`); such a body is read leniently.
-_LENIENT = re.compile(r"""^\s*\{\s*"code"\s*:\s*(\d+)\s*,.*?"message"\s*:\s*(?:"([^"]*)"|'([^']*)')""", re.DOTALL)
+_LENIENT: Final = re.compile(
+    r"""^\s*\{\s*"code"\s*:\s*(\d+)\s*,.*?"message"\s*:\s*(?:"([^"]*)"|'([^']*)')""", re.DOTALL)
 
 
 def _lenient(raw: bytes) -> dict[str, Any] | None:

@@ -26,9 +26,11 @@ the client is still missing, and sets `mismatch` when the client's text does not
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = ["CumulativeText"]
 
-_FFFD = "\ufffd"
+_FFFD: Final = "\ufffd"
 
 
 class CumulativeText:

@@ -37,9 +37,9 @@ __all__ = ["TextLane"]
 
 # The probe that proves a token's place: the event with the token swapped for it must carry the probe's value at
 # choices[0].delta.<field>.
-_PROBE = b'"\\u0000lane"'
-_PROBE_VALUE = "\x00lane"
-_MAX_TRIES = 4  # learns in a row without a single match in between: the upstream's events do not repeat
+_PROBE: Final = b'"\\u0000lane"'
+_PROBE_VALUE: Final = "\x00lane"
+_MAX_TRIES: Final = 4  # learns in a row without a single match in between: the upstream's events do not repeat
 # `_text`: tokens up to this long are read directly (a token's text at a time, a few bytes; longer ones, cumulative
 # snapshots, go to orjson, whose scan costs less per byte)
 _SHORT: Final = 32

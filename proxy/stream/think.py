@@ -18,20 +18,22 @@ Once the content phase is reached, feeds pass straight through.
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = ["CONTENT", "REASONING", "ThinkSplitter"]
 
-REASONING = "reasoning"
-CONTENT = "content"
+REASONING: Final = "reasoning"
+CONTENT: Final = "content"
 
-_OPEN = "<think>"
-_CLOSE = "</think>"
-_CLOSE_LEN = len(_CLOSE)
+_OPEN: Final = "<think>"
+_CLOSE: Final = "</think>"
+_CLOSE_LEN: Final = len(_CLOSE)
 
 # States
-_START = 0  # nothing decided yet: leading whitespace and a possible opening tag are held
-_IN = 1  # inside the thinking block
-_AFTER = 2  # just after </think>: dropping leading whitespace of the content
-_OUT = 3  # content, passed through
+_START: Final = 0  # nothing decided yet: leading whitespace and a possible opening tag are held
+_IN: Final = 1  # inside the thinking block
+_AFTER: Final = 2  # just after </think>: dropping leading whitespace of the content
+_OUT: Final = 3  # content, passed through
 
 
 class ThinkSplitter:

@@ -13,12 +13,12 @@ the two counts it is the sum of), and a details object whose values are all abse
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["deepseek_usage_fields", "normalize_usage"]
 
-_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
-_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
+_COUNTS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
+_DETAILS: Final = ("prompt_tokens_details", "completion_tokens_details")
 
 
 def _count(value: Any) -> int | None:
