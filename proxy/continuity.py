@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .metrics import Metrics
     from .state.base import StateStore
 
-log = logging.getLogger("dialect_proxy")
+log: Final = logging.getLogger("dialect_proxy")
 
 NAMESPACE: Final = "reasoning"
 REASONING_KEYS: Final = ("reasoning_content", "reasoning")

@@ -123,7 +123,7 @@ class _Deadlines:
 
 
 # The slots of each running loop (tests run many loops one after another); the last one looked up, at hand.
-_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines] = weakref.WeakKeyDictionary()
+_BY_LOOP: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines]] = weakref.WeakKeyDictionary()
 _last: _Deadlines | None = None
 
 

@@ -65,7 +65,8 @@ _bad_value: Final = HEADER_VALUE_RE.search
 # object (a C loop, where a regex search costs ~1,900 instructions compiled); one that changes is searched to be sure
 _VALUE_OK: Final = bytes(32 if b < 9 or 9 < b < 32 or b == 127 else b for b in range(256))
 _NAMES_MAX: Final = 256  # header names checked once and remembered, lower-cased (the proxy sends a few dozen)
-_names: dict[bytes, bytes] = {}
+_names: Final[dict[bytes, bytes]] = {}
+_STATUS_LINE: Final = STATUS_LINE  # (compiled: a C static, not an imported name looked up in the module's dict)
 
 
 class FrontendLimits(NamedTuple):  # (a tuple: `--workers` pickles it to each worker, compiled build or not)
@@ -416,7 +417,7 @@ class GuardedHttpToolsProtocol:
         if self.transport.is_closing():
             return
         body = ProxyError(message, status, code=_CODES.get(status)).body()
-        head = [STATUS_LINE[status], b"content-type: application/json\r\n",
+        head = [_STATUS_LINE[status], b"content-type: application/json\r\n",
                 b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
         if status == 503:
             head.append(b"retry-after: 1\r\n")
@@ -567,7 +568,7 @@ class Cycle:
     def _start(self, status: int, headers: list[Any]) -> None:
         """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes. `headers`:
         (name, value) pairs of bytes-like objects, tuples or lists (ASGI says iterables)."""
-        content = [STATUS_LINE[status]]
+        content = [_STATUS_LINE[status]]
         closing = False
         for raw_name, raw_value in headers:
             name = _header_name(raw_name if type(raw_name) is bytes else bytes(raw_name))

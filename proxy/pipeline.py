@@ -25,7 +25,7 @@ from .normalize import Normalizer
 from .sse import SSEDecoder, SSEEvent
 from .stream.text_lane import TextLane
 
-log = logging.getLogger("dialect_proxy")
+log: Final = logging.getLogger("dialect_proxy")
 _json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per event)
 
 

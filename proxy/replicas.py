@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .redact import Redactor
     from .settings import ReplicaSettings, ServerSettings, UpstreamSettings
 
-log = logging.getLogger("dialect_proxy")
+log: Final = logging.getLogger("dialect_proxy")
 
 RETRY_STATUSES: Final = frozenset({502, 503})
 VNODES: Final = 100  # points per replica on the hash ring

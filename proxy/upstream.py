@@ -36,7 +36,7 @@ from .settings import ServerSettings, UpstreamSettings
 
 _READ_SIZE: Final = 2**16
 _STALE_RETRIES: Final = 3  # pooled connections found closed under one request before the last try (see the docstring)
-log = logging.getLogger("dialect_proxy")
+log: Final = logging.getLogger("dialect_proxy")
 # Called per request, as statics (compiled: no module attribute looked up per call, ~270 instructions each)
 _current_task: Final = asyncio.current_task
 _running_loop: Final = asyncio.get_running_loop
@@ -44,7 +44,7 @@ _running_loop: Final = asyncio.get_running_loop
 
 # Whether the request this task is sending went out on a new connection: set by _Connector when it opens one, read
 # and cleared by UpstreamClient.open. Nothing is done for a pooled connection, the common case.
-_new_connection: ContextVar[bool] = ContextVar("dialect_proxy_new_connection", default=False)
+_new_connection: Final[ContextVar[bool]] = ContextVar("dialect_proxy_new_connection", default=False)
 
 
 class _Connector(aiohttp.TCPConnector):

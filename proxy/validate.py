@@ -83,7 +83,7 @@ def _describe(spec: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-_PY_TYPES: dict[str, tuple[type, ...]] = {
+_PY_TYPES: Final[dict[str, tuple[type, ...]]] = {
     STRING: (str,), NUMBER: (int, float), INTEGER: (int,), BOOLEAN: (bool,), OBJECT: (dict,), ARRAY: (list,),
     NULL: (type(None),),
 }
@@ -270,7 +270,7 @@ def _orjson_depth() -> int:
 
 
 _ORJSON_DEPTH: Final = _orjson_depth()
-_wrappers = threading.local()  # per thread: the arrays around the value (orjson runs no Python code meanwhile)
+_wrappers: Final = threading.local()  # per thread: the arrays around the value (orjson runs no Python code meanwhile)
 
 
 def _serialises_within(value: Any, levels: int) -> bool:

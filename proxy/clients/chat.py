@@ -42,7 +42,7 @@ _ZERO_USAGE: Final = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens"
 
 # The JSON types of the fields the hub and the upstream spokes read (OpenAI's API reference; `null` where OpenAI
 # accepts it). Checked once in decode: a wrong type is a 400 naming the parameter, never a 500 deeper down.
-_SAMPLING_FIELDS: dict[str, TypeSpec] = {
+_SAMPLING_FIELDS: Final[dict[str, TypeSpec]] = {
     "model": STRING,
     "stream": (BOOLEAN, NULL),
     "stream_options": (OBJECT, NULL),
@@ -75,7 +75,7 @@ _SAMPLING_FIELDS: dict[str, TypeSpec] = {
     "thinking": (OBJECT, NULL),
     "thinking.type": STRING,
 }
-CHAT_FIELDS: dict[str, TypeSpec] = {
+CHAT_FIELDS: Final[dict[str, TypeSpec]] = {
     **_SAMPLING_FIELDS,
     "logprobs": (BOOLEAN, NULL),
     "messages": ARRAY,
@@ -110,7 +110,7 @@ CHAT_FIELDS: dict[str, TypeSpec] = {
     "function_call": (STRING, OBJECT, NULL),
     "modalities": (ARRAY, NULL),
 }
-COMPLETIONS_FIELDS: dict[str, TypeSpec] = {
+COMPLETIONS_FIELDS: Final[dict[str, TypeSpec]] = {
     **_SAMPLING_FIELDS,
     "logprobs": (INTEGER, NULL),  # completions: how many logprobs per token
     "prompt": (STRING, ARRAY),
@@ -244,7 +244,6 @@ class ChatEncoder:
         if self._extra_seen != self.answer.envelope_extra:
             self._prefixes()
         out: list[bytes] = []
-        dumps = dumps_text
         for d in deltas:
             if type(d) is TextRun:
                 self._run(d, out)
@@ -255,18 +254,18 @@ class ChatEncoder:
                     or d.choice_extra):
                 if not self.chat:
                     head = self._text_heads.get(d.index) or self._cache(self._text_heads, d.index, b'"text":')
-                    out.append(head + dumps(d.content) + self._tail)
+                    out.append(head + dumps_text(d.content) + self._tail)
                     continue
                 if not d.reasoning:
                     if d.content and (d.index not in self._think_open):
                         head = self._text_heads.get(d.index) or self._cache(
                             self._text_heads, d.index, b'"delta":{"content":')
-                        out.append(head + dumps(d.content) + self._close)
+                        out.append(head + dumps_text(d.content) + self._close)
                         continue
                 elif not d.content and self._reasoning_key is not None:
                     head = self._reasoning_heads.get(d.index) or self._cache(
                         self._reasoning_heads, d.index, b'"delta":{' + self._reasoning_key)
-                    out.append(head + dumps(d.reasoning) + self._close)
+                    out.append(head + dumps_text(d.reasoning) + self._close)
                     continue
             out.append(self._chunk(d))
         return b"".join(out)

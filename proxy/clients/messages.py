@@ -52,7 +52,7 @@ THINKING_TYPES: Final = ("enabled", "disabled", "adaptive", "between_tools")
 
 # Anthropic-defined tools that the client runs: their input schemas (Anthropic documents them; the model is trained
 # on them, an upstream model needs them spelled out).
-_EDIT_PROPS: dict[str, Any] = {
+_EDIT_PROPS: Final[dict[str, Any]] = {
     "path": {"type": "string", "description": "Absolute path to the file or directory."},
     "file_text": {"type": "string", "description": "Content of the file to create."},
     "old_str": {"type": "string", "description": "Exact text to replace."},
@@ -60,7 +60,7 @@ _EDIT_PROPS: dict[str, Any] = {
     "insert_line": {"type": "integer", "description": "Line number after which to insert `new_str`."},
     "view_range": {"type": "array", "items": {"type": "integer"}, "description": "[start, end] lines to view."},
 }
-CLIENT_TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+CLIENT_TOOL_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
     "bash_": {
         "type": "object",
         "properties": {"command": {"type": "string", "description": "The bash command to run."},

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 NAMESPACE: Final = "responses"
 # The fields' JSON types, checked once at the edge (proxy/validate.py): a wrong type is a 400 naming the parameter.
-RESPONSES_FIELDS: FieldTable = {
+RESPONSES_FIELDS: Final[FieldTable] = {
     "model": STRING,
     "input": (STRING, ARRAY, NULL),
     "input[]": OBJECT,

@@ -58,7 +58,7 @@ is_r1_era: Final = NameTest(R1_MODEL_RE)
 # Finish reasons that say the upstream broke the generation off, not that the answer is complete
 # (docs/deepseek-engine.md): a retryable error instead of a finish_reason — the whole answer for non-stream
 # requests; for streams an error event after the partial content, without [DONE]. Any dialect may report them.
-ERROR_FINISH_REASONS: dict[str, tuple[int, str]] = {
+ERROR_FINISH_REASONS: Final[dict[str, tuple[int, str]]] = {
     "insufficient_system_resource": (
         503,
         (

@@ -42,7 +42,7 @@ from ..events import Timings
 from ..stream.cumulative import CumulativeText
 from .base import Dialect, NameTest, UpstreamSession
 
-log = logging.getLogger("dialect_proxy")
+log: Final = logging.getLogger("dialect_proxy")
 
 MAX_STOP_ITEMS: Final = 1024
 MAX_STOP_LEN: Final = 1024
