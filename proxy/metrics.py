@@ -802,13 +802,13 @@ class RequestObserver:
         if self._timings_seen:
             return
         self._timings_seen = True
-        m, labels = self._m, (self._upstream, self._model)
+        m, upstream, model = self._m, self._upstream, self._model  # (labels passed one by one: a `*` call is generic)
         if timings.prefill is not None:
-            m.child(m.prefill, *labels).observe(timings.prefill)
+            m.child(m.prefill, upstream, model).observe(timings.prefill)
         for histogram, values in ((m.decode, timings.decode), (m.queue_wait, timings.queue_wait),
                                   (m.batch_size, timings.batch_size)):
             if values:
-                _observe_all(m.child(histogram, *labels), values)
+                _observe_all(m.child(histogram, upstream, model), values)
 
     def upstream_error(self, dialect: str, code: str) -> None:
         """An error from (or about) the upstream: the dialect's name and its own error code (e.g. an HTTP status),
