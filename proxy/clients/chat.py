@@ -289,8 +289,8 @@ class ChatEncoder:
             return
         else:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
-        # One chunk per text, head + text + close each: written as head, the texts joined by close + head, close
-        # (the same bytes, without two new bytes objects a text).
+        # One chunk per text, head + text + close each: written as the texts' JSON strings joined by close + head,
+        # between head and close (the same bytes in one piece: proxy/jsontext.py dumps_joined).
         close = self._close
         out.append(dumps_joined(run.texts, close + head, head, close))
 

@@ -169,8 +169,8 @@ class MessagesEncoder:
                 if delta.reasoning or block is None or block.kind != "text" or not self.stream:
                     out.extend(self._events(delta.deltas()))  # not the hot path below: as its Deltas
                     continue
-                # The hot path below for each text, head + text + _END each, in one piece: the texts joined by
-                # _END + head (the same bytes, without two new bytes objects a text).
+                # The hot path below for each text, head + text + _END each, in one piece: the texts' JSON strings
+                # joined by _END + head, between head and _END (proxy/jsontext.py dumps_joined).
                 head = block.delta_head
                 out.append(dumps_joined(delta.texts, _END + head, head, _END))
                 continue
