@@ -29,14 +29,14 @@ from prometheus_client.utils import floatToGoString
 from .build import BUILD
 
 __all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeChild", "LocalCounter", "LocalGauge",
-           "LocalHistogram", "NATIVE_BISECT", "bucket_index", "sum_after"]
+           "LocalHistogram", "NATIVE_LOOPS", "bucket_index", "sum_after"]
 
 
 def bucket_index(bounds: list[float], amount: float) -> int:
     """`bisect_left(bounds, amount)`, the index of the first bound >= amount (the bucket prometheus_client counts
     it in), as a loop of float comparisons: compiled, C doubles (~150 instructions for 16 buckets), where
     bisect_left makes a rich comparison of two float objects a probe (~700; callgrind of a paced stream, one sample
-    a read). Interpreted, bisect_left is the faster one, so callers take this one `if NATIVE_BISECT` (a native call
+    a read). Interpreted, bisect_left is the faster one, so callers take this one `if NATIVE_LOOPS` (a native call
     compiled; a call through a variable would cost what it saves)."""
     lo = 0
     hi = len(bounds)
@@ -49,14 +49,16 @@ def bucket_index(bounds: list[float], amount: float) -> int:
     return lo
 
 
-NATIVE_BISECT: Final = BUILD == "mypyc"
+# Compiled, a histogram's bucket search, a list's sum and its bucket counts are loops of C doubles (`bucket_index`,
+# `sum_after`, `count_into_buckets`); interpreted, bisect and reduce are the faster ones.
+NATIVE_LOOPS: Final = BUILD == "mypyc"
 
 
 def sum_after(start: float, amounts: list[float]) -> float:
     """`start` plus each of `amounts` in order: the sum that observing them one by one reaches. Compiled, a loop of
     C doubles (~10 instructions an amount); interpreted, `reduce(add, ...)` (a generic call of `add` an amount,
     ~270 instructions compiled: callgrind of a MindIE stream's timing lists)."""
-    if not NATIVE_BISECT:
+    if not NATIVE_LOOPS:
         return reduce(add, amounts, start)
     total = start
     for amount in amounts:
@@ -184,7 +186,7 @@ class HistogramChild(_Child):
             self.sum += amount
             return
         bounds = self.bounds  # the first bound >= amount, as prometheus_client
-        self.counts[bucket_index(bounds, amount) if NATIVE_BISECT else bisect_left(bounds, amount)] += 1
+        self.counts[bucket_index(bounds, amount) if NATIVE_LOOPS else bisect_left(bounds, amount)] += 1
         self.sum += amount
 
     def observe_all(self, amounts: list[float]) -> None:
@@ -205,7 +207,7 @@ class HistogramChild(_Child):
             self.sum += amount * n
             return
         bounds = self.bounds
-        self.counts[bucket_index(bounds, amount) if NATIVE_BISECT else bisect_left(bounds, amount)] += n
+        self.counts[bucket_index(bounds, amount) if NATIVE_LOOPS else bisect_left(bounds, amount)] += n
         self.sum += amount * n
 
     def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
@@ -227,7 +229,7 @@ def count_into_buckets(bounds: list[float], counts: list[Any], amounts: list[flo
     amounts and the bounds together (compiled: C double comparisons, where `bisect_right` compares float objects)."""
     values = sorted(amounts)
     n = len(values)
-    if NATIVE_BISECT:
+    if NATIVE_LOOPS:
         i = 0
         for b in range(len(bounds)):
             bound = bounds[b]

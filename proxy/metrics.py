@@ -41,7 +41,7 @@ from proxy.build import BUILD
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 from proxy.events import Timings
 from proxy.local_metrics import (
-    NATIVE_BISECT,
+    NATIVE_LOOPS,
     Family,
     HistogramChild,
     LocalCounter,
@@ -525,7 +525,7 @@ class _Tally:
             self._child.observe(value)
             return
         # the first bucket whose bound is >= value, as observe()
-        self._counts[bucket_index(bounds, value) if NATIVE_BISECT else bisect_left(bounds, value)] += 1
+        self._counts[bucket_index(bounds, value) if NATIVE_LOOPS else bisect_left(bounds, value)] += 1
         self._sum += value
         if not self._pending:
             self._due = now + TALLY_FLUSH_INTERVAL
@@ -555,7 +555,7 @@ class _Tally:
                 self._child.observe(value)
             return
         bounds = self._bounds
-        self._counts[bucket_index(bounds, value) if NATIVE_BISECT else bisect_left(bounds, value)] += n
+        self._counts[bucket_index(bounds, value) if NATIVE_LOOPS else bisect_left(bounds, value)] += n
         self._sum += value * n
         if not self._pending:
             self._due = now + TALLY_FLUSH_INTERVAL

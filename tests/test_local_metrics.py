@@ -285,7 +285,7 @@ def test_replica_sets_sharing_labels_add_up() -> None:
        st.floats(allow_nan=False), st.booleans())
 @settings(max_examples=300, deadline=None)
 def test_the_compiled_builds_bucket_index_is_bisect_left(bounds: list[float], amount: float, exact: bool) -> None:
-    """proxy/local_metrics.py `bucket_index` (the compiled build's, NATIVE_BISECT) finds the bucket
+    """proxy/local_metrics.py `bucket_index` (the compiled build's, NATIVE_LOOPS) finds the bucket
     bisect_left finds, for an amount between, on or beyond the bounds (a histogram's end in +Inf)."""
     from bisect import bisect_left
 
