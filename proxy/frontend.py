@@ -67,6 +67,11 @@ _VALUE_OK: Final = bytes(32 if b < 9 or 9 < b < 32 or b == 127 else b for b in r
 _NAMES_MAX: Final = 256  # header names checked once and remembered, lower-cased (the proxy sends a few dozen)
 _names: Final[dict[bytes, bytes]] = {}
 _STATUS_LINE: Final = STATUS_LINE  # (compiled: a C static, not an imported name looked up in the module's dict)
+# A chunk of at least this many bytes (a fast stream's read of many events) is written as its pieces, its framing
+# around it, not copied into one framed buffer: uvloop writes the list with one writev. Below it the copy is the
+# cheaper (measured on loopback, uvloop 0.23: write of the framed copy vs writelines, 1.7 vs 2.6 µs at 256 bytes,
+# 4.1 vs 3.9 at 4 KiB, 7.2 vs 5.7 at 16 KiB).
+_SCATTER: Final = 4096
 
 
 class FrontendLimits(NamedTuple):  # (a tuple: `--workers` pickles it to each worker, compiled build or not)
@@ -531,14 +536,19 @@ class Cycle:
             raw: Any = message.get("body", b"")
             body = raw if type(raw) is bytes else bytes(raw)  # any bytes-like, as uvicorn takes it
             more_body = bool(message.get("more_body", False))
+            pieces: list[bytes] | None = None
             if self.head_only:
                 self.expected_length = 0
                 data = b""
             elif self.chunked:
                 if body:
-                    data = b"%x\r\n%b\r\n" % (len(body), body)
-                    if not more_body:
-                        data += b"0\r\n\r\n"
+                    size = len(body)
+                    end = b"\r\n" if more_body else b"\r\n0\r\n\r\n"
+                    if size < _SCATTER:
+                        data = b"%x\r\n%b%b" % (size, body, end)
+                    else:
+                        pieces = [b"%x\r\n" % size, body, end]
+                        data = b""
                 else:
                     data = b"" if more_body else b"0\r\n\r\n"
             else:
@@ -550,8 +560,13 @@ class Cycle:
             head = self._head
             if head is not None:
                 self._head = None
-                data = head + data
-            if data:
+                if pieces is None:
+                    data = head + data
+                else:
+                    pieces.insert(0, head)
+            if pieces is not None:
+                self.transport.writelines(pieces)
+            elif data:
                 self.transport.write(data)
             if not more_body:
                 if self.expected_length != 0:

@@ -459,7 +459,9 @@ class InferenceEndpoint:
                 await send({"type": "http.response.start", "status": 200, "headers": head})
                 watch.committed = True
                 watch.encoder = encoder
-                pending.insert(0, encoder.head())
+                opening = encoder.head()
+                if opening:  # (none for Chat Completions: the one part of a read is sent as it is, not copied)
+                    pending.insert(0, opening)
             if final:
                 pending.append(final)
             body = b"".join(pending)  # one part (a paced stream's chunk): that very object, no copy

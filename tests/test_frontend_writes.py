@@ -9,10 +9,12 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from proxy.frontend import Cycle, FrontendLimits, GuardedHttpToolsProtocol
+from tests.hostile.rawupstream import CLOSE, LAST_CHUNK, RawUpstream, chunk, sse_head
 from tests.hostile.test_hostile_clients import port_of, read_answer, request_bytes
 
 
@@ -24,6 +26,9 @@ class Recorder(asyncio.Transport):
 
     def write(self, data: Any) -> None:
         self.writes.append(bytes(data))
+
+    def writelines(self, parts: Any) -> None:  # one write call of several pieces (uvloop: one writev), kept apart
+        self.writes.append(tuple(bytes(part) for part in parts))  # type: ignore[arg-type]
 
     def close(self) -> None:
         self.closed = True
@@ -164,6 +169,46 @@ def test_without_a_length_the_answer_is_chunked_and_ends_with_the_last_chunk() -
                           b"transfer-encoding: chunked\r\n\r\n2\r\nab\r\n", b"1\r\nc\r\n0\r\n\r\n"]
     assert out.closed
     conn.loop.close()
+
+
+def test_a_big_chunk_goes_out_as_its_pieces_in_one_call_a_small_one_framed_in_one_buffer() -> None:
+    """A chunk of 4 KiB or more (a fast stream's read of many events) is written with its framing as separate pieces,
+    the body not copied; the bytes on the wire are the same as the framed copy's, the held head first."""
+    conn, out = connection()
+    big, more = b"x" * 5000, b"y" * 4096
+    cycle = Cycle(conn, {}, False, False, True)
+    answer(cycle, {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]},
+           {"type": "http.response.body", "body": big, "more_body": True},
+           {"type": "http.response.body", "body": b"ab", "more_body": True},
+           {"type": "http.response.body", "body": more})
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n"
+    assert out.writes == [(head, b"1388\r\n", big, b"\r\n"), b"2\r\nab\r\n",
+                          (b"1000\r\n", more, b"\r\n0\r\n\r\n")]
+    conn.loop.close()
+
+
+def test_a_read_of_many_events_reaches_a_real_client_whole(start_proxy: Any) -> None:
+    """An upstream that writes its whole stream at once: the proxy reads many events together and sends their
+    translation as one big chunk (written as pieces, above); the client's HTTP parser gets every event, in order."""
+    tokens = [f"tok{i:03d} " for i in range(200)]
+    events = b"".join(b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":null}]}\n\n'
+                      % t.encode() for t in tokens)
+    events += b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    upstream = RawUpstream({"burst": [sse_head() + chunk(events) + LAST_CHUNK, CLOSE]}).start()
+    try:
+        proxy = start_proxy([{"name": "burst", "dialect": "openai", "url": upstream.url}])
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "case:burst"}]}
+        with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=20) as r:
+            assert r.status_code == 200
+            raw = r.read()
+    finally:
+        upstream.stop()
+    assert len(raw) > 4096
+    lines = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert lines[-1] == b"[DONE]"
+    chunks = [orjson.loads(line) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "".join(tokens)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 @pytest.fixture
