@@ -444,7 +444,7 @@ class GuardedHttpToolsProtocol:
 _LINGER: Final = 2.0  # seconds a refused connection is still read (and discarded) before it is closed
 
 _CODES: Final = {400: "invalid_request", 408: "request_timeout", 431: "request_header_fields_too_large",
-          503: "too_many_connections"}
+                 503: "too_many_connections"}
 
 
 class Cycle:

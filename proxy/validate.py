@@ -75,7 +75,7 @@ def json_type(value: Any) -> str:
 
 
 _ARTICLE: Final = {STRING: "a string", NUMBER: "a number", INTEGER: "an integer", BOOLEAN: "a boolean",
-            OBJECT: "an object", ARRAY: "an array", NULL: "null"}
+                   OBJECT: "an object", ARRAY: "an array", NULL: "null"}
 
 
 def _describe(spec: tuple[str, ...]) -> str:

@@ -12,7 +12,7 @@ from ..errors import ProxyError
 from .base import Headers
 
 _TYPES: Final = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
-          413: "request_too_large", 429: "rate_limit_error"}
+                 413: "request_too_large", 429: "rate_limit_error"}
 
 
 def error_status(err: ProxyError) -> tuple[int, str]:
