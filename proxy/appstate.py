@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 
 from .clients import CLIENT_DIALECTS, ClientDialect
 from .dialects import Dialect, get_dialect
 from .metrics import Metrics
+from .metrics_files import FLUSH_INTERVAL
 from .redact import Redactor
 from .replicas import ReplicaSet
 from .routing import Router
@@ -39,13 +42,27 @@ class AppState:
             name: cls(settings, self.store) for name, cls in CLIENT_DIALECTS.items()
         }
         self.shutting_down = False
+        self._metrics_flusher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """In the running event loop: background work (active health checks of replicas)."""
+        """In the running event loop: background work (active health checks of replicas; in multiprocess mode,
+        this worker's metric values written to the shared files every FLUSH_INTERVAL seconds)."""
         for rs in self.replicas.values():
             rs.start()
+        if self.metrics.multiprocess:
+            self._metrics_flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
+
+    async def _flush_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL)
+            self.metrics.flush_files()
 
     async def close(self) -> None:
         for rs in self.replicas.values():
             await rs.close()
         await self.store.close()
+        if self._metrics_flusher is not None:
+            self._metrics_flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._metrics_flusher
+        self.metrics.flush_files()  # the last requests' values, for the scrapes of the workers that remain

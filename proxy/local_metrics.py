@@ -8,8 +8,8 @@ would (`_total` and `_created` for a counter; cumulative `_bucket`, `_count`, `_
 histogram), children in creation order, so `generate_latest` renders the same text (tests/test_local_metrics.py
 compares the two). Not thread-safe by design: update them only from the event loop's thread.
 
-Single-process mode only. With `--workers N` every value must reach prometheus_client's mmap files for the other
-workers' scrapes, so proxy/metrics.py uses prometheus_client's own classes there.
+With `--workers N` each worker keeps its values here too, and proxy/metrics_files.py copies them into
+prometheus_client's multiprocess files for the other workers' scrapes.
 """
 
 from __future__ import annotations
@@ -81,6 +81,22 @@ class Family:
         self._documentation = documentation
         self._labelnames = tuple(labelnames)
         self._children: dict[tuple[str, ...], _Child] = {}
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def documentation(self) -> str:
+        return self._documentation
+
+    @property
+    def labelnames(self) -> tuple[str, ...]:
+        return self._labelnames
+
+    def children(self) -> list[tuple[tuple[str, ...], _Child]]:
+        """(label values, child) of every child, in creation order."""
+        return list(self._children.items())
 
     def labels(self, *values: str) -> _Child:
         child = self._children.get(values)

@@ -10,8 +10,10 @@ finish reasons are cleaned and capped. Never a request id, user text or key.
 
 Multiprocess mode (``uvicorn --workers N``): prometheus_client picks its value store when it is *imported*, from
 ``PROMETHEUS_MULTIPROC_DIR``. So the CLI must call :func:`prepare_multiprocess_dir` (or set the variable to an empty,
-writable directory) before anything imports ``prometheus_client`` in the worker processes. :meth:`Metrics.render`
-then merges the files of every worker, so one scrape of any worker shows the whole server.
+writable directory) before anything imports ``prometheus_client`` in the worker processes. Each worker keeps its
+values in the same lock-free objects as a single process and copies them into prometheus_client's files
+(proxy/metrics_files.py); :meth:`Metrics.render` merges the files of every worker, so one scrape of any worker shows
+the whole server.
 
 Every metric is documented in deploy/METRICS.md.
 """
@@ -24,7 +26,6 @@ import sys
 import tempfile
 import threading
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Final, Self
@@ -40,17 +41,8 @@ from proxy import __version__
 from proxy.build import BUILD
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 from proxy.events import Timings
-from proxy.local_metrics import (
-    NATIVE_LOOPS,
-    Family,
-    HistogramChild,
-    LocalCounter,
-    LocalGauge,
-    LocalHistogram,
-    bucket_index,
-    count_into_buckets,
-    sum_after,
-)
+from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram
+from proxy.metrics_files import FileMirror
 
 __all__ = [
     "CONTENT_TYPE",
@@ -73,7 +65,6 @@ MAX_LABEL_VALUES: Final = 50  # cap for route / upstream (config-bounded anyway;
 MAX_ERROR_CODES: Final = 100  # distinct (dialect, code) pairs; later ones become "other"
 MAX_LABEL_LENGTH: Final = 128
 MAX_CACHED_SERIES: Final = 4096  # (route, upstream, model, stream, key) combinations whose children are kept resolved
-MOSTRECENT_REFRESH: Final = 1.0  # multiprocess: seconds after which an unchanged `mostrecent` gauge is written again
 
 OUTCOMES: Final = ("ok", "error", "truncated", "client_disconnect")
 TRUNCATION_REASONS: Final = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown"})
@@ -182,9 +173,11 @@ class Metrics:
         self._up: dict[str, Any] = {}  # upstream name -> its upstream_up child
         self._before_render: list[Callable[[], None]] = []
         self.multiprocess = multiprocess
-        # Lock-free in-process values (proxy/local_metrics.py) unless the values must reach the other workers
-        # through prometheus_client's files. `local=False` forces prometheus_client's classes (tests compare).
-        self.local = not multiprocess if local is None else local and not multiprocess
+        # Lock-free in-process values (proxy/local_metrics.py), copied into prometheus_client's files in
+        # multiprocess mode. `local=False` (one process only) uses prometheus_client's own classes: the reference
+        # the tests compare the exposition with.
+        self.local = local is not False or multiprocess
+        self._mirror = FileMirror() if multiprocess else None
         if multiprocess:
             path = os.environ.get(MULTIPROC_ENV)
             if not path or not os.path.isdir(path):
@@ -211,7 +204,8 @@ class Metrics:
         r = self.registry
         p = PREFIX
         kinds: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] = (
-            (_local(LocalCounter), _local(LocalGauge), _local(LocalHistogram)) if self.local
+            (_local(LocalCounter, self._mirror), _local(LocalGauge, self._mirror), _local(LocalHistogram, self._mirror))
+            if self.local
             else (PromCounter, PromGauge, PromHistogram)
         )
         Counter, Gauge, Histogram = kinds  # noqa: N806 (prometheus_client's classes or their lock-free stand-ins)
@@ -363,8 +357,8 @@ class Metrics:
                    combine: Callable[[Iterable[float]], float] = sum) -> bool:
         """Single process: the child of the gauge `metric` for `labels` reads its value from `read()` when a scrape
         collects it (proxy/local_metrics.py LiveGaugeChild), so the state it shows is never written to a metric.
-        False when `metric` is a prometheus_client gauge (multiprocess mode: a scrape reads the workers' files, so
-        the caller must keep setting the values)."""
+        False when `metric` is a prometheus_client gauge (`Metrics(local=False)`), whose values the caller must
+        keep setting."""
         if not isinstance(metric, LocalGauge):
             return False
         self._children[(metric, labels)] = metric.live(labels, read, combine)
@@ -424,8 +418,6 @@ class Metrics:
         gauge = self._up.get(upstream)
         if gauge is None:
             gauge = self.child(self.upstream_up_gauge, self.upstream_label(upstream))
-            if not self.local:
-                gauge = _MostRecentGauge(gauge)
             if len(self._up) < MAX_LABEL_VALUES:
                 self._up[upstream] = gauge
         gauge.set(1 if up else 0)
@@ -439,12 +431,19 @@ class Metrics:
         """The /metrics body and its content type. In multiprocess mode, all workers' values merged."""
         for refresh in self._before_render:
             refresh()
-        if self._multiproc_dir is None:
+        if self._mirror is None or self._multiproc_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE
+        self._mirror.flush()
         self._forget_dead_workers()
         registry = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(registry, path=self._multiproc_dir)  # type: ignore[no-untyped-call]
         return generate_latest(registry), CONTENT_TYPE
+
+    def flush_files(self) -> None:
+        """Multiprocess mode: write this worker's changed values to its files (proxy/metrics_files.py), for the
+        other workers' scrapes; called every FLUSH_INTERVAL seconds and when the worker stops. No-op otherwise."""
+        if self._mirror is not None:
+            self._mirror.flush()
 
     def _forget_dead_workers(self) -> None:
         """Drop the live-gauge files of workers that exited (uvicorn restarts workers without telling us), so the
@@ -465,15 +464,17 @@ class Metrics:
                     pass
 
 
-def _local(family: type[Family]) -> Callable[..., Any]:
+def _local(family: type[Family], mirror: FileMirror | None) -> Callable[..., Any]:
     """A constructor with prometheus_client's signature for a proxy/local_metrics.py family (registered on
-    `registry`)."""
+    `registry`; with its twin in `mirror`'s files in multiprocess mode)."""
 
     def make(name: str, documentation: str, labelnames: Iterable[str], *, registry: CollectorRegistry,
              buckets: Iterable[float] | None = None, multiprocess_mode: str = "") -> Family:
         made = family(name, documentation, list(labelnames)) if buckets is None else \
             family(name, documentation, list(labelnames), list(buckets))  # type: ignore[call-arg]
         registry.register(made)
+        if mirror is not None:
+            mirror.add(made, buckets, multiprocess_mode)
         return made
 
     return make
@@ -489,121 +490,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-TALLY_FLUSH_INTERVAL: Final = 1.0  # seconds: per-token samples reach the histogram at most this late (and at the end)
-
-
-class _Tally:
-    """Multiprocess mode: per-token histogram samples (inter-token latency) of one request, counted locally and
-    added to the prometheus_client histogram child in batches: a sample costs a bisect and a list increment instead
-    of a lock for the sum and one for its bucket. The batch is added when a sample comes `TALLY_FLUSH_INTERVAL`
-    after the first one still pending, and when the request finishes, so a scrape never lags a stream by more than
-    that. The exposition is the same as observing each sample (tests/test_metrics.py). It reaches into
-    prometheus_client's histogram child (its bucket bounds, bucket and sum values); should those ever change, every
-    sample is observed on its own instead."""
-
-    __slots__ = ("_bounds", "_child", "_counts", "_due", "_pending", "_sum")
-
-    def __init__(self, child: Any) -> None:
-        self._child = child
-        bounds = getattr(child, "_upper_bounds", None)
-        buckets = getattr(child, "_buckets", None)
-        usable = (
-            isinstance(bounds, list)
-            and isinstance(buckets, list)
-            and len(bounds) == len(buckets)
-            and hasattr(getattr(child, "_sum", None), "inc")
-        )
-        self._bounds: list[float] | None = bounds if usable else None
-        self._counts = [0] * len(bounds) if usable and bounds is not None else []
-        self._sum = 0.0
-        self._pending = 0
-        self._due = 0.0
-
-    def observe(self, value: float, now: float) -> None:
-        bounds = self._bounds
-        if bounds is None:
-            self._child.observe(value)
-            return
-        # the first bucket whose bound is >= value, as observe()
-        self._counts[bucket_index(bounds, value) if NATIVE_LOOPS else bisect_left(bounds, value)] += 1
-        self._sum += value
-        if not self._pending:
-            self._due = now + TALLY_FLUSH_INTERVAL
-        self._pending += 1
-        if now >= self._due:
-            self.flush()
-
-    def observe_all(self, values: list[float]) -> None:
-        """Each of `values`, then flush: one batch for a whole list."""
-        bounds = self._bounds
-        total = sum_after(self._sum, values)
-        if bounds is None or total != total:  # not batchable, or a NaN among them: one by one, as observe() takes it
-            for value in values:
-                self._child.observe(value)
-            return
-        count_into_buckets(bounds, self._counts, values)
-        self._sum = total
-        self._pending += len(values)
-        self.flush()
-
-    def observe_many(self, value: float, n: int, now: float) -> None:
-        """`n` samples of the same `value` (as `n` calls of `observe`)."""
-        if n <= 0:
-            return
-        if self._bounds is None:
-            for _ in range(n):
-                self._child.observe(value)
-            return
-        bounds = self._bounds
-        self._counts[bucket_index(bounds, value) if NATIVE_LOOPS else bisect_left(bounds, value)] += n
-        self._sum += value * n
-        if not self._pending:
-            self._due = now + TALLY_FLUSH_INTERVAL
-        self._pending += n
-        if now >= self._due:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        child = self._child
-        counts = self._counts
-        for i, n in enumerate(counts):
-            if n:
-                child._buckets[i].inc(n)
-                counts[i] = 0
-        child._sum.inc(self._sum)
-        self._sum = 0.0
-        self._pending = 0
-
-
 def _observe_all(child: Any, values: list[float]) -> None:
-    """Observe each value (an upstream's per-token timings: thousands for a long answer): in one loop
-    on a local histogram child, in one batch (a _Tally) on a prometheus_client one."""
+    """Observe each value (an upstream's per-token timings: thousands for a long answer): in one loop on a local
+    histogram child, one by one on a prometheus_client one (`Metrics(local=False)`)."""
     if isinstance(child, HistogramChild):
         child.observe_all(values)
     else:
-        _Tally(child).observe_all(values)
-
-
-class _MostRecentGauge:
-    """A ``mostrecent`` gauge child in multiprocess mode (upstream_up), written when its value changes or when the
-    last write is MOSTRECENT_REFRESH seconds old: a write to the mmap file costs a lock and a syscall, and the
-    merge across workers only needs a recent timestamp for the newest value."""
-
-    __slots__ = ("_child", "_due", "_value")
-
-    def __init__(self, child: Any) -> None:
-        self._child = child
-        self._value: float | None = None
-        self._due = 0.0
-
-    def set(self, value: float) -> None:
-        now = time.monotonic()
-        if value != self._value or now >= self._due:
-            self._child.set(value)
-            self._value = value
-            self._due = now + MOSTRECENT_REFRESH
+        for value in values:
+            child.observe(value)
 
 
 class _Series:
@@ -663,8 +557,8 @@ class RequestObserver:
     are ignored), or use it as a context manager, which finishes an unfinished request as a 500 ``error``."""
 
     __slots__ = (
-        "_chunks", "_finished", "_first_token_t", "_headers_t", "_itl", "_key", "_last_token_t", "_m", "_model",
-        "_route", "_s", "_stream", "_t0", "_tally", "_timings_seen", "_truncated", "_upstream", "_upstream_t0",
+        "_chunks", "_finished", "_first_token_t", "_headers_t", "_itl", "_itl_other", "_key", "_last_token_t", "_m",
+        "_model", "_route", "_s", "_stream", "_t0", "_timings_seen", "_truncated", "_upstream", "_upstream_t0",
         "_usage_seen", "_wait",
     )
 
@@ -687,10 +581,9 @@ class RequestObserver:
         self._usage_seen = False
         self._timings_seen = False
         self._finished = False
-        # Inter-token latencies: a local histogram child takes each sample at the cost of a bisect; a
-        # prometheus_client one (multiprocess) gets them in batches from a per-request _Tally.
+        # Inter-token latencies: a local histogram child, or prometheus_client's (`Metrics(local=False)`).
         self._itl: HistogramChild | None = s.itl if self._stream and isinstance(s.itl, HistogramChild) else None
-        self._tally = _Tally(s.itl) if self._stream and self._itl is None else None
+        self._itl_other: Any = s.itl if self._stream and self._itl is None else None
         s.in_flight.inc()
         if s.in_flight_stream is not None:
             s.in_flight_stream.inc()
@@ -757,13 +650,14 @@ class RequestObserver:
                 self._s.ttft.observe(now - self._t0)
         elif self._itl is not None:
             self._itl.observe(now - last)
-        elif self._tally is not None:
-            self._tally.observe(now - last, now)
+        elif self._itl_other is not None:
+            self._itl_other.observe(now - last)
         if zeros:
             if self._itl is not None:
                 self._itl.observe_many(0.0, zeros)
-            elif self._tally is not None:
-                self._tally.observe_many(0.0, zeros, now)
+            elif self._itl_other is not None:
+                for _ in range(zeros):
+                    self._itl_other.observe(0.0)
 
     # -- once per response --------------------------------------------------------------------------------------
 
@@ -832,8 +726,6 @@ class RequestObserver:
         now = _now()
         m = self._m
         s = self._s
-        if self._tally is not None:
-            self._tally.flush()
         s.in_flight.dec()
         if s.in_flight_stream is not None:
             s.in_flight_stream.dec()

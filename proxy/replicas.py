@@ -74,7 +74,7 @@ class Replica:
         self.healthy = True  # the last active health check passed (or none ran yet)
         self.gauges: tuple[Any, Any, Any] | None = None  # its in_flight, queue_length and up gauge children
         self.shown: tuple[int | None, int | None, int | None] = (None, None, None)  # the values they were set to
-        self.live = False  # its gauges read their values at scrape time (single process): nothing to write
+        self.live = False  # its gauges read their values at scrape time (local metrics): nothing to write
         self.ok: Any = None  # its upstream_attempts{result="ok"} child, once resolved
 
     @property
@@ -153,7 +153,7 @@ class ReplicaSet:
                 metrics.child(metrics.replica_up, *r.labels).set(1)
                 pushed = True
             r.admission.on_change = functools.partial(self.gauges, r)
-        if pushed:  # gauges that are set (multiprocess): an ejection that ran out shows at the next scrape
+        if pushed:  # gauges that are set (`Metrics(local=False)`): an ejection that ran out shows at the next scrape
             metrics.before_render(self._refresh_gauges)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -290,9 +290,9 @@ class ReplicaSet:
         """Show the replica's state in its gauges. The first call creates its in_flight and queue_length series
         (the exposition lists a replica's series once it was used). Single process: they then read the admission's
         counts at scrape time (replica_up reads the replica's), so nothing is written on acquire and release and
-        the admission stops calling this. Multiprocess (prometheus_client's gauges, a scrape reads the workers'
-        files): this runs on every acquire and release and sets the gauges whose value changed (a gauge write is a
-        locked write to an mmap file)."""
+        the admission stops calling this (with `--workers N` too: proxy/metrics_files.py reads them at each
+        flush). With prometheus_client's gauges (`Metrics(local=False)`, the reference tests/test_local_metrics.py
+        compares with) this runs on every acquire and release and sets the gauges whose value changed."""
         if replica.live:
             return
         m = self.metrics

@@ -1,5 +1,5 @@
 """Histogram samples taken in batches give exactly what one `observe` per sample gives: the batch of a MindIE answer's
-per-token timings (`HistogramChild.observe_all`, `_Tally.observe_all`), the zeros of one read's later tokens
+per-token timings (`HistogramChild.observe_all`), the zeros of one read's later tokens
 (`observe_many`), and MindIE's conversion of its timing lists (`_scaled`: one pass for a list of plain numbers)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Histogram
 
 from proxy import metrics as metrics_mod
 from proxy.dialects import mindie
@@ -59,26 +58,6 @@ def test_observe_many_equals_observe_each(value: float, n: int) -> None:
         each.observe(value)
     assert many.counts == each.counts
     assert many.sum == each.sum or math.isclose(many.sum, each.sum)  # n additions vs one product
-
-
-def prom_samples(h: Histogram) -> dict[tuple[str, str | None], float]:
-    return {(s.name, s.labels.get("le")): s.value for s in h.collect()[0].samples if not s.name.endswith("_created")}
-
-
-@settings(max_examples=150, deadline=None)
-@given(batch=st.lists(with_nan, max_size=60))
-def test_tally_observe_all_equals_prometheus_observe_each(batch: list[float]) -> None:
-    """Multiprocess mode: the batch goes into prometheus_client's histogram child as observing each sample would."""
-    batched = Histogram("b", "", ["l"], registry=CollectorRegistry(), buckets=BOUNDS)
-    each = Histogram("b", "", ["l"], registry=CollectorRegistry(), buckets=BOUNDS)
-    metrics_mod._Tally(batched.labels("x")).observe_all(batch)
-    child = each.labels("x")
-    for a in batch:
-        child.observe(a)
-    got, want = prom_samples(batched), prom_samples(each)
-    assert got.keys() == want.keys()
-    for key, v in want.items():
-        assert got[key] == v or (math.isnan(got[key]) and math.isnan(v)), key
 
 
 def scaled_reference(items: object, unit: float) -> list[float]:

@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,45 +239,6 @@ def test_scripted_sequence_exact_values(clock: FakeClock) -> None:
                  python_version="{}.{}.{}".format(*__import__("sys").version_info[:3]), build=BUILD) == 1
 
 
-def test_token_latency_tally_is_observe_per_sample(clock: FakeClock) -> None:
-    """With prometheus_client's metric classes (multiprocess mode; `local=False` here), inter-token latencies are
-    counted per request and added in batches: the exposition equals observing each one (bucket bounds exactly,
-    beyond the last bound, zero), and a stream's samples show up in a scrape within TALLY_FLUSH_INTERVAL, before
-    the stream ends."""
-    from prometheus_client import CollectorRegistry, Histogram
-
-    gaps = [0.0, 0.001, 0.005, 0.05, 0.15, 0.15, 0.2, 0.3, 29.0, 600.0, 0.02, 0.02]
-    reference = Histogram("ref", "", ["route", "upstream", "model"], registry=CollectorRegistry(),
-                          buckets=metrics_mod.TOKEN_LATENCY_BUCKETS).labels(ROUTE, "r1", "m")
-    last = clock.t
-    m = Metrics(["m"], local=False)
-    obs = m.request(ROUTE, "r1", "m", True)
-    obs.chunk(True)  # the first token: TTFT, no latency yet
-    itl = "dialect_proxy_inter_token_latency_seconds"
-    labels = {"route": ROUTE, "upstream": "r1", "model": "m"}
-    for gap in gaps[:3]:
-        clock.at(clock.t + gap)
-        obs.chunk(True)
-        reference.observe(clock.t - last)  # what the observer sees (float arithmetic included)
-        last = clock.t
-    assert value(m, itl + "_count", **labels) == 0  # pending: less than the flush interval since the first
-    clock.at(clock.t + metrics_mod.TALLY_FLUSH_INTERVAL)
-    obs.chunk(False)  # no token: no sample, no flush
-    assert value(m, itl + "_count", **labels) == 0
-    for gap in gaps[3:]:
-        clock.at(clock.t + gap)
-        obs.chunk(True)
-        reference.observe(clock.t - last)
-        last = clock.t
-    assert value(m, itl + "_count", **labels) >= 4  # flushed mid-stream: the interval had passed
-    obs.finish(200, False, "stop")
-    expected = {(s.name, s.labels.get("le")): s.value for s in reference._samples() if s.name != "_created"}
-    for (suffix, le), v in expected.items():
-        extra = {"le": le} if le is not None else {}
-        assert value(m, itl + suffix, **labels, **extra) == pytest.approx(v), (suffix, le)
-    assert value(m, itl + "_count", **labels) == len(gaps)
-
-
 def test_in_flight_gauges_and_finish_once(clock: FakeClock) -> None:
     m = Metrics(CONFIGURED)
     lab = {"route": ROUTE, "upstream": "r1", "model": "gpt-4o"}
@@ -416,12 +376,14 @@ def _mp_worker(requests: int, hold: bool, exit_hard: bool, ready, release) -> No
         o.finish(200, False, "stop")
     m.upstream_up("r1", True)
     held = m.request(ROUTE, "r1", "gpt-4o", stream=True) if hold else None
+    m.flush_files()  # what the app does every second (proxy/appstate.py) and when the worker stops
     ready.set()
     if held is not None:
         release.wait(60)
         if exit_hard:
             os._exit(0)  # dies with the request in flight (a killed worker): its live gauge must not stick
         held.finish(200, False, "stop")
+        m.flush_files()
 
 
 def _mp_render(out: str) -> None:
@@ -528,16 +490,16 @@ def _mp_gateway_worker(first_up: bool, steps, done) -> None:  # type: ignore[no-
     async def run() -> None:
         ticket = await rset.attempts({}, {}).next()
         m.upstream_up("r1", first_up)
+        m.flush_files()  # what the app does every second (proxy/appstate.py)
         done.put("holding")
         assert steps.get(timeout=60) == "release"
         rset.succeeded(ticket.replica)
         ticket.release()
+        m.flush_files()
         done.put("released")
         assert steps.get(timeout=60) == "confirm"
-        t0 = time.monotonic()
-        while time.monotonic() - t0 <= metrics_mod.MOSTRECENT_REFRESH:  # bounded: about one second
-            await asyncio.sleep(0.05)
-        m.upstream_up("r1", first_up)  # unchanged, but its last write is old: written again, the newest now
+        m.upstream_up("r1", first_up)  # unchanged: the flush writes it again, the newest now
+        m.flush_files()
         done.put("confirmed")
         await rset.close()
 
@@ -545,8 +507,8 @@ def _mp_gateway_worker(first_up: bool, steps, done) -> None:  # type: ignore[no-
 
 
 def test_multiprocess_gateway_gauges_merge(multiproc_dir: str, tmp_path: Path) -> None:
-    """Replica gauges written only on change and upstream_up written on change or once a second still merge
-    across two real worker processes: in-flight summed, the newest upstream_up wins."""
+    """Replica gauges (read from the replicas' state) and upstream_up, written to the files at each worker's flush,
+    merge across two real worker processes: in-flight summed, the upstream_up of the newest flush wins."""
     ctx = multiprocessing.get_context("spawn")
     steps = [ctx.Queue(), ctx.Queue()]
     done = [ctx.Queue(), ctx.Queue()]
@@ -577,7 +539,7 @@ def test_multiprocess_gateway_gauges_merge(multiproc_dir: str, tmp_path: Path) -
         v = scrape("released.txt")
         assert v["dialect_proxy_replica_in_flight" + a] == 0
         assert v["dialect_proxy_upstream_up,upstream=r1"] == 1
-        steps[0].put("confirm")  # worker 0 confirms its False after the refresh interval: now the newest
+        steps[0].put("confirm")  # worker 0 confirms its False and flushes: now the newest
         assert done[0].get(timeout=60) == "confirmed"
         assert scrape("confirmed.txt")["dialect_proxy_upstream_up,upstream=r1"] == 0
         steps[1].put("confirm")

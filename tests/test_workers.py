@@ -1,12 +1,21 @@
-"""`serve --workers 2`: two uvicorn worker processes, and one /metrics scrape shows the requests of both."""
+"""`serve --workers 2`: two uvicorn worker processes, and one /metrics scrape shows the requests of both (the other
+worker's as of its last flush to the shared files: at most proxy/metrics_files.py FLUSH_INTERVAL ago)."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 
+from proxy.metrics_files import FLUSH_INTERVAL
 from tests.conftest import serve_process
+
+
+def _answered(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("dialect_proxy_requests_total{") and 'status="2xx"' in line)
 
 
 def test_two_workers_serve_and_one_scrape_counts_all_requests(start_mock, tmp_path):
@@ -18,9 +27,11 @@ def test_two_workers_serve_and_one_scrape_counts_all_requests(start_mock, tmp_pa
             r = httpx.post(url + "/v1/chat/completions", timeout=30, headers={"connection": "close"},
                            json={"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}]})
             assert r.status_code == 200
-        text = httpx.get(url + "/metrics", timeout=10).text
-        total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                    if line.startswith("dialect_proxy_requests_total{") and 'status="2xx"' in line)
+        deadline = time.monotonic() + 3 * FLUSH_INTERVAL + 5  # bounded: the other worker flushes once a second
+        total = _answered(url)
+        while total < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+            total = _answered(url)
         assert total == n
         pids = {name.split("_")[-1] for name in os.listdir(tmp_path / "metrics") if name.endswith(".db")}
         assert len(pids) >= 2  # both workers recorded

@@ -5,8 +5,10 @@
 Each scenario does what the handler (proxy/handlers.py) does to the metrics for one request: `Metrics.request`,
 upstream_started/headers, one `chunk()` per event, usage, `upstream_up`, `finish`; a stream has 66 events (role,
 64 tokens, finish). "replica acquire/release" is one attempt on a ReplicaSet: acquire a ticket, `succeeded`,
-release (the admission gauges). `--multiprocess` runs the same in prometheus_client's multiprocess mode (values
-in mmap files in a temporary PROMETHEUS_MULTIPROC_DIR, as with `serve --workers N`). Prints µs per request: the
+release (the admission gauges). `--multiprocess` runs the same in prometheus_client's multiprocess mode (a temporary
+PROMETHEUS_MULTIPROC_DIR, as with `serve --workers N`): the updates are the same local ones, and it also times a
+worker's write of its changed values to the mmap files (proxy/metrics_files.py, once a second per worker) after a
+request of each scenario, and one with nothing changed. Prints µs per request: the
 fastest over `rounds` alternating rounds (the machine is shared). Not a test: it asserts nothing.
 """
 
@@ -114,6 +116,16 @@ def main() -> None:
     print(f"metrics bookkeeping per request, {mode}, fastest of {args.rounds} alternating rounds")
     for name, us in best.items():
         print(f"{name:<30}{us:>8.2f} µs")
+    if args.multiprocess:
+        def changed() -> None:
+            for run in table.values():
+                run()
+            metrics.flush_files()
+
+        both = min(measure(changed, 1) for _ in range(args.rounds)) - sum(best.values())
+        idle = min(measure(metrics.flush_files, 1) for _ in range(args.rounds))
+        print(f"{'write to the files, changed':<30}{both:>8.2f} µs  (once a second per worker)")
+        print(f"{'write to the files, unchanged':<30}{idle:>8.2f} µs")
     body = metrics.render()[0]
     print(f"(/metrics body {len(body)} bytes)")
 
