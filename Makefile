@@ -4,6 +4,7 @@
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
 #   make test-compiled  the whole test suite on a copy of the tree whose request path is compiled with mypyc (setup.py)
 #   make bench  the benchmark (separate from the tests; prints figures)
+#   make bench-workers  --workers 2 vs 1 under wrk against nginx (Debian packages, installed when root)
 #   make soak   a bounded soak run against the mock (loopback only); SECONDS=N (default 120)
 #   make gateway-soak  a bounded soak with mock replicas going down and up (loopback only)
 #   make affinity-bench  prefix-cache hit rate: least_outstanding vs prefix_affinity
@@ -13,7 +14,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-cli test-compiled bench bench-instructions soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-cli test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -69,6 +70,16 @@ lint: $(DEVSTAMP)
 # make bench [REF=COMMIT] [COMPILED=1]: COMPILED=1 measures a compiled copy of this tree (setup.py) as the proxy
 bench: $(DEVSTAMP)
 	$(BIN)/python tests/bench/bench.py $(if $(REF),--ref $(REF)) $(if $(COMPILED),--compiled)
+
+# --workers 2 against --workers 1 (tests/bench/workers.py): the load is wrk and the upstream nginx (Debian packages
+# `wrk`, `nginx`), C programs that leave the cores to the relays. make bench-workers [COMPILED=1]
+bench-workers: $(DEVSTAMP)
+	@if ! command -v wrk >/dev/null 2>&1 || ! { command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; }; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx >/dev/null; \
+	  else echo "bench-workers needs the Debian packages wrk and nginx (apt-get install wrk nginx)"; exit 1; fi; \
+	fi
+	$(BIN)/python tests/bench/workers.py $(if $(COMPILED),--compiled)
 
 # Instructions per request under valgrind (Debian package valgrind): exact before/after.
 # make bench-instructions [REF=COMMIT] [COMPILED=1]

@@ -299,17 +299,14 @@ class Upstream:
     ref: subprocess.Popen[bytes] | None = None
     urls: dict[str, str] = field(default_factory=dict)
 
-    def start(self, proxy_extra: tuple[str, ...] = (), proxy_cpu: int | set[int] | None = 0,
-              bare_workers: int = 1) -> None:
-        """`bare_workers` > 1: the bare relay runs that many worker processes, unpinned (`--scale workers`)."""
+    def start(self, proxy_extra: tuple[str, ...] = (), proxy_cpu: int | set[int] | None = 0) -> None:
         mock_port, proxy_port, bare_port = free_port(), free_port(), free_port()
         ft = ["--full-text"] if self.full_text else []
         self.mock = start(["mock", "--port", str(mock_port), "--dialect", self.dialect, *ft], 1)
         self.proxy = start(["serve", "--port", str(proxy_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
                             "--upstream-dialect", self.dialect, "--log-level", "warning", *ft, *proxy_extra],
                            proxy_cpu)
-        self.bare = start([os.path.join(HERE, "bare_relay.py"), str(bare_port), f"http://127.0.0.1:{mock_port}",
-                           str(bare_workers)], 0 if bare_workers == 1 else None)
+        self.bare = start([os.path.join(HERE, "bare_relay.py"), str(bare_port), f"http://127.0.0.1:{mock_port}"], 0)
         self.urls = {"direct": f"http://127.0.0.1:{mock_port}", "proxy": f"http://127.0.0.1:{proxy_port}",
                      "bare": f"http://127.0.0.1:{bare_port}"}
         if REF_TREE is not None:
@@ -492,57 +489,6 @@ async def scale_full_text(lengths: list[int], rounds: int) -> None:
         up.stop()
 
 
-async def scale_workers(seconds: float, rounds: int) -> None:
-    """Non-stream throughput of `--workers 2` (both cores) against one worker (both cores too), for the proxy and,
-    as the yardstick of what this machine allows, the bare relay with as many uvicorn workers; with what it depends
-    on: CPU per request (flat = the workers do not slow each other down) and how evenly the requests spread over
-    the workers."""
-    cores = os.cpu_count() or 1
-    pin_self(None)
-    print("non-stream throughput, 16 concurrent, --workers 1 vs --workers 2 of the proxy and of the bare relay (all "
-          f"unpinned; the mock and this load generator share the same {cores} cores), best of {rounds} rounds")
-    results: dict[tuple[str, int], float] = {}
-    cpus: dict[tuple[str, int], float] = {}
-    split: dict[tuple[str, int], list[float]] = {}
-    for workers in (1, 2):
-        up = Upstream("openai", "openai", False)
-        up.start(proxy_extra=("--workers", str(workers)), proxy_cpu=None, bare_workers=workers)
-        try:
-            await up.ready()
-            for _ in range(rounds):
-                for target in ("bare", "proxy"):
-                    proc = up.proxy if target == "proxy" else up.bare
-                    pid = proc.pid if proc else 0
-                    url = up.urls[target]
-                    await load(url, False, 16, 0, 64, 0.5, 10**6)
-                    kids = [k for k in children(pid) if "resource_tracker" not in cmdline(k)] if workers > 1 else []
-                    c0 = cpu_seconds(pid)
-                    k0 = [cpu_seconds(k) for k in kids]
-                    r = await load(url, False, 16, 0, 64, seconds, 10**6)
-                    key = (target, workers)
-                    if r.rps > results.get(key, 0):
-                        results[key] = r.rps
-                        cpus[key] = (cpu_seconds(pid) - c0) / max(len(r.latencies), 1) * 1e6
-                        split[key] = [cpu_seconds(k) - k0[i] for i, k in enumerate(kids)]
-        finally:
-            up.stop()
-    for (target, workers), rps in results.items():
-        shares = split.get((target, workers)) or []
-        spread = ""
-        if shares and sum(shares) > 0:
-            spread = "  CPU split over workers " + " / ".join(f"{100 * s / sum(shares):.0f}%" for s in shares)
-        print(f"  {target:5} --workers {workers}: {rps:8.1f} req/s  cpu/req {cpus[(target, workers)]:6.0f} µs{spread}")
-    for target in ("bare", "proxy"):
-        print(f"  {target:5} 2 workers / 1 worker: throughput {results[(target, 2)] / results[(target, 1)]:.2f}, "
-              f"cpu/req {cpus[(target, 2)] / cpus[(target, 1)]:.2f}")
-    gain = (results[("proxy", 2)] / results[("proxy", 1)]) / (results[("bare", 2)] / results[("bare", 1)])
-    print(f"  the proxy's gain from a second worker / the bare relay's: {gain:.2f}")
-    if cores < 4:
-        print(f"  ({cores} cores: the mock and the load generator compete with the second worker, so throughput "
-              "cannot double here; the bare relay's gain is what this machine allows a relay, and the proxy's gain "
-              "against it, cpu/req and the split are what carry over to a machine with spare cores)")
-
-
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="duration of each measured run (bounded)")
@@ -580,7 +526,9 @@ async def main() -> None:
     if args.scale in ("fulltext", "all"):
         await scale_full_text([1024, 2048, 4096, 8192], rounds)
     if args.scale in ("workers", "all"):
-        await scale_workers(max(seconds, 3.0), rounds)
+        import workers  # tests/bench/workers.py: wrk and nginx, so that the relays' workers get the cores
+
+        await asyncio.to_thread(workers.scale_workers, max(round(seconds), 3), rounds, PROXY_TREE)
 
 
 if __name__ == "__main__":
