@@ -44,9 +44,9 @@ class FileMirror:
     """The prometheus_client twins (values in the multiprocess files) of a Metrics object's local families."""
 
     def __init__(self) -> None:
-        self._families: list[tuple[Family, Any]] = []
-        # id of a local child -> [its twin child, the values last written]
-        self._written: dict[int, list[Any]] = {}
+        # each local family, its twin, and per label values [the twin's child, what was last written to it]
+        # (by label values, not by child: a gauge's child may be replaced by a live one, LocalGauge.live)
+        self._families: list[tuple[Family, Any, dict[tuple[str, ...], list[Any]]]] = []
 
     def add(self, family: Family, buckets: Iterable[float] | None, multiprocess_mode: str) -> None:
         """Give `family` (just made by proxy/metrics.py) a twin writing to the files."""
@@ -60,16 +60,15 @@ class FileMirror:
             twin = PromGauge(name, doc, labels, registry=None, multiprocess_mode=mode)
         else:
             raise TypeError(f"no prometheus_client twin for {type(family).__name__}")
-        self._families.append((family, twin))
+        self._families.append((family, twin, {}))
 
     def flush(self) -> None:
         """Write every local value that the files do not hold yet. Event loop thread only, as the updates."""
-        written = self._written
-        for family, twin in self._families:
+        for family, twin, written in self._families:
             for values, child in family.children():
-                entry = written.get(id(child))
+                entry = written.get(values)
                 if entry is None:
-                    entry = written[id(child)] = [_twin_child(twin, values, child), None]
+                    entry = written[values] = [_twin_child(twin, values, child), None]
                 target, last = entry
                 if isinstance(child, CounterChild):
                     if child.value != last:

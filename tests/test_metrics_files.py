@@ -74,7 +74,7 @@ def test_twins_expose_the_local_values_after_a_flush(ops: list[tuple[Any, ...]])
         else:
             mirror.flush()
     mirror.flush()
-    for family, twin in mirror._families:
+    for family, twin, _ in mirror._families:
         assert same(samples(twin.collect()), samples(family.collect())), family.name
 
 
@@ -84,7 +84,7 @@ def test_an_unchanged_value_is_not_written_again() -> None:
     histogram.labels("a").observe(0.05)
     gauge.labels("a").set(3)
     mirror.flush()
-    twins = {family.name: twin for family, twin in mirror._families}
+    twins = {family.name: twin for family, twin, _ in mirror._families}
     writes: list[str] = []
 
     class Spy:
@@ -112,3 +112,17 @@ def test_an_unchanged_value_is_not_written_again() -> None:
     state["live"] = 7.0
     mirror.flush()  # a gauge is written at every flush: the live one reads 7 now
     assert samples(twins["g"].collect())[("g", (("l", "live"),))] == 7.0
+
+
+def test_a_gauge_child_replaced_by_a_live_one_keeps_its_series() -> None:
+    """A replica's gauge first set, then read from the replica's state (LocalGauge.live puts a new child in place
+    of the old one): the files get the live value under the same labels, one series."""
+    mirror, counter, histogram, gauge, state = mirrored()
+    gauge.labels("r").set(2)
+    mirror.flush()
+    gauge.live(("r",), lambda: 5.0)
+    mirror.flush()
+    twin = next(t for f, t, _ in mirror._families if f.name == "g")
+    got = samples(twin.collect())
+    assert got[("g", (("l", "r"),))] == 5.0
+    assert samples(gauge.collect()) == got
