@@ -171,7 +171,7 @@ class Metrics:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._series: dict[tuple[str, str, str, bool, str | None], _Series] = {}
         self._up: dict[str, Any] = {}  # upstream name -> its upstream_up child
-        self._before_render: list[Callable[[], None]] = []
+        self._reads: dict[tuple[Any, tuple[str, ...]], list[Callable[[], float]]] = {}  # live_gauge, local=False
         self.multiprocess = multiprocess
         # Lock-free in-process values (proxy/local_metrics.py), copied into prometheus_client's files in
         # multiprocess mode. `local=False` (one process only) uses prometheus_client's own classes: the reference
@@ -354,15 +354,20 @@ class Metrics:
         return found
 
     def live_gauge(self, metric: Any, labels: tuple[str, ...], read: Callable[[], float],
-                   combine: Callable[[Iterable[float]], float] = sum) -> bool:
-        """Single process: the child of the gauge `metric` for `labels` reads its value from `read()` when a scrape
-        collects it (proxy/local_metrics.py LiveGaugeChild), so the state it shows is never written to a metric.
-        False when `metric` is a prometheus_client gauge (`Metrics(local=False)`), whose values the caller must
-        keep setting."""
-        if not isinstance(metric, LocalGauge):
-            return False
-        self._children[(metric, labels)] = metric.live(labels, read, combine)
-        return True
+                   combine: Callable[[Iterable[float]], float] = sum) -> None:
+        """The child of the gauge `metric` for `labels` reads its value from `read()` when a scrape (or, with
+        `--workers N`, a write to the files) collects it (proxy/local_metrics.py LiveGaugeChild), so the state it
+        shows is never written to a metric. A second reader of the same labels is combined with the first. On a
+        prometheus_client gauge (`Metrics(local=False)`): its `set_function`, reading the same way."""
+        if isinstance(metric, LocalGauge):
+            self._children[(metric, labels)] = metric.live(labels, read, combine)
+            return
+        reads = self._reads.get((metric, labels))
+        if reads is None:
+            reads = self._reads[(metric, labels)] = []
+            metric.labels(*labels).set_function(
+                lambda: float(reads[0]() if len(reads) == 1 else combine(r() for r in reads)))
+        reads.append(read)
 
     def model_label(self, name: object) -> str:
         """The ``model`` label for a name: configured names pass, anything else is ``other``."""
@@ -422,15 +427,8 @@ class Metrics:
                 self._up[upstream] = gauge
         gauge.set(1 if up else 0)
 
-    def before_render(self, refresh: Callable[[], None]) -> None:
-        """Call `refresh` before each render (from the event loop's thread, as /metrics is): gauges that are set,
-        not read at scrape time, bring what depends on the clock up to date (a replica whose ejection ran out)."""
-        self._before_render.append(refresh)
-
     def render(self) -> tuple[bytes, str]:
         """The /metrics body and its content type. In multiprocess mode, all workers' values merged."""
-        for refresh in self._before_render:
-            refresh()
         if self._mirror is None or self._multiproc_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE
         self._mirror.flush()

@@ -55,8 +55,8 @@ VNODES: Final = 100  # points per replica on the hash ring
 class Replica:
     """One server of an upstream."""
 
-    __slots__ = ("admission", "client", "ejected_until", "ejections", "failures", "gauges", "healthy", "index",
-                 "labels", "live", "name", "ok", "probation", "settings", "shown", "url")
+    __slots__ = ("admission", "client", "ejected_until", "ejections", "failures", "healthy", "index", "labels",
+                 "live", "name", "ok", "probation", "settings", "url")
 
     def __init__(self, index: int, settings: ReplicaSettings, client: UpstreamClient, admission: Admission,
                  upstream_label: str) -> None:
@@ -72,9 +72,7 @@ class Replica:
         self.ejected_until = 0.0
         self.probation = False
         self.healthy = True  # the last active health check passed (or none ran yet)
-        self.gauges: tuple[Any, Any, Any] | None = None  # its in_flight, queue_length and up gauge children
-        self.shown: tuple[int | None, int | None, int | None] = (None, None, None)  # the values they were set to
-        self.live = False  # its gauges read their values at scrape time (local metrics): nothing to write
+        self.live = False  # its in_flight and queue_length series exist (made at its first use)
         self.ok: Any = None  # its upstream_attempts{result="ok"} child, once resolved
 
     @property
@@ -147,14 +145,9 @@ class ReplicaSet:
         self.only = self.replicas[0] if len(self.replicas) == 1 else None  # the common case, a lone replica
         self._health_task: asyncio.Task[None] | None = None
         self._rng = random.Random()
-        pushed = False
         for r in self.replicas:
-            if not metrics.live_gauge(metrics.replica_up, r.labels, r.up_value, max):
-                metrics.child(metrics.replica_up, *r.labels).set(1)
-                pushed = True
+            metrics.live_gauge(metrics.replica_up, r.labels, r.up_value, max)
             r.admission.on_change = functools.partial(self.gauges, r)
-        if pushed:  # gauges that are set (`Metrics(local=False)`): an ejection that ran out shows at the next scrape
-            metrics.before_render(self._refresh_gauges)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -287,43 +280,18 @@ class ReplicaSet:
         self.gauges(replica)
 
     def gauges(self, replica: Replica) -> None:
-        """Show the replica's state in its gauges. The first call creates its in_flight and queue_length series
-        (the exposition lists a replica's series once it was used). Single process: they then read the admission's
-        counts at scrape time (replica_up reads the replica's), so nothing is written on acquire and release and
-        the admission stops calling this (with `--workers N` too: proxy/metrics_files.py reads them at each
-        flush). With prometheus_client's gauges (`Metrics(local=False)`, the reference tests/test_local_metrics.py
-        compares with) this runs on every acquire and release and sets the gauges whose value changed."""
+        """The replica's in_flight and queue_length series, made at its first use (the exposition lists a
+        replica's series once it was used; the admission calls this until then). They read the admission's counts
+        when a scrape (or, with `--workers N`, a write to the files: proxy/metrics_files.py) collects them, as
+        replica_up reads the replica's state: acquire, release, ejections and health checks write no metric."""
         if replica.live:
             return
         m = self.metrics
         adm = replica.admission
-        if replica.gauges is None and m.live_gauge(m.replica_in_flight, replica.labels, functools.partial(
-                _in_flight, adm)):
-            m.live_gauge(m.replica_queue_length, replica.labels, functools.partial(_queued, adm))
-            replica.live = True
-            adm.on_change = None
-            return
-        shown = replica.shown
-        in_flight, queued, up = adm.in_flight, adm.queued, 1 if replica.up() else 0
-        if in_flight == shown[0] and queued == shown[1] and up == shown[2]:
-            return
-        children = replica.gauges
-        if children is None:
-            children = replica.gauges = (m.child(m.replica_in_flight, *replica.labels),
-                                         m.child(m.replica_queue_length, *replica.labels),
-                                         m.child(m.replica_up, *replica.labels))
-        if in_flight != shown[0]:
-            children[0].set(in_flight)
-        if queued != shown[1]:
-            children[1].set(queued)
-        if up != shown[2]:
-            children[2].set(up)
-        replica.shown = (in_flight, queued, up)
-
-    def _refresh_gauges(self) -> None:
-        for r in self.replicas:
-            if r.gauges is not None:  # (a replica never used was never ejected: its replica_up is still 1)
-                self.gauges(r)
+        m.live_gauge(m.replica_in_flight, replica.labels, functools.partial(_in_flight, adm))
+        m.live_gauge(m.replica_queue_length, replica.labels, functools.partial(_queued, adm))
+        replica.live = True
+        adm.on_change = None
 
     async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
         """Probe every replica now. With active health on, the result also takes replicas out and back in (without

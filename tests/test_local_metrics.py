@@ -157,11 +157,11 @@ class _Gateway:
         await self.solo.close()
 
 
-def test_replica_gauges_read_at_scrape_equal_gauges_set_on_change() -> None:
-    """Single process, the replica gauges are read from the admission and health state when a scrape collects them;
-    prometheus_client's classes (`local=False`) get them set on every change, as multiprocess mode does. At every
-    moment that matters both expositions are the same, line for line: the series appear when a replica is first
-    used and in that order, and show what is in flight, what is queued and who is up."""
+def test_replica_gauges_read_at_scrape_equal_prometheus_client_function_gauges() -> None:
+    """The replica gauges are read from the admission and health state when a scrape collects them, by the local
+    gauges and by prometheus_client's (`local=False`, their `set_function`). At every moment that matters both
+    expositions are the same, line for line: the series appear when a replica is first used and in that order, and
+    show what is in flight, what is queued and who is up."""
     local, reference = _Gateway(Metrics(CONFIGURED)), _Gateway(Metrics(CONFIGURED, local=False))
     assert isinstance(local.m.replica_in_flight, LocalGauge)
     assert not isinstance(reference.m.replica_in_flight, LocalGauge)
