@@ -1,4 +1,5 @@
-"""Graceful shutdown of the real CLI process: SIGTERM mid-stream."""
+"""Graceful shutdown of the real CLI process: SIGTERM mid-stream, with one process and with `--workers 2` (the
+master passes the signal to each worker, which drains as a single process does)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import pytest
 from tests.conftest import free_port, wait_for
 
 
-def start_cli(mock_url: str, grace: float) -> tuple[subprocess.Popen[bytes], str]:
+def start_cli(mock_url: str, grace: float, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream-url", mock_url,
-         "--upstream-dialect", "openai", "--shutdown-grace", str(grace), "--log-level", "warning"],
+         "--upstream-dialect", "openai", "--shutdown-grace", str(grace), "--log-level", "warning",
+         "--workers", str(workers)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
 
@@ -50,10 +52,10 @@ def stream_events(url: str, content: str, on_first: object) -> list[str]:
     return events
 
 
-@pytest.mark.parametrize("grace", [10.0])
-def test_sigterm_mid_stream_lets_the_stream_finish(start_mock, grace):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_mid_stream_lets_the_stream_finish(start_mock, workers):
     mock = start_mock("openai")
-    proc, url = start_cli(mock.url, grace)
+    proc, url = start_cli(mock.url, 10.0, workers)
     try:
         events = stream_events(url, "[mock:chunks=30][mock:delay_ms=40]", lambda: proc.send_signal(signal.SIGTERM))
         assert events[-1] == "[DONE]"
@@ -68,9 +70,10 @@ def test_sigterm_mid_stream_lets_the_stream_finish(start_mock, grace):
         proc.communicate(timeout=10)
 
 
-def test_sigterm_grace_over_ends_stream_with_error_event(start_mock):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_grace_over_ends_stream_with_error_event(start_mock, workers):
     mock = start_mock("openai")
-    proc, url = start_cli(mock.url, 0.5)
+    proc, url = start_cli(mock.url, 0.5, workers)
     t0 = time.monotonic()
     try:
         events = stream_events(url, "[mock:chunks=400][mock:delay_ms=25]", lambda: proc.send_signal(signal.SIGTERM))
