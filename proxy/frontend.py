@@ -7,7 +7,7 @@ checks (header names and values, content-length against the body, `connection: c
 length is given, HEAD, `Expect: 100-continue`, pipelined requests answered in order, back-pressure both ways, a 500
 when the app fails before answering). It is the proxy's own so that the per-request path compiles with the rest of
 it (setup.py): uvicorn's protocol is interpreted Python, and its callbacks and `send` were a fifth of the
-instructions of a non-stream request (README "The compiled build").
+instructions of a non-stream request (docs/speed.md, "The compiled build, change by change").
 
 Beyond uvicorn's protocol:
 
