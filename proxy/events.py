@@ -41,8 +41,8 @@ class Delta:
 
     # Written out, not generated: a dataclass's own `__init__` is made by `dataclasses` at import time and runs
     # interpreted even in the compiled build (setup.py), ~3,000 instructions per event against ~500 for this one
-    # (README.md "The compiled build"). `dataclass` keeps an `__init__` the class defines; the fields above stay the
-    # reference for equality, repr and `replace`.
+    # (docs/speed.md, "The compiled build"). `dataclass` keeps an `__init__` the class defines; the fields above
+    # stay the reference for equality, repr and `replace`.
     def __init__(self, index: int = 0, reasoning: str = "", content: str = "",
                  tool_calls: list[ToolCallFragment] | None = None, finish_reason: str | None = None,
                  logprobs: Any = None, extra: dict[str, Any] | None = None,
@@ -115,3 +115,11 @@ class Timings:
     decode: list[float] = field(default_factory=list)  # per generated token
     queue_wait: list[float] = field(default_factory=list)  # per generated token, waiting in the scheduler's queue
     batch_size: list[float] = field(default_factory=list)  # per generated token, the batch it was decoded in
+
+    def __init__(self, prefill: float | None = None, decode: list[float] | None = None,
+                 queue_wait: list[float] | None = None, batch_size: list[float] | None = None) -> None:
+        # Written out, as Delta's (above): the generated one runs interpreted, ~2,300 instructions a MindIE answer.
+        self.prefill = prefill
+        self.decode = [] if decode is None else decode
+        self.queue_wait = [] if queue_wait is None else queue_wait
+        self.batch_size = [] if batch_size is None else batch_size

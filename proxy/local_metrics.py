@@ -239,24 +239,34 @@ class HistogramChild(_Child):
             metric.add_sample(name + "_created", labels, self.created)
 
 
+_INF: Final = math.inf
+
+
 def count_into_buckets(bounds: list[float], counts: list[Any], amounts: list[float]) -> None:
-    """Add each amount (none NaN) to the count of the first bucket whose bound is >= it, as `observe` does one by one:
-    sorted once, then one bisection per bucket instead of one per amount (interpreted), or one walk along the sorted
-    amounts and the bounds together (compiled: C double comparisons, where `bisect_right` compares float objects)."""
+    """Add each amount (none NaN) to the count of the first bucket whose bound is >= it, as `observe` does one by one.
+    Compiled (C double comparisons): amount by amount, each first tried in the previous one's bucket (an upstream's
+    per-token timings cluster: one decode step after another), a run of amounts in one bucket added to its count at
+    once; no sort, no list made (callgrind, MindIE's three 16-item lists: ~3,900 instructions a list sorted and
+    walked). Interpreted: sorted once, then one bisection per bucket (`bisect_right` is C there, a loop is not)."""
+    if NATIVE_LOOPS:
+        b = -1
+        run = 0
+        low = high = 0.0  # the current bucket is (low, high]: C doubles, no list read per amount
+        for amount in amounts:
+            if b >= 0 and low < amount <= high:
+                run += 1
+                continue
+            if run:
+                counts[b] += run
+            b = bucket_index(bounds, amount)
+            low = bounds[b - 1] if b else -_INF
+            high = bounds[b]
+            run = 1
+        if run:
+            counts[b] += run
+        return
     values = sorted(amounts)
     n = len(values)
-    if NATIVE_LOOPS:
-        i = 0
-        for b in range(len(bounds)):
-            bound = bounds[b]
-            start = i
-            while i < n and values[i] <= bound:
-                i += 1
-            if i != start:
-                counts[b] += i - start
-                if i == n:
-                    return
-        return
     below = 0
     for i, bound in enumerate(bounds):
         upto = bisect_right(values, bound)

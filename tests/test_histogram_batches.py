@@ -10,7 +10,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy import local_metrics
 from proxy import metrics as metrics_mod
+from proxy.build import BUILD
 from proxy.dialects import mindie
 from proxy.local_metrics import LocalHistogram
 
@@ -33,9 +35,23 @@ def state(child: Any) -> tuple[list[float], float]:
     return list(child.counts), child.sum
 
 
+clustered = st.lists(st.sampled_from([0.02, 0.021, 0.05, 0.0, 1e9, *BOUNDS]), max_size=60)  # runs in one bucket
+
+
 @settings(max_examples=300, deadline=None)
-@given(before=st.lists(amount, max_size=5), batch=st.lists(with_nan, max_size=60))
-def test_local_observe_all_equals_observe_each(before: list[float], batch: list[float]) -> None:
+@given(before=st.lists(amount, max_size=5), batch=st.one_of(st.lists(with_nan, max_size=60), clustered),
+       native=st.booleans())
+def test_local_observe_all_equals_observe_each(before: list[float], batch: list[float], native: bool) -> None:
+    """`native`: the compiled build's loop (NATIVE_LOOPS) run interpreted here, so that both branches of
+    `count_into_buckets` are checked in either build."""
+    local_metrics.NATIVE_LOOPS = native  # type: ignore[misc]  (read at each call; restored below)
+    try:
+        check_observe_all(before, batch)
+    finally:
+        local_metrics.NATIVE_LOOPS = BUILD == "mypyc"  # type: ignore[misc]
+
+
+def check_observe_all(before: list[float], batch: list[float]) -> None:
     one, each = local_child(), local_child()
     for child in (one, each):
         for a in before:

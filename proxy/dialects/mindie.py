@@ -255,7 +255,7 @@ class MindIEDialect(Dialect):
         headers = super().request_headers(ctx)
         # MindIE uses req-id as its own request key: two attempts (or two clients reusing an x-request-id) must not
         # collide, so each attempt gets the request id plus a fresh suffix (DECISIONS.md "Responses").
-        headers["req-id"] = ctx.request_id + "-" + str(ctx.attempt) + _REQ_TAG + format(next(_req_counter), "x")
+        headers["req-id"] = f"{ctx.request_id}-{ctx.attempt}{_REQ_TAG}{next(_req_counter)}"
         return headers
 
     def _check_top_k(self, out: dict[str, Any]) -> None:
