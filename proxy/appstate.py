@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+from typing import Final
 
 from .clients import CLIENT_DIALECTS, ClientDialect
 from .dialects import Dialect, get_dialect
@@ -16,6 +18,8 @@ from .routing import Router
 from .settings import Settings
 from .state import open_store
 from .upstream import UpstreamClient
+
+log: Final = logging.getLogger("dialect_proxy")
 
 
 class AppState:
@@ -55,7 +59,10 @@ class AppState:
     async def _flush_metrics(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL)
-            self.metrics.flush_files()
+            try:
+                self.metrics.flush_files()
+            except Exception:  # a bug of ours (or a prometheus_client that changed) must not end the writes for good
+                log.exception("writing this worker's metrics to the multiprocess files failed")
 
     async def close(self) -> None:
         for rs in self.replicas.values():

@@ -12,7 +12,8 @@ Counters and histograms are written when they changed, gauges at every flush (a 
 that of the flush: the newest worker's view wins, as when each worker wrote its own at every change). Values are
 written whole (`set`), never as increments, so the files hold exactly the local values. Counter and histogram
 children have no public setter: this reaches into prometheus_client's child objects (a counter's `_value`, a
-histogram's `_buckets` and `_sum`), and checks at start-up that they are there.
+histogram's `_buckets` and `_sum`), checks that they are there when it first writes a child, and says so in a
+RuntimeError (which /metrics answers with a 500 and the periodic write logs) if they are not.
 """
 
 from __future__ import annotations

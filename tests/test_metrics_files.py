@@ -126,3 +126,34 @@ def test_a_gauge_child_replaced_by_a_live_one_keeps_its_series() -> None:
     got = samples(twin.collect())
     assert got[("g", (("l", "r"),))] == 5.0
     assert samples(gauge.collect()) == got
+
+
+def test_a_failing_write_is_logged_and_the_writes_go_on(monkeypatch: Any, caplog: Any) -> None:
+    """The worker's periodic write (proxy/appstate.py) logs a failure and tries again at the next interval."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from proxy import appstate
+
+    calls: list[int] = []
+
+    class Failing:
+        def flush_files(self) -> None:
+            calls.append(1)
+            raise RuntimeError("prometheus_client changed")
+
+    monkeypatch.setattr(appstate, "FLUSH_INTERVAL", 0.01)
+
+    async def run() -> None:
+        task = asyncio.create_task(appstate.AppState._flush_metrics(SimpleNamespace(metrics=Failing())))  # type: ignore[arg-type]
+        for _ in range(300):  # bounded: ~3 s at most
+            await asyncio.sleep(0.01)
+            if len(calls) >= 3:
+                break
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level("ERROR", logger="dialect_proxy"):
+        asyncio.run(run())
+    assert len(calls) >= 3
+    assert "multiprocess files failed" in caplog.text and "prometheus_client changed" in caplog.text
