@@ -178,7 +178,8 @@ def scale_workers(seconds: int, rounds: int, tree: str | None = None) -> None:
                 relay_port, bare_port = bench.free_port(), bench.free_port()
                 relays[("proxy", workers)] = (bench.start(
                     ["serve", "--port", str(relay_port), "--upstream-url", upstream, "--upstream-dialect", "openai",
-                     "--log-level", "warning", "--workers", str(workers)], None, cwd=tree), f"http://127.0.0.1:{relay_port}")
+                     "--log-level", "warning", "--workers", str(workers)], None, cwd=tree),
+                    f"http://127.0.0.1:{relay_port}")
                 relays[("bare", workers)] = (bench.start(
                     [os.path.join(HERE, "bare_relay.py"), str(bare_port), upstream, str(workers)], None),
                     f"http://127.0.0.1:{bare_port}")
