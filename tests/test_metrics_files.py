@@ -145,7 +145,8 @@ def test_a_failing_write_is_logged_and_the_writes_go_on(monkeypatch: Any, caplog
     monkeypatch.setattr(appstate, "FLUSH_INTERVAL", 0.01)
 
     async def run() -> None:
-        task = asyncio.create_task(appstate.AppState._flush_metrics(SimpleNamespace(metrics=Failing())))  # type: ignore[arg-type]
+        state: Any = SimpleNamespace(metrics=Failing())  # what _flush_metrics reads of an AppState
+        task = asyncio.create_task(appstate.AppState._flush_metrics(state))
         for _ in range(300):  # bounded: ~3 s at most
             await asyncio.sleep(0.01)
             if len(calls) >= 3:
