@@ -41,7 +41,7 @@ from proxy import __version__
 from proxy.build import BUILD
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 from proxy.events import Timings
-from proxy.local_metrics import Family, HistogramChild, LocalCounter, LocalGauge, LocalHistogram
+from proxy.local_metrics import Family, HistogramChild, LiveGaugeChild, LocalCounter, LocalGauge, LocalHistogram
 from proxy.metrics_files import FileMirror
 
 __all__ = [
@@ -171,7 +171,7 @@ class Metrics:
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._series: dict[tuple[str, str, str, bool, str | None], _Series] = {}
         self._up: dict[str, Any] = {}  # upstream name -> its upstream_up child
-        self._reads: dict[tuple[Any, tuple[str, ...]], list[Callable[[], float]]] = {}  # live_gauge, local=False
+        self._reads: dict[tuple[Any, tuple[str, ...]], LiveGaugeChild] = {}  # live_gauge, local=False
         self.multiprocess = multiprocess
         # Lock-free in-process values (proxy/local_metrics.py), copied into prometheus_client's files in
         # multiprocess mode. `local=False` (one process only) uses prometheus_client's own classes: the reference
@@ -362,12 +362,12 @@ class Metrics:
         if isinstance(metric, LocalGauge):
             self._children[(metric, labels)] = metric.live(labels, read, combine)
             return
-        reads = self._reads.get((metric, labels))
-        if reads is None:
-            reads = self._reads[(metric, labels)] = []
-            metric.labels(*labels).set_function(
-                lambda: float(reads[0]() if len(reads) == 1 else combine(r() for r in reads)))
-        reads.append(read)
+        live = self._reads.get((metric, labels))
+        if live is None:  # the same readers and combining as a local one, behind prometheus_client's function
+            live = self._reads[(metric, labels)] = LiveGaugeChild(read, combine)
+            metric.labels(*labels).set_function(lambda: live.value)
+        else:
+            live.reads.append(read)
 
     def model_label(self, name: object) -> str:
         """The ``model`` label for a name: configured names pass, anything else is ``other``."""
