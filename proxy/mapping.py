@@ -65,29 +65,50 @@ class DialectMapping:
     error_status: Mapping[int, int] = field(default_factory=dict)
     error_code: Mapping[int, int] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
+    # The request fields that a drop, an integer, range or item-count rule names: apply_request looks at those of a
+    # body's fields only (a body has a handful; the rules name ~30 on MindIE).
+    checked: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        checked = self.drop | self.integer | frozenset(self.ranges) | frozenset(self.max_items)
+        object.__setattr__(self, "checked", checked)
 
     def apply_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Renames, drops and range checks on a request body (a shallow copy is returned)."""
+        """Renames, then drops, integer checks, range checks and item counts, each over the body's fields that its
+        rules name, in the body's order (a shallow copy is returned). Walking the body's few fields rather than every
+        rule: callgrind, compiled, a MindIE chat request 14,900 -> 2,400 instructions (docs/speed.md)."""
         out = dict(body)
         for src, dst in self.rename.items():
             if src in out:
                 value = out.pop(src)
                 if dst not in out or out[dst] is None:
                     out[dst] = value
-        for key in self.drop:
-            out.pop(key, None)
-        for key in self.integer:
-            value = out.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ClientRequestError(f"`{key}` must be an integer, got {value!r}.", param=key)
-        for key, r in self.ranges.items():
+        checked = self.checked
+        present = [key for key in out if key in checked]
+        if not present:
+            return out
+        for key in present:
+            if key in self.drop:
+                del out[key]
+        for key in present:
+            if key in self.integer:
+                value = out.get(key)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise ClientRequestError(f"`{key}` must be an integer, got {value!r}.", param=key)
+        for key in present:
+            r = self.ranges.get(key)
+            if r is None:
+                continue
             value = out.get(key)
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ClientRequestError(f"`{key}` must be a number, got {value!r}.", param=key)
             out[key] = _check_range(key, value, r)
-        for key, limit in self.max_items.items():
+        for key in present:
+            limit = self.max_items.get(key)
+            if limit is None:
+                continue
             value = out.get(key)
             if isinstance(value, list) and len(value) > limit:
                 raise ClientRequestError(
