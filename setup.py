@@ -37,6 +37,7 @@ COMPILED = [
     "proxy/normalize.py",
     "proxy/params.py",
     "proxy/pipeline.py",
+    "proxy/readings.py",
     "proxy/replicas.py",
     "proxy/routing.py",
     "proxy/sse.py",

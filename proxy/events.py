@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, final
 
+from .readings import Readings
+
 # {"index": int, "id"?: str, "type"?: "function", "function": {"name"?: str, "arguments": str}} — the Chat
 # Completions wire form of a streamed tool-call delta (what the chat encoder sends as is).
 ToolCallFragment = dict[str, Any]
@@ -108,18 +110,19 @@ class Answer:
 
 @dataclass(slots=True)
 class Timings:
-    """What an upstream reports about its own work on one answer, in seconds (an upstream dialect's `timings` reads
-    them from its own fields and units; the metrics layer records them)."""
+    """What an upstream reports about its own work on one answer (an upstream dialect's `timings` reads it from its
+    own fields; the metrics layer records it): the prompt's processing time in seconds, and per generated token lists
+    as the upstream gave them, each with its unit (proxy/readings.py)."""
 
     prefill: float | None = None  # time to process the prompt
-    decode: list[float] = field(default_factory=list)  # per generated token
-    queue_wait: list[float] = field(default_factory=list)  # per generated token, waiting in the scheduler's queue
-    batch_size: list[float] = field(default_factory=list)  # per generated token, the batch it was decoded in
+    decode: Readings | None = None  # per generated token
+    queue_wait: Readings | None = None  # per generated token, waiting in the scheduler's queue
+    batch_size: Readings | None = None  # per generated token, the batch it was decoded in
 
-    def __init__(self, prefill: float | None = None, decode: list[float] | None = None,
-                 queue_wait: list[float] | None = None, batch_size: list[float] | None = None) -> None:
+    def __init__(self, prefill: float | None = None, decode: Readings | None = None,
+                 queue_wait: Readings | None = None, batch_size: Readings | None = None) -> None:
         # Written out, as Delta's (above): the generated one runs interpreted, ~2,300 instructions a MindIE answer.
         self.prefill = prefill
-        self.decode = [] if decode is None else decode
-        self.queue_wait = [] if queue_wait is None else queue_wait
-        self.batch_size = [] if batch_size is None else batch_size
+        self.decode = decode
+        self.queue_wait = queue_wait
+        self.batch_size = batch_size

@@ -27,9 +27,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from .build import BUILD
+from .readings import MAX_READINGS, Readings, finite
+from .readings import values as read_values
 
 __all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeChild", "LocalCounter", "LocalGauge",
-           "LocalHistogram", "NATIVE_LOOPS", "bucket_index", "sum_after"]
+           "LocalHistogram", "NATIVE_LOOPS", "bucket_index", "count_readings"]
 
 
 def bucket_index(bounds: list[float], amount: float) -> int:
@@ -49,21 +51,9 @@ def bucket_index(bounds: list[float], amount: float) -> int:
     return lo
 
 
-# Compiled, a histogram's bucket search, a list's sum and its bucket counts are loops of C doubles (`bucket_index`,
-# `sum_after`, `count_into_buckets`); interpreted, bisect and reduce are the faster ones.
+# Compiled, a histogram's bucket search and an upstream list's reading are loops of C doubles (`bucket_index`,
+# `count_readings`); interpreted, bisect, sorted and reduce are the faster ones.
 NATIVE_LOOPS: Final = BUILD == "mypyc"
-
-
-def sum_after(start: float, amounts: list[float]) -> float:
-    """`start` plus each of `amounts` in order: the sum that observing them one by one reaches. Compiled, a loop of
-    C doubles (~10 instructions an amount); interpreted, `reduce(add, ...)` (a generic call of `add` an amount,
-    ~270 instructions compiled: callgrind of a MindIE stream's timing lists)."""
-    if not NATIVE_LOOPS:
-        return reduce(add, amounts, start)
-    total = start
-    for amount in amounts:
-        total += amount
-    return total
 
 
 def _use_created() -> bool:
@@ -205,15 +195,27 @@ class HistogramChild(_Child):
         self.counts[bucket_index(bounds, amount) if NATIVE_LOOPS else bisect_left(bounds, amount)] += 1
         self.sum += amount
 
-    def observe_all(self, amounts: list[float]) -> None:
-        """Each of `amounts` (as a call of `observe` each: the same buckets, the sum added in the same order)."""
-        total = sum_after(self.sum, amounts)
-        if total != total:  # a NaN among them (or in the sum already): one by one, as observe() does
-            for amount in amounts:
-                self.observe(amount)
+    def observe_readings(self, readings: Readings) -> None:
+        """Each value of an upstream's list (read as proxy/readings.py says), as a call of `observe` each: the same
+        buckets, the sum added in the same order. Compiled, the items are read in place (`count_readings`);
+        interpreted, the list that `read_values` makes is sorted once and bisected once per bucket (C there, where a
+        loop is not)."""
+        if NATIVE_LOOPS:
+            self.sum = count_readings(self.bounds, self.counts, readings.items, readings.unit, self.sum)
             return
-        count_into_buckets(self.bounds, self.counts, amounts)
-        self.sum = total
+        amounts = read_values(readings)
+        self.sum = reduce(add, amounts, self.sum)  # in the list's order, as observe() one by one adds them
+        amounts.sort()
+        n = len(amounts)
+        below = 0
+        counts = self.counts
+        for i, bound in enumerate(self.bounds):
+            upto = bisect_right(amounts, bound)
+            if upto != below:
+                counts[i] += upto - below
+                below = upto
+                if below == n:
+                    return
 
     def observe_many(self, amount: float, n: int) -> None:
         """`n` observations of the same `amount` (as `n` calls of `observe`; the sum may differ in its last bits)."""
@@ -242,39 +244,34 @@ class HistogramChild(_Child):
 _INF: Final = math.inf
 
 
-def count_into_buckets(bounds: list[float], counts: list[Any], amounts: list[float]) -> None:
-    """Add each amount (none NaN) to the count of the first bucket whose bound is >= it, as `observe` does one by one.
-    Compiled (C double comparisons): amount by amount, each first tried in the previous one's bucket (an upstream's
-    per-token timings cluster: one decode step after another), a run of amounts in one bucket added to its count at
-    once; no sort, no list made (callgrind, MindIE's three 16-item lists: ~3,900 instructions a list sorted and
-    walked). Interpreted: sorted once, then one bisection per bucket (`bisect_right` is C there, a loop is not)."""
-    if NATIVE_LOOPS:
-        b = -1
-        run = 0
-        low = high = 0.0  # the current bucket is (low, high]: C doubles, no list read per amount
-        for amount in amounts:
-            if b >= 0 and low < amount <= high:
-                run += 1
-                continue
-            if run:
-                counts[b] += run
-            b = bucket_index(bounds, amount)
-            low = bounds[b - 1] if b else -_INF
-            high = bounds[b]
-            run = 1
+def count_readings(bounds: list[float], counts: list[Any], items: list[Any], unit: float, total: float) -> float:
+    """Read an upstream's list into a histogram's bucket counts (proxy/readings.py: the finite non-negative numbers
+    among the first MAX_READINGS items, times `unit`) and return `total` plus each value in order. One pass of C
+    doubles, no float object made: each value first tried in the previous one's bucket (an upstream's per-token
+    timings cluster: one decode step after another), a run of values in one bucket added to its count at once."""
+    b = -1
+    run = 0
+    low = high = 0.0  # the current bucket is (low, high]
+    if len(items) > MAX_READINGS:
+        items = items[:MAX_READINGS]
+    for item in items:
+        v = finite(item)
+        if v < 0.0:
+            continue
+        v *= unit
+        total += v
+        if b >= 0 and low < v <= high:
+            run += 1
+            continue
         if run:
             counts[b] += run
-        return
-    values = sorted(amounts)
-    n = len(values)
-    below = 0
-    for i, bound in enumerate(bounds):
-        upto = bisect_right(values, bound)
-        if upto != below:
-            counts[i] += upto - below
-            below = upto
-            if below == n:
-                return
+        b = bucket_index(bounds, v)
+        low = bounds[b - 1] if b else -_INF
+        high = bounds[b]
+        run = 1
+    if run:
+        counts[b] += run
+    return total
 
 
 class LocalCounter(Family):

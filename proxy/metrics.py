@@ -43,6 +43,8 @@ from proxy.dialects import DIALECTS as DIALECT_REGISTRY
 from proxy.events import Timings
 from proxy.local_metrics import Family, HistogramChild, LiveGaugeChild, LocalCounter, LocalGauge, LocalHistogram
 from proxy.metrics_files import FileMirror
+from proxy.readings import Readings
+from proxy.readings import values as read_values
 
 __all__ = [
     "CONTENT_TYPE",
@@ -488,13 +490,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _observe_all(child: Any, values: list[float]) -> None:
-    """Observe each value (an upstream's per-token timings: thousands for a long answer): in one loop on a local
-    histogram child, one by one on a prometheus_client one (`Metrics(local=False)`)."""
+def _observe_readings(child: Any, readings: Readings) -> None:
+    """Observe each value of an upstream's list (proxy/readings.py; thousands for a long answer): read in place by a
+    local histogram child, one by one by a prometheus_client one (`Metrics(local=False)`)."""
     if isinstance(child, HistogramChild):
-        child.observe_all(values)
+        child.observe_readings(readings)
     else:
-        for value in values:
+        for value in read_values(readings):
             child.observe(value)
 
 
@@ -504,8 +506,8 @@ class _Series:
     ends (status and outcome, token kind, finish reason) are resolved on first use, so the exposition has the same
     series in the same order as looking each one up per request."""
 
-    __slots__ = ("_ends", "_finish_reasons", "_m", "_tokens", "in_flight", "in_flight_stream", "itl", "key", "model",
-                 "overhead", "route", "stream", "stream_label", "ttft", "upstream")
+    __slots__ = ("_ends", "_finish_reasons", "_m", "_timings", "_tokens", "in_flight", "in_flight_stream", "itl", "key",
+                 "model", "overhead", "route", "stream", "stream_label", "ttft", "upstream")
 
     def __init__(self, m: Metrics, route: str, upstream: str, model: str, stream: bool, key: str) -> None:
         self._m = m
@@ -520,6 +522,7 @@ class _Series:
         self._ends: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._tokens: dict[str, tuple[Any, Any]] = {}
         self._finish_reasons: dict[str, Any] = {}
+        self._timings: dict[Any, Any] = {}
 
     def ended(self, status: str, outcome: str) -> tuple[Any, Any, Any]:
         """requests, key_requests and request_duration children for a request that ended so."""
@@ -547,6 +550,13 @@ class _Series:
         if found is None:
             m = self._m
             found = self._finish_reasons[reason] = m.child(m.finish_reasons, self.upstream, self.model, reason)
+        return found
+
+    def timing(self, histogram: Any) -> Any:
+        """The child of one of the upstream's own timing histograms (labels upstream and model)."""
+        found = self._timings.get(histogram)
+        if found is None:
+            found = self._timings[histogram] = self._m.child(histogram, self.upstream, self.model)
         return found
 
 
@@ -694,13 +704,15 @@ class RequestObserver:
         if self._timings_seen:
             return
         self._timings_seen = True
-        m, upstream, model = self._m, self._upstream, self._model  # (labels passed one by one: a `*` call is generic)
+        m, s = self._m, self._s
         if timings.prefill is not None:
-            m.child(m.prefill, upstream, model).observe(timings.prefill)
-        for histogram, values in ((m.decode, timings.decode), (m.queue_wait, timings.queue_wait),
-                                  (m.batch_size, timings.batch_size)):
-            if values:
-                _observe_all(m.child(histogram, upstream, model), values)
+            s.timing(m.prefill).observe(timings.prefill)
+        if timings.decode is not None:
+            _observe_readings(s.timing(m.decode), timings.decode)
+        if timings.queue_wait is not None:
+            _observe_readings(s.timing(m.queue_wait), timings.queue_wait)
+        if timings.batch_size is not None:
+            _observe_readings(s.timing(m.batch_size), timings.batch_size)
 
     def upstream_error(self, dialect: str, code: str) -> None:
         """An error from (or about) the upstream: the dialect's name and its own error code (e.g. an HTTP status),

@@ -1,6 +1,6 @@
-"""Histogram samples taken in batches give exactly what one `observe` per sample gives: the batch of a MindIE answer's
-per-token timings (`HistogramChild.observe_all`), the zeros of one read's later tokens
-(`observe_many`), and MindIE's conversion of its timing lists (`_scaled`: one pass for a list of plain numbers)."""
+"""Histogram samples taken in batches give exactly what one `observe` per sample gives: an upstream's per-token list
+read into a histogram (`HistogramChild.observe_readings`, proxy/readings.py: both builds' ways), the zeros of one
+read's later tokens (`observe_many`), and the list that reading makes (`values`: one pass for plain numbers)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from proxy import metrics as metrics_mod
 from proxy.build import BUILD
 from proxy.dialects import mindie
 from proxy.local_metrics import LocalHistogram
+from proxy.readings import MAX_READINGS, Readings
+from proxy.readings import values as read_values
 
 BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 
@@ -35,53 +37,10 @@ def state(child: Any) -> tuple[list[float], float]:
     return list(child.counts), child.sum
 
 
-clustered = st.lists(st.sampled_from([0.02, 0.021, 0.05, 0.0, 1e9, *BOUNDS]), max_size=60)  # runs in one bucket
-
-
-@settings(max_examples=300, deadline=None)
-@given(before=st.lists(amount, max_size=5), batch=st.one_of(st.lists(with_nan, max_size=60), clustered),
-       native=st.booleans())
-def test_local_observe_all_equals_observe_each(before: list[float], batch: list[float], native: bool) -> None:
-    """`native`: the compiled build's loop (NATIVE_LOOPS) run interpreted here, so that both branches of
-    `count_into_buckets` are checked in either build."""
-    local_metrics.NATIVE_LOOPS = native  # type: ignore[misc]  (read at each call; restored below)
-    try:
-        check_observe_all(before, batch)
-    finally:
-        local_metrics.NATIVE_LOOPS = BUILD == "mypyc"  # type: ignore[misc]
-
-
-def check_observe_all(before: list[float], batch: list[float]) -> None:
-    one, each = local_child(), local_child()
-    for child in (one, each):
-        for a in before:
-            child.observe(a)
-    one.observe_all(batch)
-    for a in batch:
-        each.observe(a)
-    counts, total = state(one)
-    want_counts, want_total = state(each)
-    assert counts == want_counts
-    assert total == want_total or (math.isnan(total) and math.isnan(want_total))
-
-
-@settings(max_examples=200, deadline=None)
-@given(value=amount, n=st.integers(min_value=0, max_value=50))
-def test_observe_many_equals_observe_each(value: float, n: int) -> None:
-    many, each = local_child(), local_child()
-    many.observe_many(value, n)
-    for _ in range(n):
-        each.observe(value)
-    assert many.counts == each.counts
-    assert many.sum == each.sum or math.isclose(many.sum, each.sum)  # n additions vs one product
-
-
-def scaled_reference(items: object, unit: float) -> list[float]:
-    """One item at a time, as the dialect read them before the one-pass conversion."""
-    if not isinstance(items, list):
-        return []
+def scaled_reference(items: list[Any], unit: float) -> list[float]:
+    """One item at a time: the finite non-negative numbers (not bools) among the first MAX_READINGS, times `unit`."""
     out = []
-    for item in items[: mindie.MAX_TIMING_SAMPLES]:
+    for item in items[:MAX_READINGS]:
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             continue
         f = float(item)
@@ -95,13 +54,81 @@ item = st.one_of(
     st.booleans(), st.none(), st.text(max_size=3),
 )
 plain = st.one_of(st.floats(min_value=0, max_value=1e6), st.integers(min_value=0, max_value=10**6))
+clustered = st.lists(st.sampled_from([20, 21, 50, 0, 10**12, 0.5, 1, 5, 10, 100]), max_size=60)  # runs in one bucket
+UNITS = st.sampled_from([1.0, mindie.DECODE_TIME_UNIT, mindie.QUEUE_WAIT_TIME_UNIT])
+MIXED = [3, True, None, "4", -1, float("nan"), float("inf"), 2**70, 7.25, [], {"a": 1}, 0.5]
+
+
+def with_native_loops(native: bool, check: Any) -> None:
+    """Run `check` with the compiled build's loops (NATIVE_LOOPS) or the interpreted ones, in either build (the
+    flag is read at each call; restored after)."""
+    local_metrics.NATIVE_LOOPS = native  # type: ignore[misc]
+    try:
+        check()
+    finally:
+        local_metrics.NATIVE_LOOPS = BUILD == "mypyc"  # type: ignore[misc]
+
+
+@settings(max_examples=300, deadline=None)
+@given(before=st.lists(amount, max_size=5),
+       batch=st.one_of(st.lists(item, max_size=60), st.lists(plain, max_size=60), clustered),
+       unit=UNITS, native=st.booleans())
+def test_observe_readings_equals_observe_each_value(before: list[float], batch: list[Any], unit: float,
+                                                    native: bool) -> None:
+    """Both branches of `observe_readings` (`count_readings` compiled, `values` + bisect interpreted) count and sum
+    what one `observe` per finite non-negative number times the unit gives, in order."""
+    with_native_loops(native, lambda: check_observe_readings(before, batch, unit))
+
+
+def check_observe_readings(before: list[float], batch: list[Any], unit: float) -> None:
+    one, each = local_child(), local_child()
+    for child in (one, each):
+        for a in before:
+            child.observe(a)
+    one.observe_readings(Readings(batch, unit))
+    for a in scaled_reference(batch, unit):
+        each.observe(a)
+    counts, total = state(one)
+    want_counts, want_total = state(each)
+    assert counts == want_counts
+    assert total == want_total or (math.isnan(total) and math.isnan(want_total))
+
+
+def test_a_mixed_list_is_read_alike_by_both_builds() -> None:
+    """Bools, None, strings, negatives, NaN, infinity and containers are left out; a huge integer is a number."""
+    for unit in (1.0, 1e-3, 1e-6):
+        want = [3 * unit, 2**70 * unit, 7.25 * unit, 0.5 * unit]
+        assert read_values(Readings(MIXED, unit)) == want
+        for native in (True, False):
+            with_native_loops(native, lambda: check_observe_readings([], MIXED, unit))  # noqa: B023 (run at once)
+
+
+def test_only_the_first_max_readings_items_are_read() -> None:
+    items = [1.0] * (MAX_READINGS + 10)
+    assert len(read_values(Readings(items))) == MAX_READINGS
+    for native in (True, False):
+        def check() -> None:
+            child = local_child()
+            child.observe_readings(Readings(items))
+            assert sum(child.counts) == MAX_READINGS
+        with_native_loops(native, check)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=amount, n=st.integers(min_value=0, max_value=50))
+def test_observe_many_equals_observe_each(value: float, n: int) -> None:
+    many, each = local_child(), local_child()
+    many.observe_many(value, n)
+    for _ in range(n):
+        each.observe(value)
+    assert many.counts == each.counts
+    assert many.sum == each.sum or math.isclose(many.sum, each.sum)  # n additions vs one product
 
 
 @settings(max_examples=400, deadline=None)
-@given(items=st.one_of(st.lists(item, max_size=30), st.lists(plain, max_size=30), st.none(), st.text(max_size=3)),
-       unit=st.sampled_from([1, mindie.DECODE_TIME_UNIT, mindie.QUEUE_WAIT_TIME_UNIT]))
-def test_mindie_scaled_equals_item_by_item(items: object, unit: float) -> None:
-    got = mindie._scaled(items, unit)
+@given(items=st.one_of(st.lists(item, max_size=30), st.lists(plain, max_size=30)), unit=UNITS)
+def test_read_values_equals_item_by_item(items: list[Any], unit: float) -> None:
+    got = read_values(Readings(items, unit))
     want = scaled_reference(items, unit)
     assert got == want
     assert all(type(v) is float for v in got)

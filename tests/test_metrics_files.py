@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from proxy.local_metrics import LocalCounter, LocalGauge, LocalHistogram
 from proxy.metrics_files import FileMirror
+from proxy.readings import Readings
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
 LABELS = ("a", "b")
@@ -25,7 +26,7 @@ op = st.one_of(
     st.tuples(st.just("inc"), st.sampled_from(LABELS), st.floats(0, 100, allow_nan=False)),
     st.tuples(st.just("observe"), st.sampled_from(LABELS), amount),
     st.tuples(st.just("observe_many"), st.sampled_from(LABELS), amount, st.integers(0, 5)),
-    st.tuples(st.just("observe_all"), st.sampled_from(LABELS), st.lists(amount, max_size=8)),
+    st.tuples(st.just("observe_readings"), st.sampled_from(LABELS), st.lists(amount, max_size=8)),
     st.tuples(st.just("gauge"), st.sampled_from(LABELS), st.floats(-50, 50, allow_nan=False)),
     st.tuples(st.just("live"), st.floats(0, 9, allow_nan=False)),
     st.just(("flush",)),
@@ -65,8 +66,8 @@ def test_twins_expose_the_local_values_after_a_flush(ops: list[tuple[Any, ...]])
             histogram.labels(o[1]).observe(o[2])
         elif o[0] == "observe_many":
             histogram.labels(o[1]).observe_many(o[2], o[3])
-        elif o[0] == "observe_all":
-            histogram.labels(o[1]).observe_all(o[2])
+        elif o[0] == "observe_readings":
+            histogram.labels(o[1]).observe_readings(Readings(o[2]))
         elif o[0] == "gauge":
             gauge.labels(o[1]).set(o[2])
         elif o[0] == "live":

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
-from ..build import BUILD
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from ..errors import ClientRequestError, ProxyError
 from ..events import Timings
+from ..readings import Readings, number
 from ..stream.cumulative import CumulativeText
 from .base import Dialect, NameTest, UpstreamSession
 
@@ -196,26 +195,17 @@ class MindIEDialect(Dialect):
 
     def timings(self, extras: Mapping[str, Any]) -> Timings | None:
         """`prefill_time` (ms) and `decode_time_arr` (ms per token) at the top level, `queue_wait_time` (µs per token)
-        and `batch_size` (per token) in `usage` (either place is accepted for each). Values that are not finite
-        non-negative numbers are left out; lists are read up to MAX_TIMING_SAMPLES items."""
+        and `batch_size` (per token) in `usage` (either place is accepted for each). The lists are passed on unread,
+        with their units (proxy/readings.py: values that are not finite non-negative numbers are left out there)."""
         nested = extras.get("usage")
-        nested = nested if isinstance(nested, dict) else {}  # JSON's; an ABC's isinstance runs Python code
-
-        def get(key: str) -> Any:
-            value = extras.get(key)
-            return nested.get(key) if value is None else value
-
-        prefill = _number(get("prefill_time"))
-        lists = [get(key) for key in ("decode_time_arr", "queue_wait_time", "batch_size")]
-        if prefill is None and not any(isinstance(v, list) for v in lists):
+        nested = nested if isinstance(nested, dict) else _EMPTY  # JSON's; an ABC's isinstance runs Python code
+        prefill = number(_field(extras, nested, "prefill_time"))
+        decode = _list(_field(extras, nested, "decode_time_arr"), DECODE_TIME_UNIT)
+        queue = _list(_field(extras, nested, "queue_wait_time"), QUEUE_WAIT_TIME_UNIT)
+        batch = _list(_field(extras, nested, "batch_size"), 1.0)
+        if prefill is None and decode is None and queue is None and batch is None:
             return None
-        decode, queue, batch = lists
-        return Timings(
-            None if prefill is None else prefill * PREFILL_TIME_UNIT,
-            _scaled(decode, DECODE_TIME_UNIT),
-            _scaled(queue, QUEUE_WAIT_TIME_UNIT),
-            _scaled(batch, 1),
-        )
+        return Timings(None if prefill is None else prefill * PREFILL_TIME_UNIT, decode, queue, batch)
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """`auto`: R1-era models strip; thinking models whose templates render the tool loop's reasoning restore it
@@ -436,50 +426,14 @@ def _check_samples(out: dict[str, Any]) -> None:
 PREFILL_TIME_UNIT: Final = 1e-3
 DECODE_TIME_UNIT: Final = 1e-3
 QUEUE_WAIT_TIME_UNIT: Final = 1e-6
-MAX_TIMING_SAMPLES: Final = 65_536  # per list: bounds the work done for one response
+_EMPTY: Final[dict[str, Any]] = {}  # (never written)
 
 
-def _number(value: object) -> float | None:
-    f = _finite(value)
-    return None if f < 0.0 else f
+def _field(extras: Mapping[str, Any], nested: dict[str, Any], key: str) -> Any:
+    value = extras.get(key)
+    return nested.get(key) if value is None else value
 
 
-def _finite(value: object) -> float:
-    """`value` as a float if it is a finite non-negative number (a bool is not), else -1.0: compiled, a C double
-    either way, so a timing list's items are never boxed on the way (callgrind: ~300 -> ~100 instructions an item).
-    One isinstance per type, so that each `float` is a C conversion of a narrowed value (of an `object`, a generic
-    call of the float type: ~170 instructions)."""
-    if isinstance(value, float):
-        f = value
-    elif isinstance(value, int) and not isinstance(value, bool):
-        f = float(value)
-    else:
-        return -1.0
-    return f if 0.0 <= f < _INF else -1.0  # finite, not negative (NaN compares false)
-
-
-_PLAIN_NUMBERS: Final = frozenset({int, float})
-_INF: Final = math.inf
-# Compiled, `_finite` per item is a loop of C checks (~8x fewer instructions than the pass of builtins below, whose
-# every call is looked up and made generically); interpreted, the builtins' pass is the faster one.
-_NATIVE: Final = BUILD == "mypyc"
-
-
-def _scaled(items: object, unit: float) -> list[float]:
-    """The list's finite non-negative numbers times `unit` (others left out). Interpreted, a list of such numbers
-    only (the usual case: one per generated token, thousands in a long answer) is converted in one pass of
-    builtins; compiled (`_NATIVE`), the loop below is the cheaper one for every list."""
-    if not isinstance(items, list):
-        return []
-    items = items[:MAX_TIMING_SAMPLES]
-    if not _NATIVE and items and set(map(type, items)) <= _PLAIN_NUMBERS:  # no bool, None or string among them
-        total = sum(items, 0.0)  # a float (int or float alike: the compiled build, setup.py, keeps the two apart)
-        if math.isfinite(total) and min(items) >= 0:  # no NaN, no infinity, none negative
-            return list(map(float, items)) if unit == 1 else [item * unit for item in items]
-    out: list[float] = []
-    for item in items:
-        v = _finite(item)
-        if v >= 0.0:
-            out.append(v * unit)
-    return out
+def _list(value: object, unit: float) -> Readings | None:
+    return Readings(value, unit) if isinstance(value, list) else None
 

@@ -900,23 +900,20 @@ def test_auto_replay_per_model(model: str, mode: str) -> None:
     assert get_dialect("mindie").reasoning_replay({"model": model, "messages": []}, c) == mode
 
 
-def test_timing_lists_read_alike_compiled_and_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """proxy/dialects/mindie.py `_scaled`: the compiled build's per-item loop (`_NATIVE`) keeps what the
-    interpreted pass of builtins keeps — finite non-negative numbers, times the unit — for plain and mixed lists."""
+def test_timing_lists_are_passed_on_unread_with_their_units() -> None:
+    """proxy/dialects/mindie.py `timings`: each list (top level or in `usage`) goes to the metrics layer as MindIE
+    sent it, with its unit (proxy/readings.py reads it); a field that is not a list is no timing."""
     from proxy.dialects import mindie
+    from proxy.events import Timings
+    from proxy.readings import Readings
 
-    lists: list[Any] = [
-        [12, 13.5, 0, 0.0, 250],
-        [1.5] * 40,
-        [3, True, None, "4", -1, float("nan"), float("inf"), 2**70, 7.25, [], {"a": 1}, 0.5],
-        [],
-        [-0.0, 1e-300, 1e300],
-        "not a list",
-    ]
-    for unit in (1, 1e-3, 1e-6):
-        got = {}
-        for native in (True, False):
-            monkeypatch.setattr(mindie, "_NATIVE", native)
-            got[native] = [mindie._scaled(items, unit) for items in lists]
-        assert got[True] == got[False]
-        assert got[False][2] == [3 * unit, 2**70 * unit, 7.25 * unit, 0.5 * unit]
+    decode = [12, "x", 13.5]
+    t = MindIEDialect().timings({"prefill_time": 40, "decode_time_arr": decode,
+                                 "usage": {"queue_wait_time": [250], "batch_size": "3", "decode_time_arr": [1]}})
+    assert t is not None
+    assert t.prefill == pytest.approx(0.040)
+    assert t.decode == Readings(decode, mindie.DECODE_TIME_UNIT) and t.decode.items is decode  # top level first
+    assert t.queue_wait == Readings([250], mindie.QUEUE_WAIT_TIME_UNIT)
+    assert t.batch_size is None
+    assert MindIEDialect().timings({"prefill_time": "fast", "decode_time_arr": "1,2", "usage": None}) is None
+    assert MindIEDialect().timings({"usage": {"batch_size": []}}) == Timings(batch_size=Readings([], 1.0))
