@@ -61,7 +61,7 @@ class DialectMapping:
     max_items: Mapping[str, int] = field(default_factory=dict)
     integer: frozenset[str] = frozenset()
     finish_reason: Mapping[str, str] = field(default_factory=dict)
-    strip: frozenset[str] = frozenset()
+    strip: tuple[str, ...] = ()  # iterated on every MindIE answer (compiled, a frozenset is iterated generically)
     error_status: Mapping[int, int] = field(default_factory=dict)
     error_code: Mapping[int, int] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
@@ -157,7 +157,7 @@ def load_mapping(dialect: str) -> DialectMapping:
         max_items=dict(request.get("max_items") or {}),
         integer=frozenset(request.get("integer") or ()),
         finish_reason=dict(response.get("finish_reason") or {}),
-        strip=frozenset(response.get("strip") or ()),
+        strip=tuple(dict.fromkeys(response.get("strip") or ())),
         error_status={int(k): int(v) for k, v in (errors.get("status") or {}).items()},
         error_code={int(k): int(v) for k, v in (errors.get("code") or {}).items()},
         raw=data,

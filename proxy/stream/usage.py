@@ -17,8 +17,9 @@ from typing import Any, Final
 
 __all__ = ["deepseek_usage_fields", "normalize_usage"]
 
-_COUNTS: Final = ("prompt_tokens", "completion_tokens", "total_tokens")
-_DETAILS: Final = ("prompt_tokens_details", "completion_tokens_details")
+_COUNTS: Final = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
+_DETAILS: Final = ("prompt_tokens_details", "completion_tokens_details")  # in the order an OpenAI usage has them
+_DETAIL_KEYS: Final = frozenset(_DETAILS)  # (membership: a tuple compares an upstream's key with each by value)
 
 
 def _count(value: Any) -> int | None:
@@ -45,7 +46,7 @@ def normalize_usage(raw: object) -> tuple[dict[str, Any], dict[str, Any]]:
                 counts[key] = n
             else:
                 extras[key] = value  # e.g. a string count: not OpenAI-shaped, still worth a look
-        elif key in _DETAILS:
+        elif key in _DETAIL_KEYS:
             if isinstance(value, dict):
                 # OpenAI's namespace: keep every key it has (audio_tokens, accepted_prediction_tokens, …).
                 kept = {k: v for k, v in value.items() if v is not None}
