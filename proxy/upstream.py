@@ -29,6 +29,7 @@ from typing import Any, Final
 import aiohttp
 import orjson
 
+from . import __version__
 from .deadlines import Alarm
 from .errors import ProxyError, StreamTruncated, UpstreamTimeout, UpstreamUnreachable
 from .redact import Redactor, log_url
@@ -36,6 +37,9 @@ from .settings import ServerSettings, UpstreamSettings
 
 _READ_SIZE: Final = 2**16
 _STALE_RETRIES: Final = 3  # pooled connections found closed under one request before the last try (see the docstring)
+# Every upstream request names the proxy (not aiohttp's "Python/3.x aiohttp/3.x"). A session default: the
+# `skip_auto_headers` it replaces cost each request a multidict built and merged (~4,800 instructions, callgrind).
+USER_AGENT: Final = f"dialect-proxy/{__version__}"
 log: Final = logging.getLogger("dialect_proxy")
 # Called per request, as statics (compiled: no module attribute looked up per call, ~270 instructions each)
 _current_task: Final = asyncio.current_task
@@ -89,7 +93,7 @@ class UpstreamClient:
                 # One pool serves every client: a cookie set in an answer to one must not go out with the requests of
                 # the others (tests/hostile/test_hostile_upstreams.py).
                 cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent",),
+                headers={"User-Agent": USER_AGENT},
                 json_serialize=None,  # type: ignore[arg-type]
             )
         return self._session

@@ -280,6 +280,23 @@ def test_health_and_readiness(start_mock, start_proxy):
     assert r.status_code == 200 and r.json()["upstreams"]["gone"].startswith("down")
 
 
+def test_upstream_requests_name_the_proxy_not_the_client_library(start_mock, start_proxy):
+    """The upstream sees `user-agent: dialect-proxy/VERSION` (its logs can tell the proxy's requests apart), never the
+    client's own user agent nor aiohttp's, and the JSON headers of a chat request."""
+    from proxy import __version__
+
+    mock = start_mock("openai")
+    proxy = start_proxy(mock=mock)
+    proxy.client().chat.completions.create(model="m", messages=MSG, extra_headers={"User-Agent": "my-app/1.0"})
+    headers = mock.last_request()["headers"]
+    assert headers["user-agent"] == f"dialect-proxy/{__version__}"
+    assert headers["content-type"] == "application/json" and headers["accept"] == "application/json"
+    streamed = proxy.client().chat.completions.create(model="m", messages=MSG, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    headers = mock.last_request()["headers"]
+    assert headers["user-agent"] == f"dialect-proxy/{__version__}" and headers["accept"] == "text/event-stream"
+
+
 def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(start_mock, start_proxy, caplog):
     import json
     import logging
