@@ -324,11 +324,11 @@ class InferenceEndpoint:
         attempts = state.replicas[upstream.name].attempts(call.request, info)
         while True:
             ticket = await attempts.next()
-            headers = {
-                "Content-Type": "application/json",
-                "Accept": "text/event-stream" if ctx.stream else "application/json",
-            }
-            headers.update(dialect.request_headers(ctx))  # per attempt: MindIE's req-id is unique per attempt
+            # Per attempt: MindIE's req-id is unique per attempt. Content-Type and Accept (JSON) are the upstream
+            # session's defaults (proxy/upstream.py).
+            headers = dialect.request_headers(ctx)
+            if ctx.stream:
+                headers["Accept"] = "text/event-stream"
             time_left = deadline - loop.time()
             try:
                 resp = await ticket.client.open("POST", ticket.url + path, body=payload, headers=headers,

@@ -45,6 +45,8 @@ async def probe(client: UpstreamClient, dialect: Dialect, u: UpstreamSettings, r
     url = health_url or replica.url + (path or "/")
     shown = urlsplit(url).path or "/"
     headers = {"Authorization": f"Bearer {u.api_key}"} if u.api_key and health_url is None else {}
+    if health_url is not None:
+        headers["Accept"] = "*/*"  # a health URL of the operator's may answer plain text (JSON is the session default)
     try:
         resp = await client.open("GET", url, headers=headers, timeout=timeout)
         resp.close()

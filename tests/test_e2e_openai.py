@@ -295,6 +295,7 @@ def test_upstream_requests_name_the_proxy_not_the_client_library(start_mock, sta
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     headers = mock.last_request()["headers"]
     assert headers["user-agent"] == f"dialect-proxy/{__version__}" and headers["accept"] == "text/event-stream"
+    assert headers["content-type"] == "application/json"
 
 
 def test_request_id_is_returned_and_forwarded_and_access_log_is_one_json_line(start_mock, start_proxy, caplog):
