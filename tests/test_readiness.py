@@ -61,6 +61,29 @@ def test_health_url_must_answer_2xx(start_mock, start_proxy) -> None:
     assert status == 200
 
 
+def test_health_url_of_plain_text_is_asked_for_anything(start_mock, start_proxy) -> None:
+    """An operator's health URL may answer plain text and refuse a request that accepts only JSON (406): the probe
+    accepts anything there, where the dialect's own paths ask for JSON."""
+    seen: list[str] = []
+
+    async def health(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        accept = dict(scope["headers"]).get(b"accept", b"").decode()
+        seen.append(accept)
+        status, body = (200, b"OK") if "*/*" in accept or "text/plain" in accept else (406, b"")
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": body})
+
+    mock = start_mock("mindie")
+    srv = ServerThread(health).start()
+    try:
+        status, _ = readyz(start_proxy(mock=mock, health_url=srv.url + "/healthz"))
+        assert status == 200 and seen and all(accept == "*/*" for accept in seen)
+    finally:
+        srv.stop()
+
+
 def test_engine_without_health_path_is_ready_when_reachable(start_mock, start_proxy) -> None:
     status, body = readyz(start_proxy(mock=start_mock("engine")))
     assert status == 200 and "no health path" in body["checks"]["mock-engine"]["reason"]
