@@ -115,10 +115,13 @@ class UpstreamClient:
         body: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send the request and wait for the response headers (at most `timeout`, default first_byte_timeout)."""
+        """Send the request and wait for the response headers (at most `timeout`, default first_byte_timeout).
+        `loop`: the running loop, when the caller has it at hand (looking it up is a system call on Python 3.11)."""
         limit = self.server.first_byte_timeout if timeout is None else timeout
-        loop = _running_loop()
+        if loop is None:
+            loop = _running_loop()
         alarm = Alarm(loop, loop.time() + limit)
         session = self.session
         try:
@@ -207,11 +210,14 @@ def tls_context(upstream: UpstreamSettings) -> ssl.SSLContext | bool:
 
 
 async def read_body(
-    resp: aiohttp.ClientResponse, timeout: float, limit: int = 64 * 2**20, *, idle: float | None = None
+    resp: aiohttp.ClientResponse, timeout: float, limit: int = 64 * 2**20, *, idle: float | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> bytes:
     """A whole (non-stream) body, bounded in size, in time (`timeout` for all of it: what is left of the request's
-    total_timeout) and, with `idle`, in silence between two reads (idle_timeout), as for streams."""
-    loop = _running_loop()
+    total_timeout) and, with `idle`, in silence between two reads (idle_timeout), as for streams. `loop`: as for
+    `UpstreamClient.open`."""
+    if loop is None:
+        loop = _running_loop()
     deadline = loop.time() + timeout
     alarm = Alarm(loop, deadline if idle is None else min(deadline, loop.time() + idle))
     try:
@@ -262,8 +268,9 @@ class StreamReads:
     __slots__ = ("_content", "_deadline", "_fired", "_handle", "_idle", "_keepalive", "_last_data", "_last_tick",
                  "_loop", "_reading", "_rearm", "_task")
 
-    def __init__(self, resp: aiohttp.ClientResponse, idle_timeout: float, keepalive: float, deadline: float) -> None:
-        self._loop = loop = _running_loop()
+    def __init__(self, resp: aiohttp.ClientResponse, idle_timeout: float, keepalive: float, deadline: float,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop = _running_loop() if loop is None else loop  # (as for UpstreamClient.open)
         task = _current_task(loop)
         assert task is not None
         self._task: asyncio.Task[Any] = task
