@@ -9,10 +9,13 @@ install, and CI) nothing is compiled and the package is pure Python; both run th
 test-compiled` runs the whole suite on a compiled copy of the tree). Measured: README.md "Speed"; the before/after
 of each change: docs/speed.md.
 
-Not compiled: modules that run once or rarely (settings, start-up, probes, state stores, the mock upstreams), the
+Not compiled: modules that run once or rarely (start-up, probes, state stores, the mock upstreams), the
 error classes (proxy/errors.py: other modules subclass them, which a compiled class forbids) and proxy/app.py
 (Starlette tells its endpoint functions from ASGI apps by their Python type, and its lifespan is an async generator,
-which mypyc cannot compile: the per-request ASGI entry is proxy/asgi.py, compiled).
+which mypyc cannot compile: the per-request ASGI entry is proxy/asgi.py, compiled). proxy/settings.py is compiled
+although it runs at start-up: every request reads its settings objects, and a field of a compiled class is a read
+in C where one of a Python class is a lookup by name (callgrind, OpenAI chat non-stream: 571,381 -> 565,047
+instructions a request).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ COMPILED = [
     "proxy/readings.py",
     "proxy/replicas.py",
     "proxy/routing.py",
+    "proxy/settings.py",
     "proxy/sse.py",
     "proxy/upstream.py",
     "proxy/validate.py",
