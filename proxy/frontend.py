@@ -447,6 +447,20 @@ _CODES: Final = {400: "invalid_request", 408: "request_timeout", 431: "request_h
                  503: "too_many_connections"}
 
 
+class _ServerLines:
+    """The server's own headers (uvicorn's `date`, a new list each second) as the header lines they make: checked
+    and joined once per list, not with every answer."""
+
+    __slots__ = ("headers", "lines")
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] | None = None
+        self.lines = b""
+
+
+_server_lines: Final = _ServerLines()
+
+
 class Cycle:
     """One request and its answer: the ASGI app's `receive` and `send`, and the task that runs the app (`run_asgi`).
     The answer's status line and headers are held (`_head`) and written with its first body bytes."""
@@ -532,7 +546,7 @@ class Cycle:
                 raise RuntimeError(f"Expected ASGI message 'http.response.start', but got '{kind}'.")
             self.response_started = True
             self.waiting_for_100_continue = False
-            self._start(message["status"], self.default_headers + list(message.get("headers", [])))
+            self._start(message["status"], message.get("headers", ()))
         elif not self.response_complete:
             if kind != "http.response.body":
                 raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
@@ -586,10 +600,34 @@ class Cycle:
         else:
             raise RuntimeError(f"Unexpected ASGI message '{kind}' sent, after response already completed.")
 
-    def _start(self, status: int, headers: list[Any]) -> None:
-        """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes. `headers`:
-        (name, value) pairs of bytes-like objects, tuples or lists (ASGI says iterables)."""
+    def _start(self, status: int, headers: Any) -> None:
+        """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes: the server's
+        own headers (`date`), then the app's. `headers`: (name, value) pairs of bytes-like objects, tuples or lists
+        (ASGI says iterables)."""
         content = [_STATUS_LINE[status]]
+        server = self.default_headers
+        known = _server_lines
+        if server is known.headers:
+            content.append(known.lines)
+            closing = False
+        else:
+            closing = self._lines(server, content)
+            if not (self.chunked is not None or closing or not self.keep_alive):  # nothing the answer depends on
+                known.headers = server
+                known.lines = b"".join(content[1:])
+        if self._lines(headers, content):
+            closing = True
+        if not self.keep_alive and not closing:
+            content.append(b"connection: close\r\n")
+        if self.chunked is None and not self.head_only and status != 204 and status != 304:
+            self.chunked = True  # neither a length nor an encoding given
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        self._head = b"".join(content)
+
+    def _lines(self, headers: Any, content: list[bytes]) -> bool:
+        """`headers` checked and appended to `content` as header lines; the ones the answer's framing depends on
+        taken note of. True if one says `connection: close`."""
         closing = False
         for raw_name, raw_value in headers:
             name = _header_name(raw_name if type(raw_name) is bytes else bytes(raw_name))
@@ -606,14 +644,11 @@ class Cycle:
                 if b"close" in [token.lower().strip() for token in value.split(b",")]:
                     self.keep_alive = False
                     closing = True
-            content += (name, b": ", value, b"\r\n")
-        if not self.keep_alive and not closing:
-            content.append(b"connection: close\r\n")
-        if self.chunked is None and not self.head_only and status != 204 and status != 304:
-            self.chunked = True  # neither a length nor an encoding given
-            content.append(b"transfer-encoding: chunked\r\n")
-        content.append(b"\r\n")
-        self._head = b"".join(content)
+            content.append(name)
+            content.append(b": ")
+            content.append(value)
+            content.append(b"\r\n")
+        return closing
 
     async def receive(self) -> dict[str, Any]:
         if self.waiting_for_100_continue and not self.transport.is_closing():

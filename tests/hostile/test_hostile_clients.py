@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import httpx
 import orjson
@@ -130,6 +131,23 @@ def test_answers_do_not_name_the_server_software(proxy_for):
         assert resp.status_code == 200
         assert "server" not in resp.headers
         assert resp.headers["date"]  # HTTP's Date stays
+
+
+def test_the_date_header_follows_the_clock(proxy_for):
+    """The server's Date line is made once per second (proxy/frontend.py _ServerLines), not frozen: answers a few
+    seconds apart carry the current time."""
+    from email.utils import parsedate_to_datetime
+
+    proxy, _ = proxy_for()
+    dates = []
+    for _ in range(2):
+        resp = httpx.post(proxy.url + "/v1/chat/completions", content=CHAT, timeout=10)
+        assert resp.status_code == 200 and resp.json()["choices"]
+        dates.append(parsedate_to_datetime(resp.headers["date"]))
+        before = time.time()
+        time.sleep(2.1)
+    assert 2 <= (dates[1] - dates[0]).total_seconds() <= 4
+    assert abs(dates[1].timestamp() - before) <= 2
 
 
 # ------------------------------------------------------------------------------------ time to send (408)
