@@ -115,17 +115,28 @@ class _ClientGone(Exception):
     """The client went away before its request body was complete."""
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            text: str = value.decode("latin-1")
-            return text
-    return None
+def _scan_headers(headers: Any) -> tuple[bytes, bytes]:
+    """The request's x-request-id and content-length (b"" for none), in one pass over its headers (as the ASGI
+    server lists them: lower-case names): the first of each."""
+    rid: bytes | None = None
+    length: bytes | None = None
+    for item in headers:
+        key = item[0]  # an index, not an unpacking (compiled: no iterator per header)
+        if key == b"x-request-id":
+            if rid is None:
+                rid = item[1]
+                if length is not None:
+                    break
+        elif key == b"content-length" and length is None:
+            length = item[1]
+            if rid is not None:
+                break
+    return rid or b"", length or b""
 
 
-async def _read_request_body(scope: Scope, receive: Any, limit: int) -> bytes:
-    length = _header(scope, b"content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+async def _read_request_body(length: bytes, receive: Any, limit: int) -> bytes:
+    """The request body (`length`: its content-length header, b"" for none), refused (413) beyond `limit`."""
+    if length.isdigit() and int(length) > limit:
         raise ClientRequestError(
             f"The request body is {int(length)} bytes; the limit is {limit} bytes.", 413, code="request_too_large"
         )
@@ -164,7 +175,8 @@ class InferenceEndpoint:
         state = self.state
         client = self.client
         started = _clock()
-        request_id, rid_bytes = _request_id(scope)
+        rid_raw, length = _scan_headers(scope["headers"])
+        request_id, rid_bytes = _request_id(rid_raw)
         rid_header = (b"x-request-id", rid_bytes)
         info: dict[str, Any] = {"request_id": request_id, "route": self.route}
         key_name = scope.get(KEY_NAME_SCOPE)
@@ -175,7 +187,7 @@ class InferenceEndpoint:
         watch: _Disconnect | None = None
         try:
             try:
-                body = await _read_request_body(scope, receive, state.settings.server.max_body_bytes)
+                body = await _read_request_body(length, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
                     raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
                 call = await client.decode(_parse(body), _headers(scope))
@@ -623,16 +635,11 @@ def _new_request_id() -> str:
     return _ID_PREFIX + str(next(_id_counter))
 
 
-def _request_id(scope: Scope) -> tuple[str, bytes]:
-    """The client's x-request-id (or a new one): as text for logs and the upstream header, and as the bytes to
-    return. Valid UTF-8 reaches the upstream byte for byte (aiohttp writes header text as UTF-8); other bytes as
-    U+FFFD. Cut to 200 bytes (at a character boundary); control characters (which no header may carry) get a new
+def _request_id(raw: bytes) -> tuple[str, bytes]:
+    """The client's x-request-id `raw` (or a new one, for b""): as text for logs and the upstream header, and as the
+    bytes to return. Valid UTF-8 reaches the upstream byte for byte (aiohttp writes header text as UTF-8); other bytes
+    as U+FFFD. Cut to 200 bytes (at a character boundary); control characters (which no header may carry) get a new
     id instead."""
-    raw = b""
-    for key, value in scope["headers"]:
-        if key == b"x-request-id":
-            raw = value
-            break
     if not raw:
         rid = _new_request_id()
         return rid, rid.encode()

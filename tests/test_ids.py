@@ -1,5 +1,5 @@
-"""Response ids name stored responses: random (the system's CSPRNG), never handed out twice, not even by two processes
-forked from one (proxy/handlers.py RandomHex)."""
+"""Ids: response ids name stored responses, so they are random (the system's CSPRNG), never handed out twice, not even
+by two processes forked from one (proxy/handlers.py RandomHex); a request's own x-request-id is the first it sent."""
 
 from __future__ import annotations
 
@@ -46,3 +46,13 @@ def test_the_proxys_answers_carry_distinct_ids(start_mock, start_proxy) -> None:
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"chatcmpl-[0-9a-f]{24}", i) for i in ids[:20])
     assert all(re.fullmatch(r"resp_[0-9a-f]{24}", i) for i in ids[20:]), ids[20:]
+
+
+def test_the_first_request_id_and_length_count_in_any_order() -> None:
+    from proxy.handlers import _scan_headers
+
+    assert _scan_headers([]) == (b"", b"")
+    assert _scan_headers([(b"host", b"h"), (b"content-length", b"12"), (b"x-request-id", b"a")]) == (b"a", b"12")
+    assert _scan_headers([(b"x-request-id", b"a"), (b"x-request-id", b"b"), (b"content-length", b"3")]) == (b"a", b"3")
+    assert _scan_headers([(b"x-request-id", b""), (b"x-request-id", b"b")]) == (b"", b"")  # the first, even empty
+    assert _scan_headers([[b"content-length", b"7"], [b"accept", b"*/*"]]) == (b"", b"7")  # ASGI allows lists
