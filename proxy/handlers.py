@@ -18,11 +18,9 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from starlette.datastructures import Headers as StarletteHeaders
 
 from . import continuity
 from .canonical import RequestContext
@@ -190,7 +188,7 @@ class InferenceEndpoint:
                 body = await _read_request_body(length, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
                     raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
-                call = await client.decode(_parse(body), _headers(scope))
+                call = await client.decode(_parse(body))
                 ctx = self._context(call, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
                 obs = state.metrics.request(
@@ -652,9 +650,3 @@ def _request_id(raw: bytes) -> tuple[str, bytes]:
         rid = _new_request_id()
         return rid, rid.encode()
     return raw.decode("utf-8", "replace"), raw
-
-
-def _headers(scope: Scope) -> Mapping[str, str]:
-    """The request headers for client spokes: Starlette's read-only view over the raw list (decoded on lookup; most
-    requests never look, and a dict of every header cost ~5 µs per request here)."""
-    return StarletteHeaders(raw=scope["headers"])

@@ -15,7 +15,7 @@ it, `Encoder.error` renders the in-stream error that makes the client's SDK rais
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -88,7 +88,7 @@ class ClientDialect:
         self.settings = settings
         self.store = store
 
-    async def decode(self, body: dict[str, Any], headers: Mapping[str, str]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> ClientCall:
         """The client's JSON body (already parsed, a dict) -> a ClientCall. Raises ClientRequestError (400 naming the
         parameter) for what the client got wrong."""
         raise NotImplementedError

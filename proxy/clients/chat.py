@@ -13,7 +13,7 @@ closest to the hub. The request already is the canonical form; the encoder puts 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import orjson
@@ -130,7 +130,7 @@ class ChatClient(ClientDialect):
     kind = CHAT
     fields = _CHAT_TABLE
 
-    async def decode(self, body: dict[str, Any], headers: Mapping[str, str]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> ClientCall:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")

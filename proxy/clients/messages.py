@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -104,7 +103,7 @@ class MessagesClient(ClientDialect):
         key = settings.client.thinking_key
         self.signer = ThinkingSigner(key.encode() if key else None)
 
-    async def decode(self, body: dict[str, Any], headers: Mapping[str, str]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> ClientCall:
         return decode_request(body, self.signer)
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:

@@ -10,7 +10,6 @@ namespace "responses" as its response object plus the conversation so far in hub
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -94,7 +93,7 @@ class ResponsesClient(ClientDialect):
         key = settings.client.thinking_key  # the same key signs Anthropic thinking blocks (proxy/clients/messages.py)
         self.signer = ThinkingSigner(key.encode() if key else None)
 
-    async def decode(self, body: dict[str, Any], headers: Mapping[str, str]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> ClientCall:
         check_types(body, _TABLE)
         model = body.get("model")
         if not isinstance(model, str) or not model:

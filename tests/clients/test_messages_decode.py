@@ -262,8 +262,7 @@ def test_decode_is_the_client_spokes_entry():
     settings = build_settings(config={"upstreams": [{"name": "u", "dialect": "openai", "url": "http://127.0.0.1:9"}]},
                               environ={})
     client = MessagesClient(settings, open_store(settings))
-    call = asyncio.run(client.decode({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]},
-                                     {"anthropic-version": "2023-06-01", "anthropic-beta": "whatever"}))
+    call = asyncio.run(client.decode({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}))
     assert call.request["messages"] == [{"role": "user", "content": "x"}]
 
 
