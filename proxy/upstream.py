@@ -216,6 +216,15 @@ async def read_body(
     """A whole (non-stream) body, bounded in size, in time (`timeout` for all of it: what is left of the request's
     total_timeout) and, with `idle`, in silence between two reads (idle_timeout), as for streams. `loop`: as for
     `UpstreamClient.open`."""
+    content = resp.content
+    if content.is_eof():  # the whole body came with the head (a short answer): no deadline to arm, no read to await
+        try:
+            data = content.read_nowait()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+            raise ProxyError(_CUT_SHORT, 502) from None
+        if len(data) > limit:
+            raise ProxyError(_TOO_LARGE, 502)
+        return data
     if loop is None:
         loop = _running_loop()
     deadline = loop.time() + timeout
@@ -223,7 +232,6 @@ async def read_body(
     try:
         chunks = []
         size = 0
-        content = resp.content
         while True:
             data = await content.read(_READ_SIZE)
             if not data:
@@ -232,7 +240,7 @@ async def read_body(
                 alarm.move(min(deadline, loop.time() + idle))
             size += len(data)
             if size > limit:
-                raise ProxyError("The upstream's answer is larger than the proxy accepts.", 502)
+                raise ProxyError(_TOO_LARGE, 502)
             chunks.append(data)
             if content.at_eof():  # the whole body is in (the usual case: one read), no read for the end
                 break
@@ -244,9 +252,13 @@ async def read_body(
             raise UpstreamTimeout(f"The upstream's answer did not arrive within {timeout:g} s.") from None
         raise UpstreamTimeout(f"The upstream sent nothing for {idle:g} s.") from None
     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-        raise ProxyError("The upstream closed the connection in the middle of its answer.", 502) from None
+        raise ProxyError(_CUT_SHORT, 502) from None
     finally:
         alarm.cancel()
+
+
+_TOO_LARGE: Final = "The upstream's answer is larger than the proxy accepts."
+_CUT_SHORT: Final = "The upstream closed the connection in the middle of its answer."
 
 
 _TICK: Final = "dialect-proxy: upstream silent"
