@@ -176,6 +176,14 @@ class _Turn:
     names: dict[int, str] = field(default_factory=dict)
     arguments: dict[int, list[str]] = field(default_factory=dict)
 
+    def __init__(self) -> None:
+        # Written out, as proxy/events.py's Delta: a dataclass's generated `__init__` runs interpreted even compiled.
+        self.reasoning = []
+        self.content = []
+        self.ids = []
+        self.names = {}
+        self.arguments = {}
+
 
 class Recorder:
     """Collects, per choice, the reasoning, the content and the tool calls of an answer from the same `Delta`

@@ -41,6 +41,14 @@ class SSEEvent:
     id: str | None = None
     garbage: str | None = None
 
+    def __init__(self, data: str = "", event: str | None = None, id: str | None = None,
+                 garbage: str | None = None) -> None:
+        # Written out, as proxy/events.py's Delta: a dataclass's generated `__init__` runs interpreted even compiled.
+        self.data = data
+        self.event = event
+        self.id = id
+        self.garbage = garbage
+
 
 class SSEDecoder:
     __slots__ = ("_data", "_event", "_head", "_id", "_parts", "_pending_cr")

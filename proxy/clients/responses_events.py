@@ -243,9 +243,10 @@ class ResponsesEncoder:
     def _close_all(self) -> None:
         self._close_reasoning()
         self._close_message()
-        for index in sorted(self._calls, key=lambda i: self._calls[i].index):
-            self._close_call(self._calls[index])
-        self._calls.clear()
+        if self._calls:  # (no sort, and no key function made, for an answer without tool calls)
+            for index in sorted(self._calls, key=lambda i: self._calls[i].index):
+                self._close_call(self._calls[index])
+            self._calls.clear()
 
     def _item_status(self) -> str:
         return "incomplete" if self.finish_reason in _INCOMPLETE else "completed"

@@ -58,6 +58,13 @@ class ToolName:
     custom: bool = False  # a freeform (`custom`) tool: arguments are {"input": "<text>"}
     namespace: str | None = None
 
+    def __init__(self, name: str, custom: bool = False, namespace: str | None = None) -> None:
+        # Written out, as proxy/events.py's Delta: a dataclass's generated `__init__` runs interpreted even compiled
+        # (one per tool of every request: an agent declares dozens).
+        self.name = name
+        self.custom = custom
+        self.namespace = namespace
+
 
 @dataclass(slots=True)
 class Decoded:
@@ -65,6 +72,14 @@ class Decoded:
     messages: list[dict[str, Any]]  # the conversation without the instructions message (stored for the next turn)
     tools: dict[str, ToolName] = field(default_factory=dict)  # upstream function name -> client tool
     ignored_tools: list[str] = field(default_factory=list)  # hosted tool types left out
+
+    def __init__(self, request: dict[str, Any], messages: list[dict[str, Any]],
+                 tools: dict[str, ToolName] | None = None, ignored_tools: list[str] | None = None) -> None:
+        # Written out, as ToolName's.
+        self.request = request
+        self.messages = messages
+        self.tools = {} if tools is None else tools
+        self.ignored_tools = [] if ignored_tools is None else ignored_tools
 
 
 def to_chat(body: dict[str, Any], history: list[dict[str, Any]], signer: ThinkingSigner) -> Decoded:
