@@ -58,3 +58,28 @@ def test_the_compiled_list_names_modules_that_exist_and_no_async_generators() ->
                 yields = [n for n in ast.walk(node) if isinstance(n, (ast.Yield, ast.YieldFrom))]
                 assert not yields, f"{name}: async generator {node.name}"
     assert "proxy/errors.py" not in listed  # subclassed by other modules: a compiled class cannot be
+
+
+# Dataclasses of compiled modules made once, at start-up or per configured route: their generated `__init__` (which
+# runs interpreted even compiled) costs nothing per request.
+_BUILT_AT_START = {"proxy/mapping.py": {"Range", "DialectMapping"}, "proxy/params.py": {"Refusal"},
+                   "proxy/routing.py": {"Route"},
+                   "proxy/settings.py": {"ReplicaSettings", "UpstreamSettings", "ClientSettings", "ServerSettings",
+                                         "Settings"}}
+
+
+def test_dataclasses_made_per_request_write_out_their_init() -> None:
+    """A dataclass's generated `__init__` is made by `dataclasses` with exec and runs interpreted in the compiled
+    build (~2x the time of a written-out one, docs/speed.md): one made per request or per event writes its own."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    generated = set()
+    for name in _compiled_list():
+        for node in ast.walk(ast.parse((root / name).read_text())):
+            if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+                if not any(isinstance(b, ast.FunctionDef) and b.name == "__init__" for b in node.body):
+                    generated.add((name, node.name))
+    allowed = {(module, cls) for module, classes in _BUILT_AT_START.items() for cls in classes}
+    assert generated <= allowed, sorted(generated - allowed)
