@@ -25,7 +25,7 @@ from proxy.canonical import CHAT
 from proxy.clients.base import ClientCall, Encoder
 from proxy.clients.chat import ChatEncoder
 from proxy.clients.messages_encoder import MessagesEncoder
-from proxy.clients.responses_events import ResponsesEncoder
+from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
 from proxy.errors import ProxyError
@@ -96,7 +96,7 @@ def chat(ctx: Any, answer: Answer) -> Encoder:
 
 
 def responses(ctx: Any, answer: Answer) -> Encoder:
-    return ResponsesEncoder(ctx, answer, True, {"store": False}, {}, None)
+    return ResponsesEncoder(ctx, answer, True, Echo({"store": False}), {}, None)
 
 
 def messages(ctx: Any, answer: Answer) -> Encoder:

@@ -32,7 +32,7 @@ from ..validate import (
     compile_table,
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
-from .responses_events import ResponsesEncoder
+from .responses_events import Echo, ResponsesEncoder
 from .responses_request import Decoded, ToolName, to_chat
 from .signature import ThinkingSigner
 
@@ -107,7 +107,7 @@ class ResponsesClient(ClientDialect):
             history = await self._history(previous)
         decoded = to_chat(body, history, self.signer)
         headers_out: Headers = []
-        options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": _echo(body),
+        options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": Echo(body),
                                    "seal": _ENCRYPTED in include}
         if decoded.ignored_tools:
             names = ",".join(dict.fromkeys(decoded.ignored_tools))
@@ -169,28 +169,6 @@ class ResponsesClient(ClientDialect):
 
 def _not_found(response_id: str) -> ProxyError:
     return ProxyError(f"Response with id '{response_id}' not found.", 404, code="response_not_found")
-
-
-def _echo(body: dict[str, Any]) -> dict[str, Any]:
-    """The request fields a response object repeats (with OpenAI's defaults)."""
-    reasoning: dict[str, Any] = body["reasoning"] if isinstance(body.get("reasoning"), dict) else {}
-    text: dict[str, Any] = body["text"] if isinstance(body.get("text"), dict) else {}
-    return {
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "metadata": body.get("metadata") or {},
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
-        "store": body.get("store", True),
-        "temperature": body.get("temperature", 1.0),
-        "text": {**text, "format": text.get("format") or {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": body.get("tools") or [],
-        "top_p": body.get("top_p", 1.0),
-        "truncation": body.get("truncation", "disabled"),
-        "user": body.get("user"),
-    }
 
 
 def _assistant_turn(items: list[dict[str, Any]], tools: dict[str, ToolName]) -> dict[str, Any]:

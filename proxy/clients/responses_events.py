@@ -32,6 +32,34 @@ _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_
 _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 
 
+class Echo:
+    """The request fields a response object repeats, with OpenAI's defaults: read from the request once, written
+    into the response object in its own literal (no dict merged into another; proxy/clients/responses.py)."""
+
+    __slots__ = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
+                 "reasoning", "store", "temperature", "text", "tool_choice", "tools", "top_p", "truncation", "user")
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        reasoning = body.get("reasoning")
+        text = body.get("text")
+        self.instructions: Any = body.get("instructions")
+        self.max_output_tokens: Any = body.get("max_output_tokens")
+        self.metadata: Any = body.get("metadata") or {}
+        self.parallel_tool_calls: Any = body.get("parallel_tool_calls", True)
+        self.previous_response_id: Any = body.get("previous_response_id")
+        self.reasoning: dict[str, Any] = ({"effort": reasoning.get("effort"), "summary": reasoning.get("summary")}
+                                          if isinstance(reasoning, dict) else {"effort": None, "summary": None})
+        self.store: Any = body.get("store", True)
+        self.temperature: Any = body.get("temperature", 1.0)
+        self.text: dict[str, Any] = ({**text, "format": text.get("format") or {"type": "text"}}
+                                     if isinstance(text, dict) else {"format": {"type": "text"}})
+        self.tool_choice: Any = body.get("tool_choice", "auto")
+        self.tools: Any = body.get("tools") or []
+        self.top_p: Any = body.get("top_p", 1.0)
+        self.truncation: Any = body.get("truncation", "disabled")
+        self.user: Any = body.get("user")
+
+
 class _Item:
     __slots__ = ("call_id", "custom", "delta_head", "id", "index", "name", "namespace", "parts")
 
@@ -49,7 +77,7 @@ class _Item:
 class ResponsesEncoder:
     keepalive = KEEPALIVE
 
-    def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: dict[str, Any],
+    def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: Echo,
                  tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:
         self.ctx = ctx
         self.answer = answer
@@ -132,6 +160,7 @@ class ResponsesEncoder:
 
     # -- the response object --------------------------------------------------------------------------------------
     def response(self, status: str, with_output: bool = True) -> dict[str, Any]:
+        e = self.echo
         out: dict[str, Any] = {
             "id": self.ctx.response_id,
             "object": "response",
@@ -143,8 +172,21 @@ class ResponsesEncoder:
             "model": self.ctx.response_model,
             "output": self.items if with_output else [],
             "usage": self._usage() if with_output else None,
+            "instructions": e.instructions,
+            "max_output_tokens": e.max_output_tokens,
+            "metadata": e.metadata,
+            "parallel_tool_calls": e.parallel_tool_calls,
+            "previous_response_id": e.previous_response_id,
+            "reasoning": e.reasoning,
+            "store": e.store,
+            "temperature": e.temperature,
+            "text": e.text,
+            "tool_choice": e.tool_choice,
+            "tools": e.tools,
+            "top_p": e.top_p,
+            "truncation": e.truncation,
+            "user": e.user,
         }
-        out.update(self.echo)
         if status == "incomplete":
             out["incomplete_details"] = {"reason": _INCOMPLETE.get(self.finish_reason or "", "max_output_tokens")}
         return out

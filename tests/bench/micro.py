@@ -33,7 +33,7 @@ from proxy.canonical import CHAT, RequestContext  # noqa: E402
 from proxy.clients.base import ClientCall  # noqa: E402
 from proxy.clients.chat import ChatEncoder  # noqa: E402
 from proxy.clients.messages_encoder import MessagesEncoder  # noqa: E402
-from proxy.clients.responses_events import ResponsesEncoder  # noqa: E402
+from proxy.clients.responses_events import Echo, ResponsesEncoder  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
 from proxy.events import Answer, Delta, TextRun  # noqa: E402
@@ -107,7 +107,7 @@ def chat_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
 
 
 def responses_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
-    return ResponsesEncoder(ctx, answer, ctx.stream, {"store": False}, {}, None)
+    return ResponsesEncoder(ctx, answer, ctx.stream, Echo({"store": False}), {}, None)
 
 
 SIGNER = ThinkingSigner(b"k" * 32)

@@ -68,6 +68,37 @@ def test_text_answer_stream_and_not(stack: Callable[..., tuple[Mock, Proxy]], di
     assert final.usage is not None and final.usage.output_tokens > 0
 
 
+def test_response_object_repeats_the_request_with_openai_defaults(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    """The fields a response object echoes: OpenAI's defaults when the request leaves them out, the request's own
+    values when it sets them; the same in the stream's head, its terminal event and the stored object."""
+    _, proxy = stack("openai")
+    client = proxy.client()
+    plain = client.responses.create(model="m", input="Hello!")
+    assert (plain.instructions, plain.max_output_tokens, plain.metadata, plain.parallel_tool_calls,
+            plain.previous_response_id, plain.store, plain.temperature, plain.tool_choice, plain.tools,
+            plain.top_p, plain.truncation, plain.user) == (None, None, {}, True, None, True, 1.0, "auto", [], 1.0,
+                                                           "disabled", None)
+    assert plain.reasoning is not None and (plain.reasoning.effort, plain.reasoning.summary) == (None, None)
+    assert plain.text is not None and plain.text.format is not None and plain.text.format.type == "text"
+    given: dict[str, Any] = dict(
+        instructions="Be brief.", max_output_tokens=64, metadata={"k": "v"}, parallel_tool_calls=False,
+        previous_response_id=plain.id, temperature=0.25, top_p=0.5, tools=[TOOL], tool_choice="none",
+        reasoning={"effort": "low"}, text={"format": {"type": "text"}, "verbosity": "low"}, user="u-1")
+    answers = [client.responses.create(model="m", input="Again", **given)]
+    with client.responses.stream(model="m", input="Again", **given) as stream:
+        head = [e.response for e in stream if e.type in ("response.created", "response.in_progress")]
+        answers += [*head, stream.get_final_response()]
+    answers.append(client.responses.retrieve(answers[-1].id))
+    for answer in answers:
+        assert (answer.instructions, answer.max_output_tokens, answer.metadata, answer.parallel_tool_calls,
+                answer.previous_response_id, answer.temperature, answer.top_p, answer.tool_choice,
+                answer.user) == ("Be brief.", 64, {"k": "v"}, False, plain.id, 0.25, 0.5, "none", "u-1")
+        assert [t.name for t in answer.tools if t.type == "function"] == ["get_weather"]
+        assert answer.reasoning is not None and answer.reasoning.effort == "low"
+        assert answer.text is not None and answer.text.verbosity == "low"
+        assert answer.text.format is not None and answer.text.format.type == "text"
+
+
 def test_event_sequence_is_complete_and_numbered(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
     _, proxy = stack("mindie+full_text")
     events = raw_events(proxy, {"model": "m", "input": "Hi [mock:think]"})

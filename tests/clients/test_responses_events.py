@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.canonical import CHAT, RequestContext
-from proxy.clients.responses_events import ResponsesEncoder
+from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.responses_request import ToolName, to_chat
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
@@ -64,7 +64,7 @@ def run(pieces: list[bytes], dialect: str, stream: bool = True, **up: Any) -> by
     answer = Answer()
     session = get_dialect(dialect).session(ctx)
     pipeline = Pipeline(session, answer)
-    encoder = ResponsesEncoder(ctx, answer, stream, {"store": False}, TOOLS, ThinkingSigner(b"k"))
+    encoder = ResponsesEncoder(ctx, answer, stream, Echo({"store": False}), TOOLS, ThinkingSigner(b"k"))
     return drive(pieces, pipeline, encoder, stream)
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from proxy.canonical import CHAT
 from proxy.clients.base import ClientCall, Encoder
 from proxy.clients.messages_encoder import MessagesEncoder
-from proxy.clients.responses_events import ResponsesEncoder
+from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.responses_request import ToolName
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
@@ -39,7 +39,7 @@ EVENTS = st.one_of(
 
 def responses(stream: bool) -> Encoder:
     ctx = request_context(CHAT, "m", UP, stream=stream, client_model="alias", response_id="resp_0123456789abcdef")
-    return ResponsesEncoder(ctx, Answer(), stream, {"store": False}, {"get": ToolName("get")}, SIGNER)
+    return ResponsesEncoder(ctx, Answer(), stream, Echo({"store": False}), {"get": ToolName("get")}, SIGNER)
 
 
 def messages(stream: bool) -> Encoder:
