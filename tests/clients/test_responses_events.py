@@ -17,7 +17,7 @@ from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.responses_request import ToolName, to_chat
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
-from proxy.events import Answer
+from proxy.events import Answer, Delta
 from proxy.pipeline import Pipeline
 from proxy.settings import UpstreamSettings
 
@@ -189,3 +189,16 @@ def test_request_mapping() -> None:
     assert req["max_tokens"] == 50 and req["reasoning_effort"] == "high"
     assert req["stream_options"] == {"include_usage": True}
     assert decoded.ignored_tools == ["web_search"] and decoded.tools["apply_patch"].custom
+
+
+def test_output_item_ids_are_distinct_and_numbered_in_output_order() -> None:
+    """Each output item's id is its kind, the response's id and its place in the output (two digits at least):
+    distinct within the response, and readable in order past the ninth item."""
+    ctx = context("openai")
+    encoder = ResponsesEncoder(ctx, Answer(), False, Echo({}), {}, None)
+    calls = [{"index": i, "id": f"call_{i}", "function": {"name": "get", "arguments": "{}"}} for i in range(11)]
+    encoder.feed([Delta(reasoning="Hmm"), Delta(content="Calling."),
+                  Delta(tool_calls=calls, finish_reason="tool_calls")])
+    ids = [item["id"] for item in json.loads(encoder.finish())["output"]]
+    assert ids == ["rs_0123456789abcdef00", "msg_0123456789abcdef01",
+                   *[f"fc_0123456789abcdef{n:02d}" for n in range(2, 13)]]
