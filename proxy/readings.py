@@ -41,8 +41,11 @@ def finite(value: object) -> float:
     """`value` as a float if it is a finite non-negative number (a bool is not), else -1.0: compiled, a C double either
     way, so an item is never boxed on the way (callgrind: ~300 -> ~100 instructions an item). One isinstance per type,
     so that each `float` is a C conversion of a narrowed value (of an `object`, a generic call of the float type:
-    ~170 instructions)."""
-    if isinstance(value, float):
+    ~170 instructions). An exact int is tested first, by its type alone: MindIE's timings are integers, and a float
+    test of an int walks the int type's bases."""
+    if type(value) is int:
+        f = float(value)
+    elif isinstance(value, float):
         f = value
     elif isinstance(value, int) and not isinstance(value, bool):
         f = float(value)
