@@ -612,7 +612,7 @@ class Cycle:
             closing = False
         else:
             closing = self._lines(server, content)
-            if not (self.chunked is not None or closing or not self.keep_alive):  # nothing the answer depends on
+            if self.chunked is None and self.keep_alive and not closing:  # nothing the answer depends on
                 known.headers = server
                 known.lines = b"".join(content[1:])
         if self._lines(headers, content):

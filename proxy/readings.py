@@ -47,7 +47,7 @@ def finite(value: object) -> float:
         f = float(value)
     elif isinstance(value, float):
         f = value
-    elif isinstance(value, int) and not isinstance(value, bool):
+    elif isinstance(value, int) and not isinstance(value, bool):  # a subclass of int (not a bool)
         f = float(value)
     else:
         return -1.0
