@@ -14,7 +14,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-cli test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-cli test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -54,6 +54,15 @@ CLI_PACKAGES ?= @openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code
 test-cli: $(DEVSTAMP)
 	npm install --prefix $(CLI_DIR) --no-audit --no-fund --no-update-notifier $(CLI_PACKAGES)
 	PATH="$(abspath $(CLI_DIR))/node_modules/.bin:$$PATH" $(BIN)/python -m pytest -q -m cli
+
+# The container image (deploy/Dockerfile) built and run with Docker (not part of `make test`: needs a daemon and a base
+# image). PYTHON_IMAGE and COMPILE are the Dockerfile's build arguments; COMPILE=mypyc needs a base with a C compiler.
+IMAGE ?= dialect-proxy:test
+DOCKER_BUILD_ARGS := $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) $(if $(COMPILE),--build-arg COMPILE=$(COMPILE))
+test-image: $(DEVSTAMP) system-deps
+	docker build --network host -f deploy/Dockerfile $(DOCKER_BUILD_ARGS) -t $(IMAGE) .
+	DIALECT_PROXY_TEST_IMAGE=$(IMAGE) DIALECT_PROXY_TEST_BUILD=$(if $(COMPILE),$(COMPILE),python) \
+	  $(BIN)/python -m pytest -q -m image tests/deploy/test_image.py
 
 # The optional compiled build (setup.py), tested whole: a copy of the tree in build/compiled-tree (never the tree itself:
 # a compiled module shadows its .py), compiled there, and the suite run in it against that copy's modules; every

@@ -163,6 +163,8 @@ def parser() -> argparse.ArgumentParser:
         "  DIALECT_PROXY_UPSTREAM_URL=https://api.deepseek.com DIALECT_PROXY_UPSTREAM_DIALECT=deepseek \\\n"
         "    DIALECT_PROXY_UPSTREAM_API_KEY_ENV=DEEPSEEK_API_KEY dialect-proxy serve\n"
         "Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG."))
+    # The container's entrypoint is `dialect-proxy serve` (deploy/Dockerfile): `docker run IMAGE --version` lands here.
+    serve.add_argument("--version", action="version", version=f"dialect-proxy {__version__} ({BUILD})")
     serve.add_argument("--config", default=None, help=f"YAML config file [env {_env_name('config')}]")
     _add_flags(serve, SERVER_FLAGS)
     _add_flags(serve, CLIENT_FLAGS)

@@ -21,9 +21,10 @@ def test_the_suite_runs_the_build_it_expects() -> None:
 
 
 def test_version_and_healthz_name_the_build(start_mock) -> None:
-    out = subprocess.run([sys.executable, "-m", "proxy", "--version"], capture_output=True, text=True, timeout=60,
-                         check=True).stdout
-    assert out.strip() == f"dialect-proxy {__version__} ({EXPECTED_BUILD})"
+    for argv in (["--version"], ["serve", "--version"]):  # the second is `docker run IMAGE --version`
+        out = subprocess.run([sys.executable, "-m", "proxy", *argv], capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+        assert out.strip() == f"dialect-proxy {__version__} ({EXPECTED_BUILD})"
     with serve_process(["--upstream-url", start_mock("openai").url, "--upstream-dialect", "openai"]) as url:
         assert httpx.get(url + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__,
                                                                  "build": EXPECTED_BUILD}

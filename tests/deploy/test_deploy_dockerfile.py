@@ -1,8 +1,9 @@
 """deploy/Dockerfile: parsed with Docker's own parser (the `dockerfile` package), checked for the rules the image
 promises, and its build stage emulated: the files the build context lets through must build the package.
 
-Not covered here: running `docker build` (no daemon or registry on CI machines). What would make a build fail
-with the classic builder, on arm64, or without a public registry is checked on the text instead."""
+Not covered here: running `docker build` (no daemon or registry on CI machines; `make test-image` builds and runs the
+image, tests/deploy/test_image.py). What would make a build fail with the classic builder, on arm64, or without a
+public registry is checked on the text instead."""
 
 from __future__ import annotations
 
