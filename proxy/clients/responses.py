@@ -6,6 +6,8 @@ namespace "responses" as its response object plus the conversation so far in hub
 `previous_response_id` continues it and `GET`/`DELETE /v1/responses/{id}` answer. `store: false` keeps nothing
 (Codex sends the whole history every turn instead). An unknown, expired or unstored `previous_response_id` is a 400
 (DECISIONS.md "Client dialects and state"); a store that cannot be reached is a 503 for requests that need it.
+An `item_reference` input item names an output item of a stored response (an item's id carries its response's id:
+responses_events.item_response_hex) and stands for that item (the Vercel AI SDK sends them from its second turn on).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ..validate import (
     compile_table,
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
-from .responses_events import Echo, ResponsesEncoder
+from .responses_events import Echo, ResponsesEncoder, item_response_hex
 from .responses_request import Decoded, ToolName, to_chat
 from .signature import ThinkingSigner
 
@@ -105,7 +107,8 @@ class ResponsesClient(ClientDialect):
         history: list[dict[str, Any]] = []
         if previous is not None:
             history = await self._history(previous)
-        decoded = to_chat(body, history, self.signer)
+        references = await self._references(body.get("input"))
+        decoded = to_chat(body, history, self.signer, references)
         headers_out: Headers = []
         options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": Echo(body),
                                    "seal": _ENCRYPTED in include}
@@ -125,6 +128,29 @@ class ResponsesClient(ClientDialect):
                 param="previous_response_id", code="previous_response_not_found")
         messages: list[dict[str, Any]] = orjson.loads(raw)["messages"]
         return messages
+
+    async def _references(self, items: Any) -> dict[str, dict[str, Any]] | None:
+        """Item id -> the stored output item, for the `item_reference` items of `input` (None when it has none).
+        An id that names no stored item is left out: to_chat refuses its reference with a 400 that names it."""
+        if not isinstance(items, list):
+            return None
+        wanted = [item.get("id") for item in items if isinstance(item, dict) and item.get("type") == "item_reference"]
+        if not wanted:
+            return None
+        found: dict[str, dict[str, Any]] = {}
+        outputs: dict[str, list[Any]] = {}  # response id -> its output items (each response read once)
+        for item_id in wanted:
+            hex_id = item_response_hex(item_id) if isinstance(item_id, str) else None
+            if hex_id is None:
+                continue
+            response_id = self.id_prefix + hex_id
+            if response_id not in outputs:
+                raw = await self.store.get(NAMESPACE, response_id)
+                outputs[response_id] = orjson.loads(raw)["response"]["output"] if raw is not None else []
+            for output in outputs[response_id]:
+                if output.get("id") == item_id:
+                    found[item_id] = output
+        return found
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
         decoded: Decoded = call.options["decoded"]

@@ -212,6 +212,7 @@ class ResponsesEncoder:
 
     # -- items ----------------------------------------------------------------------------------------------------
     def _new(self, prefix: str) -> _Item:
+        # An item's id carries its response's (item_response_hex reads it back: item references).
         # Two digits at least. Not `format(n, "02d")` nor an f-string: compiled, str() of an int is a C conversion,
         # a format spec a generic call (~2,000 instructions, callgrind; proxy/handlers.py `_new_request_id`).
         n = self._count
@@ -399,3 +400,16 @@ def _custom_input(arguments: str) -> str:
     if isinstance(value, str):
         return value
     return arguments
+
+
+def item_response_hex(item_id: str) -> str | None:
+    """The hex part of the id of the response whose output item `item_id` is, None for an id not made here: items
+    are `<kind>_<the response id's hex><the item's number, two digits at least>` (ResponsesEncoder._new), and response
+    ids carry 12 random bytes in hex (proxy/handlers.py)."""
+    kind, _, rest = item_id.partition("_")
+    if not kind or len(rest) < _HEX + 2 or not rest[_HEX:].isdigit():
+        return None
+    return rest[:_HEX]
+
+
+_HEX: Final = 24

@@ -1,5 +1,6 @@
 """A Responses API request (`POST /v1/responses`) -> the hub's Chat Completions request. Pure: the stored history
-of `previous_response_id` is looked up by the caller (proxy/clients/responses.py) and handed in.
+of `previous_response_id` and the stored items that `item_reference` items name are looked up by the caller
+(proxy/clients/responses.py) and handed in.
 
     instructions                      ─▶ a leading `system` message (not carried to later turns, as OpenAI)
     input: string                     ─▶ one `user` message
@@ -7,6 +8,7 @@ of `previous_response_id` is looked up by the caller (proxy/clients/responses.py
                  function_call / custom_tool_call      ─▶ the assistant turn's `tool_calls` (call_id is the id)
                  function_call_output / custom_…_output ─▶ `tool` messages
                  reasoning (our sealed encrypted_content) ─▶ that assistant turn's `reasoning_content`
+                 item_reference (an output item of a response stored here) ─▶ as that item
     tools        function ─▶ function; custom (freeform) ─▶ function with one string parameter `input`;
                  namespace ─▶ its functions; hosted tools (web_search, file_search, ...) ─▶ left out, reported
     tool_choice, parallel_tool_calls, max_output_tokens (max_tokens), temperature, top_p, user,
@@ -82,7 +84,9 @@ class Decoded:
         self.ignored_tools = [] if ignored_tools is None else ignored_tools
 
 
-def to_chat(body: dict[str, Any], history: list[dict[str, Any]], signer: ThinkingSigner) -> Decoded:
+def to_chat(body: dict[str, Any], history: list[dict[str, Any]], signer: ThinkingSigner,
+            references: dict[str, dict[str, Any]] | None = None) -> Decoded:
+    """`references`: item id -> the stored output item, for the request's `item_reference` items."""
     for key, why in _UNSUPPORTED.items():
         if body.get(key) not in (None, False):
             raise ClientRequestError(f"`{key}`: {why}.", param=key, code="unsupported_parameter")
@@ -90,7 +94,7 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]], signer: Thinkin
     tools, names, ignored = _tools(body.get("tools"))
     by_client = {(t.namespace, t.name): upstream for upstream, t in names.items()}
     messages = list(history)
-    messages.extend(_input(body.get("input"), by_client, signer))
+    messages.extend(_input(body.get("input"), by_client, signer, references or {}))
     if not messages:
         raise ClientRequestError("`input` is required (a string or a non-empty list of items).", param="input")
     out: dict[str, Any] = {"model": model}
@@ -115,7 +119,8 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]], signer: Thinkin
 
 
 # -- input items ----------------------------------------------------------------------------------------------------
-def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: ThinkingSigner) -> list[dict[str, Any]]:
+def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: ThinkingSigner,
+           references: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     if value is None:
         return []
     if isinstance(value, str):
@@ -141,6 +146,11 @@ def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: Thi
         if not isinstance(item, dict):
             raise ClientRequestError(f"`{param}` must be an object.", param=param)
         kind = item.get("type") or ("message" if "role" in item else None)
+        own = False  # an item of a response this proxy stored (named by an item_reference)
+        if kind == "item_reference":
+            item = _referenced(item, references, param)
+            kind = item.get("type")
+            own = True
         if kind == "message":
             role = item.get("role")
             if role == "assistant":
@@ -177,17 +187,13 @@ def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: Thi
             turn = None
             out.append({"role": "tool", "tool_call_id": call_id, "content": _output(item.get("output"), param)})
         elif kind == "reasoning":
-            sealed = _reasoning(item, signer)
+            sealed = _stored_reasoning(item) if own else _reasoning(item, signer)
             if sealed is not None:
                 if turn is not None and "tool_calls" not in turn and not turn["content"]:
                     turn["reasoning_content"] = sealed
                 else:
                     turn = None
                     reasoning = sealed
-        elif kind == "item_reference":
-            raise ClientRequestError(f"`{param}`: item references are not supported by this proxy; send the item "
-                                     "itself, or use `previous_response_id`.", param=param,
-                                     code="unsupported_parameter")
         else:
             # Calls of hosted tools (web_search_call, ...) from another server's history: nothing an upstream here
             # can read; leaving them out keeps the conversation usable.
@@ -258,6 +264,26 @@ def _output(value: Any, param: str) -> str:
     if value is None:
         return ""
     return orjson.dumps(value).decode()
+
+
+def _referenced(item: dict[str, Any], references: dict[str, dict[str, Any]], param: str) -> dict[str, Any]:
+    item_id = item.get("id")
+    if not isinstance(item_id, str) or not item_id:
+        raise ClientRequestError(f"`{param}.id` must be a string.", param=f"{param}.id")
+    found = references.get(item_id)
+    if found is None:
+        raise ClientRequestError(
+            f"Item with id '{item_id}' not found (not an output item of a response stored by this proxy, expired, or "
+            "created with store: false).", param=f"{param}.id", code="item_not_found")
+    return found
+
+
+def _stored_reasoning(item: dict[str, Any]) -> str | None:
+    """The text of a reasoning item from this proxy's own store (its `reasoning_text` parts)."""
+    content = item.get("content")
+    text = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)) \
+        if isinstance(content, list) else ""
+    return text or None
 
 
 def _reasoning(item: dict[str, Any], signer: ThinkingSigner) -> str | None:

@@ -172,6 +172,37 @@ def test_previous_response_id_continues_the_conversation(stack: Callable[..., tu
     assert info.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
 
 
+def test_item_references_stand_for_the_stored_items(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    """The Vercel AI SDK sends earlier turns' items as `item_reference`s (store on): each becomes the item itself."""
+    mock, proxy = stack("openai")
+    client = proxy.client()
+    first = client.responses.create(model="m", tools=[TOOL],  # type: ignore[list-item]
+                                    input="Weather? [mock:reasoning_field,call_tool]")
+    reasoning, call = first.output
+    assert reasoning.type == "reasoning" and call.type == "function_call"
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = client.responses.create(model="m", tools=[TOOL], input=[  # type: ignore[list-item]
+        {"role": "user", "content": "Weather? [mock:reasoning_field,call_tool]"},
+        {"type": "item_reference", "id": reasoning.id}, {"type": "item_reference", "id": call.id}, output])
+    assert second.output_text.endswith("Tool get_weather returned: sunny")
+    messages = mock.last_request()["body"]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["tool_calls"][0]["id"] == call.call_id
+    assert messages[1]["reasoning_content"] == reasoning.content[0].text  # type: ignore[index]
+    # A message item by reference: its text is the assistant turn.
+    client.responses.create(model="m", input=[
+        {"role": "user", "content": "Hi"}, {"type": "item_reference", "id": second.output[-1].id},
+        {"role": "user", "content": "And?"}])
+    assert mock.last_request()["body"]["messages"][1] == {"role": "assistant", "content": second.output_text}
+    # Unknown ids, and items of a response that was not stored, are a 400 naming the reference.
+    unstored = client.responses.create(model="m", input="Hi", store=False)
+    for item_id in ("msg_nothing", first.id, unstored.output[0].id, call.id[:-2] + "77"):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.responses.create(model="m", input=[{"type": "item_reference", "id": item_id}])
+        assert info.value.body["param"] == "input[0].id"  # type: ignore[index]
+        assert info.value.body["code"] == "item_not_found"  # type: ignore[index]
+
+
 def test_store_false_keeps_nothing(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
     _, proxy = stack("openai")
     client = proxy.client()
