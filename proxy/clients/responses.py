@@ -35,7 +35,7 @@ from ..validate import (
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 from .responses_events import Echo, ResponsesEncoder, item_response_hex
-from .responses_request import Decoded, ToolName, to_chat
+from .responses_request import Decoded, ToolName, reasoning_of, to_chat
 from .signature import ThinkingSigner
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ RESPONSES_FIELDS: Final[FieldTable] = {
     "metadata": (OBJECT, NULL),
     "reasoning": (OBJECT, NULL),
     "reasoning.effort": (STRING, NULL),
+    "reasoning.summary": (STRING, NULL),
     "text": (OBJECT, NULL),
     "text.format": (OBJECT, NULL),
     "user": (STRING, NULL),
@@ -202,7 +203,7 @@ def _assistant_turn(items: list[dict[str, Any]], tools: dict[str, ToolName]) -> 
     upstream = {(t.namespace, t.name): name for name, t in tools.items()}
     message: dict[str, Any] = {"role": "assistant", "content": None}
     text = "".join(p["text"] for item in items if item["type"] == "message" for p in item["content"])
-    reasoning = "".join(c["text"] for item in items if item["type"] == "reasoning" for c in item["content"])
+    reasoning = "".join(reasoning_of(item) for item in items if item["type"] == "reasoning")
     calls = []
     for item in items:
         if item["type"] == "function_call":

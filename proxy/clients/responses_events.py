@@ -1,6 +1,7 @@
 """Hub events -> a Responses API answer: the event stream the SDKs and Codex parse, or (folded) one `response`.
 
-    reasoning deltas ─▶ a `reasoning` item   (reasoning_text deltas; sealed `encrypted_content` when included)
+    reasoning deltas ─▶ a `reasoning` item   (reasoning_text deltas, or with `reasoning.summary` asked for one
+                                              summary_text part; sealed `encrypted_content` when included)
     content deltas   ─▶ a `message` item     (one output_text part)
     tool-call deltas ─▶ `function_call` items, or `custom_tool_call` items for freeform tools
     finish, usage    ─▶ `response.completed` / `response.incomplete` with the whole response
@@ -29,6 +30,9 @@ from .responses_request import ToolName
 from .signature import ThinkingSigner
 
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
+# `reasoning.summary` values that ask for a summary. No upstream here summarises: the reasoning itself is sent as the
+# one summary part, for clients that show only summaries (the Vercel AI SDK; Codex by default).
+_SUMMARY: Final = frozenset({"auto", "concise", "detailed"})
 _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 
 
@@ -90,6 +94,7 @@ class ResponsesEncoder:
         self._seq = 2  # 0 and 1 are the head's (sent when the handler commits the stream, after the first feed)
         self._out: list[bytes] = []
         self._hex = ctx.response_id.partition("_")[2] or ctx.response_id
+        self._summary = echo.reasoning["summary"] in _SUMMARY  # reasoning as a summary, not reasoning_text
         self._count = 0
         self._reasoning: _Item | None = None
         self._message: _Item | None = None
@@ -225,7 +230,13 @@ class ResponsesEncoder:
         if item is None:
             self._close_message()
             item = self._reasoning = self._new("rs")
-            if self.stream:
+            if self.stream and self._summary:
+                self._added({"id": item.id, "type": "reasoning", "summary": []}, item.index)
+                self._event(b"response.reasoning_summary_part.added", {
+                    "type": "response.reasoning_summary_part.added", "item_id": item.id, "output_index": item.index,
+                    "summary_index": 0, "part": {"type": "summary_text", "text": ""}})
+                item.delta_head = self._delta_head(b"response.reasoning_summary_text.delta", item, summary_index=True)
+            elif self.stream:
                 self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
                 item.delta_head = self._delta_head(b"response.reasoning_text.delta", item, content_index=True)
         item.parts.append(text)
@@ -302,14 +313,25 @@ class ResponsesEncoder:
             return
         self._reasoning = None
         text = "".join(item.parts)
-        done: dict[str, Any] = {"id": item.id, "type": "reasoning", "summary": [],
-                                "content": [{"type": "reasoning_text", "text": text}]}
+        done: dict[str, Any]
+        if self._summary:
+            part = {"type": "summary_text", "text": text}
+            done = {"id": item.id, "type": "reasoning", "summary": [part]}
+        else:
+            done = {"id": item.id, "type": "reasoning", "summary": [],
+                    "content": [{"type": "reasoning_text", "text": text}]}
         if self.signer is not None:
             done["encrypted_content"] = self.signer.sign_text(text, carry=True)
         if self.stream:
-            self._event(b"response.reasoning_text.done", {
-                "type": "response.reasoning_text.done", "item_id": item.id, "output_index": item.index,
-                "content_index": 0, "text": text})
+            common = {"item_id": item.id, "output_index": item.index}
+            if self._summary:
+                self._event(b"response.reasoning_summary_text.done", {
+                    "type": "response.reasoning_summary_text.done", **common, "summary_index": 0, "text": text})
+                self._event(b"response.reasoning_summary_part.done", {
+                    "type": "response.reasoning_summary_part.done", **common, "summary_index": 0, "part": part})
+            else:
+                self._event(b"response.reasoning_text.done", {
+                    "type": "response.reasoning_text.done", **common, "content_index": 0, "text": text})
             self._done(done, item.index)
         self.items.append(done)
 
@@ -364,12 +386,15 @@ class ResponsesEncoder:
         self._event(b"response.output_item.done", {"type": "response.output_item.done", "output_index": index,
                                                    "item": item})
 
-    def _delta_head(self, name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False) -> bytes:
+    def _delta_head(self, name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
+                    summary_index: bool = False) -> bytes:
         # The per-token events are the hot path: their fixed part is serialised once per item.
         head = b'event: ' + name + b'\ndata: {"type":"' + name + b'","item_id":"' + item.id.encode() + \
             b'","output_index":' + str(item.index).encode()
         if content_index:
             head += b',"content_index":0'
+        if summary_index:
+            head += b',"summary_index":0'
         if logprobs:
             head += b',"logprobs":[]'
         return head + b',"delta":'

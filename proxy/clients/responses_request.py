@@ -279,11 +279,17 @@ def _referenced(item: dict[str, Any], references: dict[str, dict[str, Any]], par
 
 
 def _stored_reasoning(item: dict[str, Any]) -> str | None:
-    """The text of a reasoning item from this proxy's own store (its `reasoning_text` parts)."""
-    content = item.get("content")
-    text = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)) \
-        if isinstance(content, list) else ""
-    return text or None
+    """The text of a reasoning item from this proxy's own store."""
+    return reasoning_of(item) or None
+
+
+def reasoning_of(item: dict[str, Any]) -> str:
+    """The text of a reasoning item as this proxy writes it (proxy/clients/responses_events.py): its `reasoning_text`
+    content, or its one `summary_text` part when the client asked for a summary."""
+    parts = item.get("content") or item.get("summary")
+    if not isinstance(parts, list):
+        return ""
+    return "".join(part["text"] for part in parts if isinstance(part, dict) and isinstance(part.get("text"), str))
 
 
 def _reasoning(item: dict[str, Any], signer: ThinkingSigner) -> str | None:

@@ -172,6 +172,49 @@ def test_previous_response_id_continues_the_conversation(stack: Callable[..., tu
     assert info.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
 
 
+@pytest.mark.parametrize("dialect", ["mindie+full_text", "deepseek"])
+def test_a_summary_asked_for_carries_the_reasoning(stack: Callable[..., tuple[Mock, Proxy]], dialect: str) -> None:
+    """`reasoning.summary` (Codex sends "auto"; the Vercel AI SDK shows reasoning only from summaries): the reasoning
+    comes as the item's one summary_text part, with the summary events, and no reasoning_text."""
+    mock, proxy = stack(dialect)
+    client = proxy.client()
+    plain = client.responses.create(model="m", input="Hi [mock:think]")
+    expected = plain.output[0].content[0].text  # type: ignore[union-attr,index]
+    answer = client.responses.create(model="m", input="Hi [mock:think]", reasoning={"summary": "auto"})
+    item = answer.output[0]
+    assert item.type == "reasoning" and [(p.type, p.text) for p in item.summary] == [("summary_text", expected)]
+    assert not item.content and answer.output_text == plain.output_text
+    events = raw_events(proxy, {"model": "m", "input": "Hi [mock:think]", "reasoning": {"summary": "detailed"}})
+    names = [name for name, _ in events]
+    assert "response.reasoning_text.delta" not in names and "response.reasoning_text.done" not in names
+    first = names.index("response.reasoning_summary_part.added")
+    last = names.index("response.reasoning_summary_part.done")
+    deltas = [d for n, d in events if n == "response.reasoning_summary_text.delta"]
+    assert "".join(d["delta"] for d in deltas) == expected and len(deltas) > 1
+    assert all(first < names.index(n) < last for n in ("response.reasoning_summary_text.delta",
+                                                        "response.reasoning_summary_text.done"))
+    assert all(d["summary_index"] == 0 and d["item_id"] == events[first][1]["item_id"] for d in deltas)
+    assert events[-1][1]["response"]["output"][0]["summary"] == [{"type": "summary_text", "text": expected}]
+    # The SDK's stream helper folds the same events into the same response.
+    with client.responses.stream(model="m", input="Hi [mock:think]", reasoning={"summary": "concise"}) as stream:
+        final = stream.get_final_response()
+    assert final.output[0].summary[0].text == expected  # type: ignore[union-attr]
+    # The next turn's history has it as the assistant's reasoning, as with reasoning_text (a tool-call turn's
+    # reasoning goes back upstream: DeepSeek's thinking mode needs it, see docs/responses.md).
+    called = client.responses.create(model="m", tools=[TOOL],  # type: ignore[list-item]
+                                     input="Weather? [mock:reasoning_field,call_tool]", reasoning={"summary": "auto"})
+    call = called.output[-1]
+    assert called.output[0].type == "reasoning" and call.type == "function_call"
+    client.responses.create(model="m", tools=[TOOL], previous_response_id=called.id,  # type: ignore[list-item]
+                            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    turn = mock.last_request()["body"]["messages"][1]
+    assert turn["tool_calls"][0]["id"] == call.call_id
+    assert turn["reasoning_content"] == called.output[0].summary[0].text  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="m", input="Hi", reasoning={"summary": 3})  # type: ignore[typeddict-item]
+    assert info.value.body["param"] == "reasoning.summary"  # type: ignore[index]
+
+
 def test_item_references_stand_for_the_stored_items(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
     """The Vercel AI SDK sends earlier turns' items as `item_reference`s (store on): each becomes the item itself."""
     mock, proxy = stack("openai")
