@@ -47,10 +47,12 @@ system-deps:
 test: $(DEVSTAMP) system-deps lint
 	$(BIN)/python -m pytest -q
 
-# Real client CLIs from npm (not part of `make test`). Codex is pinned: the tests name its shell tool.
+# Real client CLIs and SDKs from npm (not part of `make test`). Codex is pinned: the tests name its shell tool. The
+# Vercel AI SDK is pinned too (tests/cli/test_vercel_ai.py reads what its providers return).
 CLI_DIR := $(VENV)/cli
 CODEX_VERSION ?= 0.169.0
-CLI_PACKAGES ?= @openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code
+VERCEL_AI_PACKAGES ?= ai@6.0.326 @ai-sdk/openai@3.0.141 @ai-sdk/anthropic@3.0.140 zod@4.6.7
+CLI_PACKAGES ?= @openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code $(VERCEL_AI_PACKAGES)
 test-cli: $(DEVSTAMP)
 	npm install --prefix $(CLI_DIR) --no-audit --no-fund --no-update-notifier $(CLI_PACKAGES)
 	PATH="$(abspath $(CLI_DIR))/node_modules/.bin:$$PATH" $(BIN)/python -m pytest -q -m cli
