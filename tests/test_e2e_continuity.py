@@ -178,6 +178,40 @@ def test_langchain_agent_loop(mock, start_proxy, streaming) -> None:
     assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == [REASONING, REASONING]
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_langchain_responses_agent_loop(mock, start_proxy, streaming) -> None:
+    """LangChain's ChatOpenAI on the Responses API, asking for reasoning summaries: it shows the reasoning (as
+    standard `reasoning` content blocks) and sends the reasoning items back unsealed (no `include`), so DeepSeek's
+    thinking-mode tool turns get their reasoning from the continuity store."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather of a city."""
+        return WEATHER.get(city, "cloudy")
+
+    proxy = start_proxy(mock=mock)
+    llm = ChatOpenAI(model="deepseek-flash", base_url=proxy.base_url, api_key="sk-x", max_retries=0, timeout=30,
+                     streaming=streaming, use_responses_api=True, reasoning={"effort": "high", "summary": "auto"},
+                     output_version="v1").bind_tools([get_weather])
+    messages: list[Any] = []
+    for question in ("Weather in Paris? [mock:call_tool=get_weather {\"city\": \"Paris\"}]",
+                     "And in Rome? [mock:call_tool=get_weather {\"city\": \"Rome\"}]"):
+        messages.append(HumanMessage(question))
+        for _ in range(3):  # bounded
+            ai = llm.invoke(messages)
+            assert [b["reasoning"] for b in ai.content if b["type"] == "reasoning"] == [REASONING]
+            messages.append(ai)
+            if not ai.tool_calls:
+                break
+            messages += [ToolMessage(get_weather.invoke(c["args"]), tool_call_id=c["id"]) for c in ai.tool_calls]
+    assert "rain, 17°C" in messages[-1].text
+    assert sum(1 for m in messages if getattr(m, "tool_calls", None)) == 2
+    assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == [REASONING, REASONING]
+
+
 # ---------------------------------------------------------------------------------------------- R1 on MindIE
 
 def test_r1_on_mindie_gets_no_reasoning_back_and_other_models_keep_it(start_mock, start_proxy) -> None:
