@@ -108,7 +108,13 @@ class ResponsesClient(ClientDialect):
         history: list[dict[str, Any]] = []
         if previous is not None:
             history = await self._history(previous)
-        references = await self._references(body.get("input"))
+        items = body.get("input")
+        references = None
+        if isinstance(items, list):
+            for item in items:
+                if isinstance(item, dict) and item.get("type") == "item_reference":
+                    references = await self._references(items)  # a store read: only when there are references
+                    break
         decoded = to_chat(body, history, self.signer, references)
         headers_out: Headers = []
         options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": Echo(body),
@@ -130,14 +136,10 @@ class ResponsesClient(ClientDialect):
         messages: list[dict[str, Any]] = orjson.loads(raw)["messages"]
         return messages
 
-    async def _references(self, items: Any) -> dict[str, dict[str, Any]] | None:
-        """Item id -> the stored output item, for the `item_reference` items of `input` (None when it has none).
-        An id that names no stored item is left out: to_chat refuses its reference with a 400 that names it."""
-        if not isinstance(items, list):
-            return None
+    async def _references(self, items: list[Any]) -> dict[str, dict[str, Any]]:
+        """Item id -> the stored output item, for the `item_reference` items of `input`. An id that names no stored
+        item is left out: to_chat refuses its reference with a 400 that names it."""
         wanted = [item.get("id") for item in items if isinstance(item, dict) and item.get("type") == "item_reference"]
-        if not wanted:
-            return None
         found: dict[str, dict[str, Any]] = {}
         outputs: dict[str, list[Any]] = {}  # response id -> its output items (each response read once)
         for item_id in wanted:
