@@ -1,4 +1,4 @@
-"""`--workers 2` against `--workers 1` on this machine's cores, with a load and an upstream that cost next to nothing.
+"""`--workers 2` against `--workers 1` on this machine's cores, with a load and an upstream as cheap as can be.
 
     python tests/bench/workers.py [--seconds 4] [--rounds 3] [--compiled]      (`make bench-workers`; README "Speed")
 
@@ -6,14 +6,19 @@ What a second worker gains can only be seen if the relay's workers get the cores
 upstream are Python (aiohttp, uvicorn): on two cores they take about as much CPU per request as the relay they drive,
 so a second worker has no core to run on. Here the upstream is nginx serving the built-in mock's own answers (one
 non-stream answer and one 64-chunk stream, captured from `dialect-proxy mock` at the start and served as static
-files) and the load is wrk, 64 keep-alive connections; both are C (Debian packages `nginx` and `wrk`) and cost
-~10 µs a request together (the `direct` row: wrk against nginx), against 250-500 µs for a relay.
+files) and the load is wrk, 64 keep-alive connections; both are C (Debian packages `nginx` and `wrk`). With a relay
+between them they and the kernel's loopback still take 35-65 µs of CPU a request (the `rest/req` column; the
+relays take 100-250 µs, compiled), which on two cores caps what a second worker can add (the printed ceiling).
 
 For each scenario the proxy and the barest relay (tests/bench/bare_relay.py: uvicorn workers too) run with one and
 with two worker processes, all four at once and idle but the one measured; they take turns for `--rounds` rounds
-and each keeps its best. Printed per row: requests/s, the relay's CPU per request (all its processes) and how that
-CPU split over the workers (uvicorn's workers share one listening socket: whichever accepts a connection keeps it),
-and the gain of two workers over one. Loopback only; every run bounded by `--seconds`. Not a test: it asserts
+and each keeps its best. Printed per row: requests/s, the relay's CPU per request (all its processes), the rest
+of the machine's CPU per request (wrk, nginx, the kernel's loopback work not charged to the relay: all busy CPU in
+/proc/stat minus the relay's) and how the relay's CPU split over the workers (uvicorn's workers share one listening
+socket: whichever accepts a connection keeps it), and the gain of two workers over one next to this machine's
+ceiling for it: one worker can have a core to itself, two share the machine's cores with the load and the upstream,
+so two workers reach at most cores / (relay + rest, per request at two workers) requests/s: printed as a ratio to
+one worker's requests/s. Loopback only; every run bounded by `--seconds`. Not a test: it asserts
 nothing.
 """
 
@@ -110,6 +115,7 @@ async def fetch_answers(mock: str) -> dict[str, bytes]:
 class Run:
     rps: float = 0.0
     cpu_us: float = float("nan")  # the relay's CPU per request, all its processes
+    rest_us: float = float("nan")  # the rest of the machine's busy CPU per request (load, upstream, kernel)
     split: list[float] = field(default_factory=list)  # CPU seconds of each worker process in that run
     errors: str = ""
 
@@ -130,13 +136,23 @@ def workers_of(pid: int) -> list[int]:
     return [k for k in bench.children(pid) if "resource_tracker" not in bench.cmdline(k)]
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent not idle since boot (/proc/stat: user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(proc: subprocess.Popen[bytes], url: str, script: str, seconds: int) -> Run:
     kids = workers_of(proc.pid)
     c0, k0 = bench.cpu_seconds(proc.pid), [bench.cpu_seconds(k) for k in kids]
+    m0 = machine_busy_seconds()
     rps, errors = wrk(url, script, seconds)
     cpu = bench.cpu_seconds(proc.pid) - c0
+    busy = machine_busy_seconds() - m0
     requests = rps * seconds
     return Run(rps, cpu / requests * 1e6 if requests else float("nan"),
+               (busy - cpu) / requests * 1e6 if requests else float("nan"),
                [bench.cpu_seconds(k) - k0[i] for i, k in enumerate(kids)], errors)
 
 
@@ -199,15 +215,18 @@ def scale_workers(seconds: int, rounds: int, tree: str | None = None) -> None:
                     if run.rps > best.get(key, Run()).rps:
                         best[key] = run
             print(f"\n{kind} (direct, wrk -> nginx: {direct:,.0f} req/s)")
-            print(f"  {'relay':6} {'workers':>7} {'req/s':>9} {'CPU/req':>9}  CPU split over the workers")
+            print(f"  {'relay':6} {'workers':>7} {'req/s':>9} {'CPU/req':>9} {'rest/req':>9}  CPU split over the "
+                  "workers")
             for (target, workers), run in sorted(best.items()):
                 split = " / ".join(f"{100 * s / sum(run.split):.0f}%" for s in run.split) if sum(run.split) else "-"
-                print(f"  {target:6} {workers:7} {run.rps:9,.0f} {run.cpu_us:7.0f} µs  {split}"
+                print(f"  {target:6} {workers:7} {run.rps:9,.0f} {run.cpu_us:7.0f} µs {run.rest_us:6.0f} µs  {split}"
                       + (f"  errors: {run.errors}" if run.errors else ""))
+            cores = os.cpu_count() or 1
             for target in ("bare", "proxy"):
                 one, two = best[(target, 1)], best[(target, 2)]
-                print(f"  {target:6} 2 workers / 1: throughput {two.rps / one.rps:.2f}x, CPU per request "
-                      f"{two.cpu_us / one.cpu_us:.2f}x")
+                ceiling = cores / ((two.cpu_us + two.rest_us) * 1e-6) / one.rps  # all cores busy at two workers
+                print(f"  {target:6} 2 workers / 1: throughput {two.rps / one.rps:.2f}x (this machine's ceiling "
+                      f"{ceiling:.2f}x), CPU per request {two.cpu_us / one.cpu_us:.2f}x")
             bench.stop(*(proc for proc, _ in relays.values()))
             procs = [nginx]
     finally:
