@@ -57,10 +57,12 @@ test-cli: $(DEVSTAMP)
 	npm install --prefix $(CLI_DIR) --no-audit --no-fund --no-update-notifier $(CLI_PACKAGES)
 	PATH="$(abspath $(CLI_DIR))/node_modules/.bin:$$PATH" $(BIN)/python -m pytest -q -m cli
 
-# The container image (deploy/Dockerfile) built and run with Docker (not part of `make test`: needs a daemon and a base
-# image). PYTHON_IMAGE and COMPILE are the Dockerfile's build arguments; COMPILE=mypyc needs a base with a C compiler.
+# The container image (deploy/Dockerfile) built and run with Docker (not part of `make test`: needs a daemon and base
+# images). PYTHON_IMAGE, BUILD_IMAGE and COMPILE are the Dockerfile's build arguments (COMPILE= builds pure Python).
 IMAGE ?= dialect-proxy:test
-DOCKER_BUILD_ARGS := $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) $(if $(COMPILE),--build-arg COMPILE=$(COMPILE))
+COMPILE ?= mypyc
+DOCKER_BUILD_ARGS := $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+  $(if $(BUILD_IMAGE),--build-arg BUILD_IMAGE=$(BUILD_IMAGE)) --build-arg COMPILE=$(COMPILE)
 test-image: $(DEVSTAMP) system-deps
 	docker build --network host -f deploy/Dockerfile $(DOCKER_BUILD_ARGS) -t $(IMAGE) .
 	DIALECT_PROXY_TEST_IMAGE=$(IMAGE) DIALECT_PROXY_TEST_BUILD=$(if $(COMPILE),$(COMPILE),python) \

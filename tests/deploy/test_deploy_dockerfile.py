@@ -52,13 +52,20 @@ def env_of(stage: list[Any]) -> dict[str, str]:
     return env
 
 
-def test_base_image_is_pinned_python_311_slim() -> None:
+def test_base_images_are_pinned_python_311_slim_at_runtime() -> None:
+    """The runtime is the slim image; the build stage the same Python release with a compiler (the compiled modules
+    are built for the runtime's Python, and the venv copied across expects its interpreter at the same path)."""
     cmds = instructions()
     args = arg_defaults(cmds)
-    for c in cmds:
-        if c.cmd == "FROM":
-            image = re.sub(r"\$\{?(\w+)\}?", lambda m: args[m.group(1)], c.value[0])
-            assert re.fullmatch(r"python:3\.11\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?", image), image
+    images = [re.sub(r"\$\{?(\w+)\}?", lambda m: args[m.group(1)], c.value[0]) for c in cmds if c.cmd == "FROM"]
+    build, runtime = images[0], images[-1]
+    pinned = r"python:(3\.11\.\d+)-{}(@sha256:[0-9a-f]{{64}})?"
+    slim = re.fullmatch(pinned.format(r"slim-[a-z]+"), runtime)
+    full = re.fullmatch(pinned.format(r"[a-z]+"), build)
+    assert slim and full, images
+    assert slim.group(1) == full.group(1), "the same Python release in both stages"
+    assert runtime.split("-")[-1] == build.split("-")[-1], "the same Debian release in both stages"
+    assert args["COMPILE"] == "mypyc", "the image is the compiled build unless asked otherwise"
 
 
 def test_runtime_stage_rules() -> None:
@@ -98,11 +105,11 @@ def test_builds_with_the_classic_builder_on_any_architecture_without_a_public_re
             assert set(flags) <= {"--from", "--chown"}, f"COPY {flags}: BuildKit-only"
         if c.cmd == "FROM":
             assert not flags, "no --platform: the image builds for the builder's (or buildx's) architecture"
-            assert c.value[0] == "${PYTHON_IMAGE}", "the base image is a build argument"
+            assert c.value[0] in ("${PYTHON_IMAGE}", "${BUILD_IMAGE}"), "the base images are build arguments"
     code = "\n".join(c.original for c in cmds)
     assert not re.search(r"(?i)amd64|x86_64|x86-64|arm64|aarch64", code), "nothing architecture-specific"
     args = arg_defaults(cmds)
-    assert "PYTHON_IMAGE" in args and "PIP_INDEX_URL" in args
+    assert "PYTHON_IMAGE" in args and "BUILD_IMAGE" in args and "PIP_INDEX_URL" in args
     installs = [c.original for c in cmds if c.cmd == "RUN" and "pip install" in c.original]
     assert installs and all('--index-url "$PIP_INDEX_URL"' in i for i in installs), "pip uses the index build arg"
     assert not any(c.cmd == "RUN" and re.search(r"\b(curl|wget|apt-get|git)\b", c.original) for c in cmds)

@@ -82,6 +82,12 @@ def test_version_names_the_build() -> None:
     assert out == f"dialect-proxy {__version__} ({BUILD})"
 
 
+def test_no_compiler_in_the_image() -> None:
+    """The compiled build compiles in the build stage; the runtime image has its modules and no toolchain."""
+    found = docker("run", "--rm", "--entrypoint", "sh", IMAGE, "-c", "command -v cc gcc mypyc || true").stdout
+    assert found.strip() == ""
+
+
 def test_healthz_metrics_and_user(proxy_url: str) -> None:
     assert httpx.get(proxy_url + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__,
                                                                    "build": BUILD}
