@@ -174,6 +174,16 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: floa
     return predicate()
 
 
+def answers(url: str) -> Callable[[], bool]:
+    """For wait_for: whether a GET of `url` answers 200 now (a probe such as /healthz or /readyz)."""
+    def probe() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    return probe
+
+
 # The build the proxy's processes must run: `python` here, `mypyc` when `make test-compiled` runs the suite on a
 # compiled copy of the tree (tests/compiled_tree.py), so that no test passes on the wrong one.
 EXPECTED_BUILD = os.environ.get("PROXY_EXPECT_BUILD", "python")

@@ -140,9 +140,10 @@ def test_non_thinking_requests_touch_no_store(mock, start_proxy) -> None:
 
 # -------------------------------------------------------------------------------------------------- LangChain
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_langchain_agent_loop(mock, start_proxy, streaming) -> None:
-    """LangChain's ChatOpenAI builds history without `reasoning_content` (it never reads it)."""
+def langchain_agent(base_url: str, **options: Any) -> list[Any]:
+    """LangChain's ChatOpenAI with a weather tool, two questions, each until the model stops calling tools (bounded):
+    the conversation's messages. Every answer must hold REASONING in a `reasoning` block when `output_version` is
+    v1 (LangChain's standard blocks; the Responses API with summaries asked for)."""
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -152,27 +153,32 @@ def test_langchain_agent_loop(mock, start_proxy, streaming) -> None:
         """The weather of a city."""
         return WEATHER.get(city, "cloudy")
 
-    def run(base_url: str) -> list[Any]:
-        llm = ChatOpenAI(model="deepseek-flash", base_url=base_url, api_key="sk-x", max_retries=0, timeout=30,
-                         streaming=streaming).bind_tools([get_weather])
-        messages: list[Any] = []
-        for question in ("Weather in Paris? [mock:call_tool=get_weather {\"city\": \"Paris\"}]",
-                         "And in Rome? [mock:call_tool=get_weather {\"city\": \"Rome\"}]"):
-            messages.append(HumanMessage(question))
-            for _ in range(3):  # bounded
-                ai = llm.invoke(messages)
-                messages.append(ai)
-                if not ai.tool_calls:
-                    break
-                messages += [ToolMessage(get_weather.invoke(c["args"]), tool_call_id=c["id"]) for c in ai.tool_calls]
-        return messages
+    llm = ChatOpenAI(model="deepseek-flash", base_url=base_url, api_key="sk-x", max_retries=0, timeout=30,
+                     **options).bind_tools([get_weather])
+    messages: list[Any] = []
+    for question in ("Weather in Paris? [mock:call_tool=get_weather {\"city\": \"Paris\"}]",
+                     "And in Rome? [mock:call_tool=get_weather {\"city\": \"Rome\"}]"):
+        messages.append(HumanMessage(question))
+        for _ in range(3):  # bounded
+            ai = llm.invoke(messages)
+            if options.get("output_version") == "v1":
+                assert [b["reasoning"] for b in ai.content if b["type"] == "reasoning"] == [REASONING]
+            messages.append(ai)
+            if not ai.tool_calls:
+                break
+            messages += [ToolMessage(get_weather.invoke(c["args"]), tool_call_id=c["id"]) for c in ai.tool_calls]
+    return messages
 
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_langchain_agent_loop(mock, start_proxy, streaming) -> None:
+    """LangChain's ChatOpenAI builds history without `reasoning_content` (it never reads it)."""
     with pytest.raises(openai.BadRequestError) as e:
-        run(mock.url)
+        langchain_agent(mock.url, streaming=streaming)
     assert PASS_BACK in str(e.value)
 
     proxy = start_proxy(mock=mock)
-    messages = run(proxy.base_url)
+    messages = langchain_agent(proxy.base_url, streaming=streaming)
     assert "rain, 17°C" in messages[-1].content
     assert sum(1 for m in messages if getattr(m, "tool_calls", None)) == 2
     assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == [REASONING, REASONING]
@@ -183,30 +189,9 @@ def test_langchain_responses_agent_loop(mock, start_proxy, streaming) -> None:
     """LangChain's ChatOpenAI on the Responses API, asking for reasoning summaries: it shows the reasoning (as
     standard `reasoning` content blocks) and sends the reasoning items back unsealed (no `include`), so DeepSeek's
     thinking-mode tool turns get their reasoning from the continuity store."""
-    from langchain_core.messages import HumanMessage, ToolMessage
-    from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
-
-    @tool
-    def get_weather(city: str) -> str:
-        """The weather of a city."""
-        return WEATHER.get(city, "cloudy")
-
     proxy = start_proxy(mock=mock)
-    llm = ChatOpenAI(model="deepseek-flash", base_url=proxy.base_url, api_key="sk-x", max_retries=0, timeout=30,
-                     streaming=streaming, use_responses_api=True, reasoning={"effort": "high", "summary": "auto"},
-                     output_version="v1").bind_tools([get_weather])
-    messages: list[Any] = []
-    for question in ("Weather in Paris? [mock:call_tool=get_weather {\"city\": \"Paris\"}]",
-                     "And in Rome? [mock:call_tool=get_weather {\"city\": \"Rome\"}]"):
-        messages.append(HumanMessage(question))
-        for _ in range(3):  # bounded
-            ai = llm.invoke(messages)
-            assert [b["reasoning"] for b in ai.content if b["type"] == "reasoning"] == [REASONING]
-            messages.append(ai)
-            if not ai.tool_calls:
-                break
-            messages += [ToolMessage(get_weather.invoke(c["args"]), tool_call_id=c["id"]) for c in ai.tool_calls]
+    messages = langchain_agent(proxy.base_url, streaming=streaming, use_responses_api=True,
+                               reasoning={"effort": "high", "summary": "auto"}, output_version="v1")
     assert "rain, 17°C" in messages[-1].text
     assert sum(1 for m in messages if getattr(m, "tool_calls", None)) == 2
     assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == [REASONING, REASONING]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import answers, free_port, wait_for
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -48,14 +48,7 @@ def test_running_it_as_printed() -> None:
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           stdin=subprocess.DEVNULL))
         base = f"http://127.0.0.1:{proxy_port}"
-
-        def ready() -> bool:
-            try:
-                return httpx.get(base + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(ready, timeout=30), httpx.get(base + "/readyz", timeout=5).text
+        assert wait_for(answers(base + "/readyz"), timeout=30), httpx.get(base + "/readyz", timeout=5).text
         snippet = re.search(r"```python\n(.*?)```", text, re.S)
         assert snippet is not None
         code = snippet.group(1).replace("8000", str(proxy_port))

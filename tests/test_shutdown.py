@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import answers, free_port, wait_for
 
 
 def start_cli(mock_url: str, grace: float, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
@@ -25,14 +25,7 @@ def start_cli(mock_url: str, grace: float, workers: int = 1) -> tuple[subprocess
          "--workers", str(workers)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    if not wait_for(up, timeout=15):
+    if not wait_for(answers(url + "/healthz"), timeout=15):
         proc.kill()
         _, err = proc.communicate(timeout=10)
         raise RuntimeError(err.decode())

@@ -23,7 +23,7 @@ import pytest
 from deploy_helpers import promtool
 
 from proxy import __version__
-from tests.conftest import free_port, wait_for
+from tests.conftest import answers, free_port, wait_for
 
 pytestmark = pytest.mark.image
 
@@ -53,27 +53,30 @@ def container(name: str, *args: str) -> Iterator[str]:
         docker("rm", "-f", name, check=False)
 
 
-@pytest.fixture(scope="module")
-def proxy_url() -> Iterator[str]:
+@contextlib.contextmanager
+def proxy_before_mock(tag: str, full_text: bool) -> Iterator[tuple[str, str]]:
+    """The image's mock (MindIE) and the image's proxy in front of it: (the proxy's URL, its container's name)."""
     mock_port, port = free_port(), free_port()
-    suffix = str(os.getpid())
+    suffix = f"{tag}-{os.getpid()}"
+    mode = ["--full-text"] if full_text else []
     with container("dp-test-mock-" + suffix, "--entrypoint", "dialect-proxy", IMAGE, "mock", "--dialect", "mindie",
-                   "--full-text", "--port", str(mock_port)), \
+                   *mode, "--port", str(mock_port)), \
          container("dp-test-proxy-" + suffix,
                    "-e", "DIALECT_PROXY_HOST=127.0.0.1", "-e", f"DIALECT_PROXY_PORT={port}",
                    "-e", f"DIALECT_PROXY_UPSTREAM_URL=http://127.0.0.1:{mock_port}",
-                   "-e", "DIALECT_PROXY_UPSTREAM_DIALECT=mindie", "-e", "DIALECT_PROXY_FULL_TEXT=true",
+                   "-e", "DIALECT_PROXY_UPSTREAM_DIALECT=mindie",
+                   "-e", f"DIALECT_PROXY_FULL_TEXT={str(full_text).lower()}",
                    IMAGE) as name:
         url = f"http://127.0.0.1:{port}"
+        assert wait_for(answers(url + "/healthz"), timeout=60, interval=0.2), \
+            docker("logs", name, check=False).stderr[-2000:]
+        yield url, name
 
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
 
-        assert wait_for(up, timeout=60, interval=0.2), docker("logs", name, check=False).stderr[-2000:]
-        yield url
+@pytest.fixture(scope="module")
+def proxy() -> Iterator[tuple[str, str]]:
+    with proxy_before_mock("full-text", full_text=True) as started:
+        yield started
 
 
 def test_version_names_the_build() -> None:
@@ -88,10 +91,10 @@ def test_no_compiler_in_the_image() -> None:
     assert found.strip() == ""
 
 
-def test_healthz_metrics_and_user(proxy_url: str) -> None:
+def test_healthz_metrics_and_user(proxy: tuple[str, str]) -> None:
+    proxy_url, name = proxy
     assert httpx.get(proxy_url + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__,
                                                                    "build": BUILD}
-    name = "dp-test-proxy-" + str(os.getpid())
     assert docker("exec", name, "id", "-u").stdout.strip() == "10001"  # Kubernetes' runAsNonRoot needs non-zero
     text = httpx.get(proxy_url + "/metrics", timeout=5).text
     assert f'dialect_proxy_build_info{{build="{BUILD}"' in text
@@ -99,8 +102,8 @@ def test_healthz_metrics_and_user(proxy_url: str) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_openai_chat_and_responses_through_the_container(proxy_url: str) -> None:
-    client = openai.OpenAI(base_url=proxy_url + "/v1", api_key="unused", max_retries=0)
+def test_openai_chat_and_responses_through_the_container(proxy: tuple[str, str]) -> None:
+    client = openai.OpenAI(base_url=proxy[0] + "/v1", api_key="unused", max_retries=0)
     messages: list[openai.types.chat.ChatCompletionMessageParam] = [
         {"role": "user", "content": "Explain caching briefly [mock:think]"}]
     answer = client.chat.completions.create(model="m", messages=messages)
@@ -117,8 +120,8 @@ def test_openai_chat_and_responses_through_the_container(proxy_url: str) -> None
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
 
 
-def test_anthropic_messages_through_the_container(proxy_url: str) -> None:
-    client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
+def test_anthropic_messages_through_the_container(proxy: tuple[str, str]) -> None:
+    client = anthropic.Anthropic(base_url=proxy[0], api_key="unused", max_retries=0)
     message = client.messages.create(model="m", max_tokens=100, messages=[{"role": "user", "content": "Say hi"}])
     with client.messages.stream(model="m", max_tokens=100, messages=[{"role": "user", "content": "Say hi"}]) as s:
         streamed = "".join(s.text_stream)
@@ -129,22 +132,7 @@ def test_anthropic_messages_through_the_container(proxy_url: str) -> None:
 def test_docker_stop_lets_a_stream_in_flight_finish() -> None:
     """SIGTERM (the image's STOPSIGNAL) drains: a stream that is under way when `docker stop` comes ends whole,
     and the process exits 0 well inside the grace."""
-    mock_port, port = free_port(), free_port()
-    suffix = str(os.getpid())
-    with container("dp-test-dmock-" + suffix, "--entrypoint", "dialect-proxy", IMAGE, "mock", "--dialect",
-                   "mindie", "--port", str(mock_port)), \
-         container("dp-test-drain-" + suffix, "-e", "DIALECT_PROXY_HOST=127.0.0.1",
-                   "-e", f"DIALECT_PROXY_PORT={port}", "-e", f"DIALECT_PROXY_UPSTREAM_URL=http://127.0.0.1:{mock_port}",
-                   "-e", "DIALECT_PROXY_UPSTREAM_DIALECT=mindie", IMAGE) as name:
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(up, timeout=60, interval=0.2)
+    with proxy_before_mock("drain", full_text=False) as (url, name):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         stream = client.chat.completions.create(
             model="m", stream=True, messages=[{"role": "user", "content": "Say hi [mock:chunks=30,delay_ms=100]"}])
