@@ -33,6 +33,7 @@ _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_
 # `reasoning.summary` values that ask for a summary. No upstream here summarises: the reasoning itself is sent as the
 # one summary part, for clients that show only summaries (the Vercel AI SDK; Codex by default).
 _SUMMARY: Final = frozenset({"auto", "concise", "detailed"})
+_HEX: Final = 24  # a response id's hex digits (12 random bytes: proxy/handlers.py), which its items' ids carry
 _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
 
 
@@ -435,6 +436,3 @@ def item_response_hex(item_id: str) -> str | None:
     if not kind or len(rest) < _HEX + 2 or not rest[_HEX:].isdigit():
         return None
     return rest[:_HEX]
-
-
-_HEX: Final = 24
