@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from proxy.mock.textgen import REASONING
 from tests.cli.clis import cli_binary, cli_marks
 from tests.conftest import Mock, Proxy
 
@@ -53,7 +54,7 @@ stream_max_retries = 0
 """
 
 
-def run_codex(proxy: Proxy, tmp: Path, prompt: str, model: str = "mock-gpt",
+def run_codex(proxy: Proxy, tmp: Path, prompt: str, model: str = "mock-gpt", options: tuple[str, ...] = (),
               ) -> tuple[subprocess.CompletedProcess[str], Path]:
     home, work = tmp / "codex-home", tmp / "work"
     home.mkdir()
@@ -65,7 +66,7 @@ def run_codex(proxy: Proxy, tmp: Path, prompt: str, model: str = "mock-gpt",
            "NO_PROXY": "127.0.0.1,localhost", "NO_COLOR": "1"}
     assert CODEX is not None
     argv = [CODEX, "exec", "--strict-config", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-            "--color", "never", "-o", str(tmp / "last-message.txt"), prompt]
+            "--color", "never", "-o", str(tmp / "last-message.txt"), *options, prompt]
     proc = subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=180)
     return proc, work
@@ -121,3 +122,21 @@ def test_codex_applies_a_patch_with_its_freeform_tool(start_mock: Callable[..., 
     offered = {t["function"]["name"]: t["function"] for t in body["tools"]}
     assert offered["apply_patch"]["parameters"]["required"] == ["input"]
     assert body["messages"][-1]["role"] == "tool"
+
+
+@pytest.mark.parametrize("dialect", ["mindie+full_text", "deepseek"])
+def test_codex_shows_the_models_reasoning(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy],
+                                          tmp_path: Path, dialect: str) -> None:
+    """Codex asks for reasoning summaries (`reasoning.summary: auto`) and shows those, not raw reasoning, unless
+    told to: the upstream's reasoning comes back as the summary (docs/responses.md), so `codex exec --json` reports
+    it as a reasoning item, in the tool-call turn and in the answer after it."""
+    _, proxy = start(start_mock, start_proxy, dialect)
+    arguments = json.dumps({"cmd": "echo thought-through"})
+    proc, _ = run_codex(proxy, tmp_path, f"Think, then run it. [mock:think,call_tool=exec_command {arguments}]",
+                        options=("--json",))
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, report
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    reasoning = [e["item"]["text"] for e in events
+                 if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "reasoning"]
+    assert reasoning and all(REASONING in text for text in reasoning), report
