@@ -1,7 +1,8 @@
 """The Vercel AI SDK (npm `ai`, `@ai-sdk/openai`, `@ai-sdk/anthropic`) through the proxy, in front of the built-in
 full-text MindIE mock: tests/fixtures/clients/vercel_ai.cjs runs one scenario per call with Node and prints what the
 SDK returned — text and reasoning, streamed and not, a two-step tool round trip, and a second turn that carries the
-first one's messages (the Responses provider sends them as `item_reference`s).
+first one's messages (the Responses provider sends them as `item_reference`s, or with `store: false` the items
+themselves, reasoning sealed by the proxy); the reasoning of the tool-call turn must reach the upstream again.
 
 `make test-cli` installs the packages into .venv/cli and runs these (`pytest -m cli`); without them they skip.
 """
@@ -48,8 +49,8 @@ def stack(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy]) ->
     return mock, start_proxy(mock=mock, full_text=True)
 
 
-@pytest.mark.parametrize("scenario", ["openai responses", "openai responses reasoning", "openai chat",
-                                      "anthropic messages"])
+@pytest.mark.parametrize("scenario", ["openai responses", "openai responses reasoning", "openai responses stateless",
+                                      "openai chat", "anthropic messages"])
 def test_text_tools_and_a_second_turn(stack: tuple[Mock, Proxy], scenario: str) -> None:
     mock, proxy = stack
     out = run(proxy, scenario)
@@ -58,7 +59,7 @@ def test_text_tools_and_a_second_turn(stack: tuple[Mock, Proxy], scenario: str) 
     assert out["usage"]["input"] > 0 and out["usage"]["output"] > 0
     # Reasoning reaches the SDK where it has a place for it: Messages thinking blocks, and Responses summaries when
     # asked for (the SDK reads no reasoning_text); its chat provider has no field for `reasoning_content`.
-    shows_reasoning = scenario in ("openai responses reasoning", "anthropic messages")
+    shows_reasoning = scenario in ("openai responses reasoning", "openai responses stateless", "anthropic messages")
     assert (out["reasoning"], out["streamedReasoning"]) == ((REASONING, REASONING) if shows_reasoning else ("", ""))
     assert out["toolSteps"] == ["tool-calls", "stop"]
     assert out["toolText"] == "Tool weather returned: sunny in Paris"
@@ -69,3 +70,5 @@ def test_text_tools_and_a_second_turn(stack: tuple[Mock, Proxy], scenario: str) 
     assert messages[2]["content"] == "sunny in Paris"
     assert messages[3]["content"] == "Tool weather returned: sunny in Paris"
     assert messages[4]["content"] == "Thanks! And tomorrow?"
+    if shows_reasoning:  # the reasoning came back, by reference, sealed, or as a thinking block
+        assert messages[1].get("reasoning_content") == REASONING, messages[1]
