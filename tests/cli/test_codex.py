@@ -140,3 +140,18 @@ def test_codex_shows_the_models_reasoning(start_mock: Callable[..., Mock], start
     reasoning = [e["item"]["text"] for e in events
                  if e.get("type") == "item.completed" and e.get("item", {}).get("type") == "reasoning"]
     assert reasoning and all(REASONING in text for text in reasoning), report
+
+
+def test_codex_keeps_the_reasoning_out_of_view_when_told(start_mock: Callable[..., Mock],
+                                                         start_proxy: Callable[..., Proxy], tmp_path: Path) -> None:
+    """`model_reasoning_summary = "none"` (docs/responses.md): no summary asked for, the reasoning comes as
+    reasoning_text, which Codex does not show; the turn still completes."""
+    _, proxy = start(start_mock, start_proxy, "deepseek")
+    arguments = json.dumps({"cmd": "echo quiet"})
+    proc, _ = run_codex(proxy, tmp_path, f"Think, then run it. [mock:think,call_tool=exec_command {arguments}]",
+                        options=("--json", "-c", 'model_reasoning_summary="none"'))
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, report
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert not [e for e in events if e.get("item", {}).get("type") == "reasoning"], report
+    assert any(e.get("type") == "turn.completed" for e in events), report
