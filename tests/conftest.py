@@ -201,13 +201,7 @@ def serve_process(args: list[str], environ: dict[str, str] | None = None) -> Ite
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(up, timeout=30), "the proxy did not start"
+        assert wait_for(answers(url + "/healthz"), timeout=30), "the proxy did not start"
         assert httpx.get(url + "/healthz", timeout=5).json()["build"] == EXPECTED_BUILD
         yield url
     finally:

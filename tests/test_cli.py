@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import free_port, serve_process, wait_for
+from tests.conftest import answers, free_port, serve_process, wait_for
 
 
 def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -81,13 +81,8 @@ def test_mock_reads_its_own_variables_not_the_proxys(taken_port: int) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "mock"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
     try:
-        def up() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/models", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        assert wait_for(up, timeout=20), "the mock did not answer on DIALECT_PROXY_MOCK_PORT as deepseek"
+        assert wait_for(answers(f"http://127.0.0.1:{port}/models"), timeout=20), \
+            "the mock did not answer on DIALECT_PROXY_MOCK_PORT as deepseek"
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=20)

@@ -109,12 +109,9 @@ class ResponsesClient(ClientDialect):
         if previous is not None:
             history = await self._history(previous)
         items = body.get("input")
-        references = None
-        if isinstance(items, list):
-            for item in items:
-                if isinstance(item, dict) and item.get("type") == "item_reference":
-                    references = await self._references(items)  # a store read: only when there are references
-                    break
+        wanted = [item.get("id") for item in items if isinstance(item, dict) and item.get("type") == "item_reference"] \
+            if isinstance(items, list) else None
+        references = await self._references(wanted) if wanted else None  # a store read only when there are any
         decoded = to_chat(body, history, self.signer, references)
         headers_out: Headers = []
         options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": Echo(body),
@@ -136,12 +133,11 @@ class ResponsesClient(ClientDialect):
         messages: list[dict[str, Any]] = orjson.loads(raw)["messages"]
         return messages
 
-    async def _references(self, items: list[Any]) -> dict[str, dict[str, Any]]:
-        """Item id -> the stored output item, for the `item_reference` items of `input`. An id that names no stored
-        item is left out: to_chat refuses its reference with a 400 that names it."""
-        wanted = [item.get("id") for item in items if isinstance(item, dict) and item.get("type") == "item_reference"]
+    async def _references(self, wanted: list[Any]) -> dict[str, dict[str, Any]]:
+        """Item id -> the stored output item, for the ids of the `item_reference` items of `input`. An id that names
+        no stored item is left out: to_chat refuses its reference with a 400 that names it."""
         found: dict[str, dict[str, Any]] = {}
-        outputs: dict[str, list[Any]] = {}  # response id -> its output items (each response read once)
+        outputs: dict[str, dict[str, Any]] = {}  # response id -> its output items by id (each response read once)
         for item_id in wanted:
             hex_id = item_response_hex(item_id) if isinstance(item_id, str) else None
             if hex_id is None:
@@ -149,10 +145,10 @@ class ResponsesClient(ClientDialect):
             response_id = self.id_prefix + hex_id
             if response_id not in outputs:
                 raw = await self.store.get(NAMESPACE, response_id)
-                outputs[response_id] = orjson.loads(raw)["response"]["output"] if raw is not None else []
-            for output in outputs[response_id]:
-                if output.get("id") == item_id:
-                    found[item_id] = output
+                output = orjson.loads(raw)["response"]["output"] if raw is not None else []
+                outputs[response_id] = {item["id"]: item for item in output}
+            if item_id in outputs[response_id]:
+                found[item_id] = outputs[response_id][item_id]
         return found
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:

@@ -315,24 +315,21 @@ class ResponsesEncoder:
         self._reasoning = None
         text = "".join(item.parts)
         done: dict[str, Any]
+        ends: tuple[tuple[str, dict[str, Any]], ...]  # the item's closing events before output_item.done
         if self._summary:
             part = {"type": "summary_text", "text": text}
             done = {"id": item.id, "type": "reasoning", "summary": [part]}
+            ends = (("response.reasoning_summary_text.done", {"summary_index": 0, "text": text}),
+                    ("response.reasoning_summary_part.done", {"summary_index": 0, "part": part}))
         else:
             done = {"id": item.id, "type": "reasoning", "summary": [],
                     "content": [{"type": "reasoning_text", "text": text}]}
+            ends = (("response.reasoning_text.done", {"content_index": 0, "text": text}),)
         if self.signer is not None:
             done["encrypted_content"] = self.signer.sign_text(text, carry=True)
         if self.stream:
-            common = {"item_id": item.id, "output_index": item.index}
-            if self._summary:
-                self._event(b"response.reasoning_summary_text.done", {
-                    "type": "response.reasoning_summary_text.done", **common, "summary_index": 0, "text": text})
-                self._event(b"response.reasoning_summary_part.done", {
-                    "type": "response.reasoning_summary_part.done", **common, "summary_index": 0, "part": part})
-            else:
-                self._event(b"response.reasoning_text.done", {
-                    "type": "response.reasoning_text.done", **common, "content_index": 0, "text": text})
+            for name, data in ends:
+                self._event(name.encode(), {"type": name, "item_id": item.id, "output_index": item.index, **data})
             self._done(done, item.index)
         self.items.append(done)
 

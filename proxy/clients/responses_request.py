@@ -187,7 +187,7 @@ def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: Thi
             turn = None
             out.append({"role": "tool", "tool_call_id": call_id, "content": _output(item.get("output"), param)})
         elif kind == "reasoning":
-            sealed = _stored_reasoning(item) if own else _reasoning(item, signer)
+            sealed = (reasoning_of(item) or None) if own else _reasoning(item, signer)
             if sealed is not None:
                 if turn is not None and "tool_calls" not in turn and not turn["content"]:
                     turn["reasoning_content"] = sealed
@@ -276,11 +276,6 @@ def _referenced(item: dict[str, Any], references: dict[str, dict[str, Any]], par
             f"Item with id '{item_id}' not found (not an output item of a response stored by this proxy, expired, or "
             "created with store: false).", param=f"{param}.id", code="item_not_found")
     return found
-
-
-def _stored_reasoning(item: dict[str, Any]) -> str | None:
-    """The text of a reasoning item from this proxy's own store."""
-    return reasoning_of(item) or None
 
 
 def reasoning_of(item: dict[str, Any]) -> str:
