@@ -1,13 +1,15 @@
-"""Benchmark: the proxy against the barest relay and the mock upstream direct, measured in one run.
+"""Benchmark: the proxy against the floor (nginx), the barest Python relay and the mock upstream direct, in one run.
 
     python tests/bench/bench.py [--seconds 2] [--rounds 3] [--quick]      the ratio table (`make bench`)
     python tests/bench/bench.py --ref COMMIT [--quick]      ... with another commit's proxy in the same rounds
     python tests/bench/bench.py --compiled [--ref HEAD]     ... the proxy being a compiled copy of this tree (setup.py)
     python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (README "Speed")
 
-Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each and the
-barest aiohttp relay (tests/bench/bare_relay.py) in front of each, as separate processes on loopback: relays pinned
-to CPU 0, mocks to CPU 1 when the machine has two. This process (the load generator, aiohttp) runs on either CPU
+Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each, the
+barest aiohttp relay (tests/bench/bare_relay.py) in front of each and nginx (Debian package) as a plain reverse proxy
+in front of each — one worker, keep-alive upstream connections, buffering off: a C relay doing no translation, the
+floor for any relay on this machine —, as separate processes on loopback: relays pinned to CPU 0, mocks to CPU 1
+when the machine has two. This process (the load generator, aiohttp) runs on either CPU
 for the ratio table, so the relay under test is driven to saturation, where its CPU per unit is its own work;
 `--pin-load` (and every scale scenario but `workers`) pins it to CPU 1 with the mocks instead: the relay then has a
 core to itself and is measured at the load the mock and the load generator can offer on theirs, wake-ups included
@@ -17,7 +19,9 @@ The ratio table has one row per upstream dialect x client dialect x scenario (no
 zero-delay and 5 ms-paced). For each row the direct mock, the bare relay and the proxy take turns for `--rounds`
 rounds and each keeps its best round (the machine may be shared: the least disturbed round shows the code's own
 cost). CPU is the relay process's own CPU time (from /proc schedstat, ns) per upstream chunk (64 per stream) or per
-non-stream request; `ratio` is proxy CPU / bare CPU; `tput` is requests/s relative to direct. Every run is bounded
+non-stream request; `ratio` is proxy CPU / bare CPU, `x nginx` proxy CPU / nginx CPU; `tput` is requests/s
+relative to direct. After the table, each relay's resident memory after the rounds (warm: pools grown, every code
+path run). Without nginx installed its columns are left out (`make bench` installs it when root). Every run is bounded
 in time and count. Not a test: it asserts nothing.
 
 A client dialect is one entry of CLIENT_APIS (path + request body of one prompt: chat, responses, messages);
@@ -194,6 +198,75 @@ def raise_fd_limit(want: int = 16384) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
+NGINX_RELAY_CONF = """
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  keepalive_requests 100000000;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  upstream mock {{
+    server 127.0.0.1:{upstream};
+    keepalive 64;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+NGINX_DIRS: list[str] = []  # the nginx relays' working directories, removed at exit
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
+def start_nginx(port: int, upstream: int, cpu: int) -> subprocess.Popen[bytes] | None:
+    """nginx relaying 127.0.0.1:`port` to the mock on `upstream`, its master and worker pinned to `cpu`; None
+    when nginx is not installed."""
+    binary = nginx_binary()
+    if binary is None:
+        return None
+    workdir = tempfile.mkdtemp(prefix="bench-nginx-")
+    NGINX_DIRS.append(workdir)
+    os.chmod(workdir, 0o755)  # nginx's worker process runs as another user when started by root
+    for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(workdir, sub), exist_ok=True)
+    conf = os.path.join(workdir, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_RELAY_CONF.format(dir=workdir, port=port, upstream=upstream))
+
+    def pin() -> None:
+        if TWO_CPUS and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {cpu})
+
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([binary, "-c", conf, "-p", workdir], preexec_fn=pin, stdout=subprocess.DEVNULL,
+                            stderr=log)
+    LOGS[proc.pid] = log
+    return proc
+
+
+def tree_rss_kib(pid: int) -> int:
+    """Resident memory of a process and its children (nginx's master and worker; a relay's workers)."""
+    return sum(rss_kib(p) for p in [pid, *children(pid)])
+
+
 @dataclass
 class Result:
     latencies: list[float] = field(default_factory=list)
@@ -297,6 +370,7 @@ class Upstream:
     proxy: subprocess.Popen[bytes] | None = None
     bare: subprocess.Popen[bytes] | None = None
     ref: subprocess.Popen[bytes] | None = None
+    nginx: subprocess.Popen[bytes] | None = None
     urls: dict[str, str] = field(default_factory=dict)
 
     def start(self, proxy_extra: tuple[str, ...] = (), proxy_cpu: int | set[int] | None = 0) -> None:
@@ -309,6 +383,10 @@ class Upstream:
         self.bare = start([os.path.join(HERE, "bare_relay.py"), str(bare_port), f"http://127.0.0.1:{mock_port}"], 0)
         self.urls = {"direct": f"http://127.0.0.1:{mock_port}", "proxy": f"http://127.0.0.1:{proxy_port}",
                      "bare": f"http://127.0.0.1:{bare_port}"}
+        nginx_port = free_port()
+        self.nginx = start_nginx(nginx_port, mock_port, 0)
+        if self.nginx is not None:
+            self.urls["nginx"] = f"http://127.0.0.1:{nginx_port}"
         if REF_TREE is not None:
             ref_port = free_port()
             self.ref = start(["serve", "--port", str(ref_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
@@ -320,11 +398,18 @@ class Upstream:
         await wait_up(self.urls["direct"] + "/health")
         await wait_up(self.urls["proxy"] + "/healthz")
         await wait_up(self.urls["bare"] + "/")
+        if "nginx" in self.urls:
+            await wait_up(self.urls["nginx"] + "/health")
         if "ref" in self.urls:
             await wait_up(self.urls["ref"] + "/healthz")
 
     def stop(self) -> None:
-        stop(*(p for p in (self.proxy, self.ref, self.bare, self.mock) if p is not None))
+        stop(*(p for p in (self.proxy, self.ref, self.bare, self.nginx, self.mock) if p is not None))
+
+    def pids(self) -> dict[str, int]:
+        """The relays' process ids by target name."""
+        procs = {"bare": self.bare, "proxy": self.proxy, "ref": self.ref, "nginx": self.nginx}
+        return {name: proc.pid for name, proc in procs.items() if proc is not None}
 
 
 @dataclass
@@ -338,10 +423,9 @@ class Best:
 async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: int, seconds: float,
                       rounds: int) -> dict[str, Best]:
     chunks = 64 if stream else 16
-    targets = ("direct", "bare", "proxy", "ref") if up.ref is not None else ("direct", "bare", "proxy")
+    targets = [t for t in ("direct", "nginx", "bare", "proxy", "ref") if t in up.urls]
     best = {target: Best() for target in targets}
-    pids = {"bare": up.bare.pid if up.bare else 0, "proxy": up.proxy.pid if up.proxy else 0,
-            "ref": up.ref.pid if up.ref else 0}
+    pids = up.pids()
     for _ in range(rounds):
         for target in targets:
             target_api = api if target in ("proxy", "ref") else "chat"
@@ -367,13 +451,21 @@ async def ratio_table(seconds: float, rounds: int) -> None:
     try:
         for up in ups:
             await up.ready()
+        floor = "nginx" in ups[0].urls
         load = "CPU 1 with the mocks" if PINNED_LOAD else "either CPU"
         print(f"relays pinned to CPU 0, mocks to CPU 1: {TWO_CPUS}; load generator on {load}; {seconds:g} s per run, "
-              f"best of {rounds} alternating rounds (direct, bare, proxy{', ref' if REF_TREE else ''})\n")
+              f"best of {rounds} alternating rounds (direct, {'nginx, ' if floor else ''}bare, proxy"
+              f"{', ref' if REF_TREE else ''})\n")
         print("cpu = the relay process's CPU time per upstream chunk (64 per stream) or per non-stream request;\n"
-              "ratio = proxy cpu / bare cpu; tput = requests/s relative to the mock direct.\n")
-        header = (f"{'upstream':<17}{'client':<11}{'scenario':<15}{'conc':>5}{'bare µs':>9}{'proxy µs':>10}"
-                  f"{'ratio':>7}{'bare tput':>10}{'proxy tput':>11}{'p50 ms':>8}{'err':>5}")
+              "ratio = proxy cpu / bare cpu; x nginx = proxy cpu / nginx cpu; tput = requests/s relative to the mock "
+              "direct.\n")
+        if not floor:
+            print("nginx is not installed (Debian package `nginx`): no floor columns.\n")
+        header = f"{'upstream':<17}{'client':<11}{'scenario':<15}{'conc':>5}"
+        header += f"{'nginx µs':>9}" if floor else ""
+        header += f"{'bare µs':>9}{'proxy µs':>10}{'ratio':>7}"
+        header += f"{'x nginx':>8}" if floor else ""
+        header += f"{'bare tput':>10}{'proxy tput':>11}{'p50 ms':>8}{'err':>5}"
         if REF_TREE is not None:
             header += f"{'ref µs':>9}{'ref ratio':>10}{'proxy/ref':>10}"
         print(header)
@@ -384,14 +476,20 @@ async def ratio_table(seconds: float, rounds: int) -> None:
         for up, api, (name, stream, delay, conc) in rows:
             best = await measure_row(up, api, stream, delay, conc, seconds, rounds)
             d, b, p = best["direct"], best["bare"], best["proxy"]
-            unit_ratio = p.cpu / b.cpu if b.cpu else float("nan")
-            line = (f"{up.name:<17}{api:<11}{name:<15}{conc:>5}{b.cpu:>9.1f}{p.cpu:>10.1f}{unit_ratio:>7.2f}"
-                    f"{b.rps / d.rps if d.rps else 0:>10.2f}{p.rps / d.rps if d.rps else 0:>11.2f}"
-                    f"{p.p50 * 1000:>8.1f}{d.errors + b.errors + p.errors:>5}")
+            line = f"{up.name:<17}{api:<11}{name:<15}{conc:>5}"
+            line += f"{best['nginx'].cpu:>9.1f}" if floor else ""
+            line += f"{b.cpu:>9.1f}{p.cpu:>10.1f}{p.cpu / b.cpu if b.cpu else float('nan'):>7.2f}"
+            line += f"{p.cpu / best['nginx'].cpu:>8.2f}" if floor else ""
+            line += (f"{b.rps / d.rps if d.rps else 0:>10.2f}{p.rps / d.rps if d.rps else 0:>11.2f}"
+                     f"{p.p50 * 1000:>8.1f}{sum(t.errors for t in best.values()):>5}")
             if "ref" in best:
                 r = best["ref"]
                 line += f"{r.cpu:>9.1f}{r.cpu / b.cpu if b.cpu else 0:>10.2f}{p.cpu / r.cpu if r.cpu else 0:>10.2f}"
             print(line, flush=True)
+        print("\nresident memory after the rounds (warm), MiB, each relay's processes together:")
+        for up in ups:
+            rss = ", ".join(f"{name} {tree_rss_kib(pid) / 1024:.1f}" for name, pid in up.pids().items())
+            print(f"  {up.name:<17}{rss}")
     finally:
         for up in ups:
             up.stop()
@@ -542,6 +640,6 @@ if __name__ == "__main__":
     try:
         asyncio.run(main())
     finally:
-        for tree in (REF_TREE, PROXY_TREE):  # the temporary trees of --ref and --compiled
+        for tree in (REF_TREE, PROXY_TREE, *NGINX_DIRS):  # the temporary trees of --ref and --compiled, nginx's
             if tree is not None:
                 shutil.rmtree(tree, ignore_errors=True)
