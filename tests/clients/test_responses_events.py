@@ -88,7 +88,11 @@ def summary(events: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], dict[s
             if names and names[-1] == name:
                 continue
         names.append(name)
-    return names, streamed, events[-1][1]["response"]
+    final = dict(events[-1][1]["response"])
+    # The clock at the end of the answer: the one field that depends on when the test ran.
+    completed_at = final.pop("completed_at")
+    assert completed_at is None or completed_at >= final["created_at"]
+    return names, streamed, final
 
 
 def test_items_in_order_with_their_done_events() -> None:
@@ -123,6 +127,7 @@ def test_items_in_order_with_their_done_events() -> None:
 def test_non_stream_is_the_same_response() -> None:
     streamed = summary(parse(run([OPENAI_STREAM], "openai")))[2]
     folded = json.loads(run([OPENAI_STREAM], "openai", stream=False))
+    assert folded.pop("completed_at") >= folded["created_at"]
     assert folded == streamed
 
 
