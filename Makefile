@@ -2,6 +2,7 @@
 #   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
 #   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
+#   make test-compliance  llm-comply's suites against the proxy in front of each mock upstream (docs/compliance.md)
 #   make test-compiled  the whole test suite on a copy of the tree whose request path is compiled with mypyc (setup.py)
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make bench-workers  --workers 2 vs 1 under wrk against nginx (Debian packages, installed when root)
@@ -14,7 +15,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-cli test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-cli test-compliance test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -46,6 +47,10 @@ system-deps:
 
 test: $(DEVSTAMP) system-deps lint
 	$(BIN)/python -m pytest -q
+
+# The independent compliance suite (llm-comply, pinned in the test extra); part of plain `pytest` too, and fast.
+test-compliance: $(DEVSTAMP)
+	$(BIN)/python -m pytest -q tests/compliance
 
 # Real client CLIs and SDKs from npm (not part of `make test`). Codex is pinned: the tests name its shell tool. The
 # Vercel AI SDK is pinned too (tests/cli/test_vercel_ai.py reads what its providers return).
