@@ -173,7 +173,7 @@ def test_document_shaped_chat_object_is_filled_to_openai() -> None:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "Hi there."},
+                "message": {"role": "assistant", "content": "Hi there.", "refusal": None, "annotations": []},
                 "logprobs": None,
                 "finish_reason": "stop",
             }
