@@ -194,7 +194,11 @@ def scale_workers(seconds: int, rounds: int, tree: str | None = None) -> None:
                 relay_port, bare_port = bench.free_port(), bench.free_port()
                 relays[("proxy", workers)] = (bench.start(
                     ["serve", "--port", str(relay_port), "--upstream-url", upstream, "--upstream-dialect", "openai",
-                     "--log-level", "warning", "--workers", str(workers)], None, cwd=tree),
+                     "--log-level", "warning", "--workers", str(workers),
+                     # several workers need a shared state store (a memory one is refused); chat completions never
+                     # touch it, so one that nothing serves is enough here
+                     *(["--state-store", f"redis://127.0.0.1:{bench.free_port()}/0"] if workers > 1 else [])],
+                    None, cwd=tree),
                     f"http://127.0.0.1:{relay_port}")
                 relays[("bare", workers)] = (bench.start(
                     [os.path.join(HERE, "bare_relay.py"), str(bare_port), upstream, str(workers)], None),

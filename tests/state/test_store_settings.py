@@ -147,12 +147,21 @@ def logs() -> Iterator[list[str]]:
 
 
 def test_start_up_line_names_the_store(logs: list[str]) -> None:
-    s = settings(state_max_entries=50, workers=2)
+    s = settings(state_max_entries=50)
     asyncio.run(log_store(open_store(s), s))
     assert len(logs) == 1
     line = logs[0]
     assert '"event":"state_store"' in line and '"store":"memory"' in line and '"max_entries":50' in line
-    assert "each worker process has its own memory store" in line
+
+
+def test_a_memory_store_with_several_workers_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each worker would have its own memory store: follow-ups on the other worker would fail. Exit 2, one line."""
+    code = main(["serve", "--upstream-url", "http://127.0.0.1:9", "--upstream-dialect", "openai", "--workers", "2",
+                 "--port", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "server.state_store: memory is per process, so with --workers 2" in err
+    assert "use --state-store redis://HOST:6379/0" in err and "or --workers 1" in err
 
 
 def test_start_up_line_for_an_unreachable_redis_hides_the_password(logs: list[str]) -> None:
