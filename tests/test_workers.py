@@ -36,6 +36,8 @@ def test_two_workers_serve_and_one_scrape_counts_all_requests(start_mock, tmp_pa
             time.sleep(0.1)
             total = _answered(url)
         assert total == n
+        text = httpx.get(url + "/metrics", timeout=10).text
+        assert "_created" not in text and "dialect_proxy_key_" not in text  # multiprocess mode as one process
         pids = {name.split("_")[-1] for name in os.listdir(tmp_path / "metrics") if name.endswith(".db")}
         assert len(pids) >= 2  # both workers recorded
 
