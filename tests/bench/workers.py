@@ -1,6 +1,6 @@
 """`--workers 2` against `--workers 1` on this machine's cores, with a load and an upstream as cheap as can be.
 
-    python tests/bench/workers.py [--seconds 4] [--rounds 3] [--compiled]      (`make bench-workers`; README "Speed")
+    python tests/bench/workers.py [--seconds 4] [--rounds 3] [--compiled]      (`make bench-workers`; docs/speed.md)
 
 What a second worker gains can only be seen if the relay's workers get the cores. bench.py's load generator and mock
 upstream are Python (aiohttp, uvicorn): on two cores they take about as much CPU per request as the relay they drive,
