@@ -38,6 +38,7 @@ system-deps:
 	@missing=""; \
 	if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then missing="prometheus"; fi; \
 	if ! command -v redis-server >/dev/null 2>&1; then missing="$$missing redis-server"; fi; \
+	if ! command -v redis-sentinel >/dev/null 2>&1; then missing="$$missing redis-sentinel"; fi; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \

@@ -369,8 +369,10 @@ def serve(settings: Settings) -> None:
 
     from .app import create_app
     from .frontend import frontend_options
+    from .state import check_scale_out
 
     s = settings.server
+    check_scale_out(settings)
     check_port(s.host, s.port, "--port")
     configure_logging(s.log_level)
     if s.workers > 1:

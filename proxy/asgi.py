@@ -42,7 +42,8 @@ class ProxyApp:
                 err = ProxyError(
                     "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
                 )
-                status, headers, body = self._error(scope["path"], err)
+                route, status, headers, body = self._error(scope["path"], err)
+                self.state.proxy.metrics.refused(route, "invalid_api_key")
                 await send(
                     {
                         "type": "http.response.start",
@@ -75,9 +76,11 @@ class ProxyApp:
             scope[KEY_NAME_SCOPE] = name
         return name is not None
 
-    def _error(self, path: str, err: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """An error in the shape of the client dialect that owns `path` (OpenAI's elsewhere)."""
+    def _error(self, path: str, err: ProxyError) -> tuple[str, int, list[tuple[bytes, bytes]], bytes]:
+        """The route (the client dialect's path, or "other") and an error in the shape of the client dialect that
+        owns `path` (OpenAI's elsewhere)."""
         for client in self._clients:
             if path == client.path or path.startswith(client.path + "/"):
-                return client.error_response(err)
-        return err.status, [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()], err.body()
+                return (client.path, *client.error_response(err))
+        headers = [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()]
+        return "other", err.status, headers, err.body()

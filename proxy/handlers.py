@@ -264,7 +264,7 @@ class InferenceEndpoint:
             duration = _clock() - started
             disconnected = bool(info.get("client_disconnected"))
             if obs is not None:
-                obs.finish(status, disconnected, info.get("finish_reason"))
+                obs.finish(status, disconnected, info.get("finish_reason"), info.get("error"))
             if access_log.isEnabledFor(logging.INFO):
                 info["status"] = status
                 info["duration_ms"] = round(duration * 1000, 2)

@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import yaml
 
@@ -443,8 +443,7 @@ def load_api_keys_file(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(names), tuple(keys)
 
 
-_STORE_SCHEMES = ("redis", "rediss")
-_SECRET_PARAMS = ("password", "username")
+_SECRET_PARAMS = ("password", "username", "sentinel_password", "sentinel_username")
 
 
 def redact_url(url: str) -> str:
@@ -473,26 +472,17 @@ def url_secrets(url: str) -> tuple[str, ...]:
 
 
 def state_store_value(key: str, value: str) -> str:
-    """`memory`, or a redis:// / rediss:// URL with a host, a valid port and an optional /DB number. Messages show
-    the URL without its credentials."""
+    """`memory`, or a Redis URL (proxy/state/urls.py: one server, Sentinel or Cluster) with hosts, valid ports and
+    an optional /DB number. Messages show the URL without its credentials."""
+    from .state.urls import parse_store_url  # proxy.state imports this module
+
     if value.strip().lower() == "memory":
         return "memory"
     url = value.strip()
-    shown = redact_url(url)
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise ConfigError(f"{key}: {shown!r} is not a valid URL (bad host or port)") from None
-    if parts.scheme.lower() not in _STORE_SCHEMES:
-        raise ConfigError(f"{key}: expected memory or a redis:// or rediss:// URL, got {shown!r}")
-    if not parts.hostname:
-        raise ConfigError(f"{key}: {shown!r} names no host (e.g. redis://redis:6379/0)")
-    if port == 0:
-        raise ConfigError(f"{key}: {shown!r}: port 0 is not a TCP port")
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise ConfigError(f"{key}: {shown!r}: the path is the database number (e.g. /0), got {db!r}")
+        parse_store_url(url, redact_url(url))
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
     return url
 
 

@@ -127,9 +127,13 @@ class ResponsesClient(ClientDialect):
             raise ClientRequestError("`previous_response_id` must be a string.", param="previous_response_id")
         raw = await self.store.get(NAMESPACE, previous)
         if raw is None:
+            where = ""
+            if self.store.describe() == "memory":  # a memory store is per process: name that cause too
+                where = (" This proxy keeps responses in its own process's memory (state_store: memory), so a "
+                         "response stored by another proxy replica or before a restart is not found here either.")
             raise ClientRequestError(
-                f"Previous response with id '{previous}' not found (unknown, expired, or created with store: false).",
-                param="previous_response_id", code="previous_response_not_found")
+                f"Previous response with id '{previous}' not found (unknown, expired, or created with store: false)."
+                + where, param="previous_response_id", code="previous_response_not_found")
         messages: list[dict[str, Any]] = orjson.loads(raw)["messages"]
         return messages
 
