@@ -19,6 +19,7 @@ collector did not take. Metrics are aggregated in memory and exported every OTEL
 from __future__ import annotations
 
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -228,8 +229,9 @@ class Telemetry:
         self.config = config
         self.redactor = redactor
         self.capture = config.capture_content
+        # process.pid tells the workers of one `--workers N` server apart (each builds its telemetry after the fork).
         self.resource = Resource.create({"service.name": config.service_name, "service.version": __version__,
-                                         **dict(config.resource)})
+                                         "process.pid": os.getpid(), **dict(config.resource)})
         self._trace = trace
         self.propagator = TraceContextTextMapPropagator()
         self.getter = _header_getter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 from typing import Any
 
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from proxy.settings import ConfigError, build_settings
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, serve_process, wait_for
 from tests.otlp_receiver import Receiver, Span
 
 
@@ -262,3 +263,22 @@ def test_off_without_an_endpoint_and_mistakes_stop_start_up(start_mock, start_pr
         with pytest.raises(ConfigError, match=word):
             build_settings(config={"upstreams": upstreams},
                            environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", **dict(env)})
+
+
+def test_workers_export_their_own_spans(receiver, start_mock) -> None:
+    mock = start_mock("openai")
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
+           "OTEL_METRICS_EXPORTER": "none"}
+    with serve_process(["--workers", "2", "--upstream-url", mock.url, "--upstream-dialect", "openai"], env) as url:
+        ids = []
+        with httpx.Client(base_url=url, timeout=10) as http:
+            for _ in range(8):
+                header, trace_id, parent = traceparent()
+                r = http.post("/v1/chat/completions", headers={"traceparent": header},
+                              json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 200
+                ids.append((trace_id, parent))
+        for trace_id, parent in ids:  # every request's spans arrive, from a worker process (not the parent)
+            server = one(spans_of(receiver, trace_id, 2), "SERVER")
+            assert server.parent_id == parent
+            assert server.resource["process.pid"] != os.getpid()
