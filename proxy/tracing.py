@@ -636,8 +636,16 @@ class RequestTrace:
 
 
 def _error_type(failure: BaseException | int) -> str:
+    """A failed attempt's error.type: the upstream's HTTP status, or what kept it from answering (as the
+    upstream_attempts metric's `result`, deploy/METRICS.md)."""
+    from .errors import UpstreamTimeout, UpstreamUnreachable
+
     if isinstance(failure, int):
         return str(failure)
+    if isinstance(failure, UpstreamTimeout):
+        return "timeout"
+    if isinstance(failure, UpstreamUnreachable):
+        return "unreachable"
     code = getattr(failure, "code", None)
     return code if isinstance(code, str) and code else type(failure).__qualname__
 
@@ -753,7 +761,7 @@ def _input_content(request: dict[str, Any], redactor: Redactor) -> dict[str, str
         out["gen_ai.system_instructions"] = redactor.secrets(orjson.dumps(system).decode())
     tools = request.get("tools")
     if isinstance(tools, list) and tools:
-        out["gen_ai.tool.definitions"] = orjson.dumps(tools).decode()
+        out["gen_ai.tool.definitions"] = redactor.secrets(orjson.dumps(tools).decode())
     return out
 
 
