@@ -375,6 +375,9 @@ def serve(settings: Settings) -> None:
     check_scale_out(settings)
     check_port(s.host, s.port, "--port")
     configure_logging(s.log_level)
+    from .tracing import check as check_telemetry
+
+    check_telemetry(settings)  # OTEL_* set without the `otel` extra: one line now, not a failure in each worker
     if s.workers > 1:
         from .metrics import prepare_multiprocess_dir
 

@@ -17,6 +17,8 @@ from .replicas import ReplicaSet
 from .routing import Router
 from .settings import Settings
 from .state import open_store
+from .tracing import Telemetry
+from .tracing import create as create_telemetry
 from .upstream import UpstreamClient
 
 log: Final = logging.getLogger("dialect_proxy")
@@ -45,6 +47,8 @@ class AppState:
         self.client_dialects: dict[str, ClientDialect] = {
             name: cls(settings, self.store) for name, cls in CLIENT_DIALECTS.items()
         }
+        # OpenTelemetry traces and metrics (proxy/tracing.py): None unless an OTLP endpoint is configured.
+        self.telemetry: Telemetry | None = create_telemetry(settings, self.metrics, self.redactor)
         self.shutting_down = False
         self._metrics_flusher: asyncio.Task[None] | None = None
 
@@ -73,3 +77,5 @@ class AppState:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._metrics_flusher
         self.metrics.flush_files()  # the last requests' values, for the scrapes of the workers that remain
+        if self.telemetry is not None:  # what is left to export, bounded in time (a collector may be down)
+            await asyncio.to_thread(self.telemetry.close)

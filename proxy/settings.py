@@ -133,6 +133,9 @@ class Settings:
     upstreams: tuple[UpstreamSettings, ...]
     client: ClientSettings = ClientSettings()
     server: ServerSettings = ServerSettings()
+    # The environment's OTEL_* variables, as OpenTelemetry names them (proxy/tracing.py reads them; may hold a
+    # collector's key in OTEL_EXPORTER_OTLP_HEADERS, so kept out of repr).
+    otel: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -586,4 +589,10 @@ def build_settings(
     for i, n in enumerate(upstream_names):
         if upstream_names.index(n) != i:
             raise ConfigError(f"upstreams[{i}].name: {n!r} is used twice (give each upstream its own name)")
-    return Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server)
+    otel = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("OTEL_")))
+    settings = Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server, otel=otel)
+    if otel:
+        from .tracing import OtelConfig
+
+        OtelConfig.parse(dict(otel))  # a mistake in them stops start-up here, with the variable's name
+    return settings

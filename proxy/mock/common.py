@@ -88,8 +88,10 @@ def inference(cfg: MockConfig, stats: Stats, handler: Handler,
             headers: dict[str, str] = {}
             for name, value in request.headers.items():
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
+            # The W3C trace context the caller sent (null without one), on its own: a traced proxy's upstream request
+            # carries its attempt's span here (tests/test_tracing.py).
             stats.last_request = {"method": request.method, "path": request.url.path, "headers": headers,
-                                  "body": body}
+                                  "body": body, "traceparent": headers.get("traceparent")}
             sc = scenario_of(body) if ok else scenarios.EMPTY
             if stats.directives:  # server-wide directives win over the request's own
                 sc = Scenario({**sc.flags, **stats.directives}, sc.tool_call, sc.reply)
