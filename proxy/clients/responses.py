@@ -97,6 +97,16 @@ class ResponsesClient(ClientDialect):
         key = settings.client.thinking_key  # the same key signs Anthropic thinking blocks (proxy/clients/messages.py)
         self.signer = ThinkingSigner(key.encode() if key else None)
         self.sealer = self.signer.for_domain(COMPACTION)  # seals compaction summaries (responses_compact.py)
+        # A WebSocket connection's own copy has its connection-local state here (for_socket): response id -> record
+        self.cache: dict[str, bytes] | None = None
+
+    def for_socket(self, cache: dict[str, bytes]) -> ResponsesClient:
+        """This client for one WebSocket connection (responses_ws.py): `previous_response_id` is looked up in the
+        connection's `cache` first, and every response answered on it is kept there, stored or not (the Open
+        Responses spec's connection-local state: `store: false` continues on the same socket)."""
+        client = ResponsesClient(self.settings, self.store)
+        client.cache = cache
+        return client
 
     async def decode(self, body: dict[str, Any]) -> ClientCall:
         check_types(body, _TABLE)
@@ -132,7 +142,9 @@ class ResponsesClient(ClientDialect):
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         if not isinstance(previous, str) or not previous:
             raise ClientRequestError("`previous_response_id` must be a string.", param="previous_response_id")
-        raw = await self.store.get(NAMESPACE, previous)
+        raw = self.cache.get(previous) if self.cache is not None else None
+        if raw is None:
+            raw = await self.store.get(NAMESPACE, previous)
         if raw is None:
             raise ClientRequestError(
                 f"Previous response with id '{previous}' not found (unknown, expired, or created with store: false).",
@@ -170,7 +182,8 @@ class ResponsesClient(ClientDialect):
         return openai_error_response(err)
 
     async def completed(self, call: ClientCall, encoder: Encoder) -> None:
-        if not call.options["store"]:
+        store = call.options["store"]
+        if not store and self.cache is None:
             return
         decoded: Decoded = call.options["decoded"]
         if isinstance(encoder, CompactionEncoder):  # the conversation goes on from its summary
@@ -185,7 +198,12 @@ class ResponsesClient(ClientDialect):
                 "response": encoder.response(status),
                 "messages": [*decoded.messages, _assistant_turn(encoder.items, decoded.tools)],
             }
-        await self.store.put(NAMESPACE, encoder.ctx.response_id, orjson.dumps(record))
+        raw = orjson.dumps(record)
+        if self.cache is not None:  # the connection's most recent response only
+            self.cache.clear()
+            self.cache[encoder.ctx.response_id] = raw
+        if store:
+            await self.store.put(NAMESPACE, encoder.ctx.response_id, raw)
 
     def routes(self) -> list[BaseRoute]:
         return [Route(self.path + "/{response_id}", self._get_or_delete, methods=["GET", "DELETE"])]
