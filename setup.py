@@ -58,6 +58,7 @@ COMPILED = [
     "proxy/clients/messages_encoder.py",
     "proxy/clients/messages_errors.py",
     "proxy/clients/responses.py",
+    "proxy/clients/responses_compact.py",
     "proxy/clients/responses_events.py",
     "proxy/clients/responses_request.py",
     "proxy/clients/signature.py",

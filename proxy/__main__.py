@@ -52,6 +52,10 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "gets 408", "float", None),
     ("max-client-connections", "open client connections accepted (default 2048); more get 503 at once", "int",
      None),
+    ("ws-idle-timeout", "seconds a WebSocket (Responses WebSocket mode) may stay without a message either way "
+     "(default 600)", "float", None),
+    ("ws-max-age", "seconds a Responses WebSocket may stay open; then websocket_connection_limit_reached "
+     "(default 3600)", "float", None),
     ("connect-timeout", "seconds to connect to an upstream (default 10)", "float", None),
     ("first-byte-timeout", "seconds to wait for an upstream's response headers (default 600)", "float", None),
     ("idle-timeout", "seconds of upstream silence allowed between stream chunks (default 300)", "float", None),

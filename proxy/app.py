@@ -19,6 +19,8 @@ from . import __version__, runtime
 from .appstate import AppState
 from .asgi import ProxyApp
 from .build import BUILD
+from .clients.responses import ResponsesClient
+from .clients.responses_ws import ResponsesSocket
 from .errors import ProxyError
 from .handlers import InferenceEndpoint
 from .health import UpstreamCheck
@@ -121,8 +123,11 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
     app.router.redirect_slashes = False
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
+    responses = state.client_dialects["responses"]
+    assert isinstance(responses, ResponsesClient)
+    sockets = {responses.path: ResponsesSocket(state, responses)}  # the Responses API's WebSocket mode
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
-                    list(state.client_dialects.values()))
+                    list(state.client_dialects.values()), sockets)
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ class ProxyApp:
         fast: dict[str, Any],
         api_keys: dict[str, str] | None = None,
         clients: list[ClientDialect] | None = None,
+        sockets: dict[str, Any] | None = None,
     ) -> None:
         self.app = app
         self.state = app.state
@@ -35,6 +36,7 @@ class ProxyApp:
         self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in keys.items())
         self._raw_keys = tuple((name, k.encode()) for name, k in keys.items())  # `x-api-key: <key>` (Anthropic)
         self._clients = clients or []
+        self._sockets = sockets or {}  # path -> ASGI `websocket` endpoint (proxy/clients/responses_ws.py)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -59,7 +61,34 @@ class ProxyApp:
                 if endpoint is not None:
                     await endpoint(scope, receive, send)
                     return
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: Any, receive: Any, send: Any) -> None:
+        """A WebSocket endpoint, behind the same API-key check; a refusal is an HTTP answer to the upgrade request
+        with the envelope (ASGI's `websocket.http.response`)."""
+        path = scope["path"]
+        endpoint = self._sockets.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
+        err: ProxyError | None = None
+        if self._keys and path.startswith("/v1/") and not self._authorized(scope):
+            err = ProxyError(
+                "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
+            )
+        elif endpoint is None:
+            err = ProxyError(f"No WebSocket endpoint at {path}.", 404, code="not_found")
+        if err is None and endpoint is not None:
+            await endpoint(scope, receive, send)
+            return
+        assert err is not None
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        status, headers, body = self._error(path, err)
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), *headers]})
+        await send({"type": "websocket.http.response.body", "body": body})
 
     def _authorized(self, scope: Any) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")

@@ -20,7 +20,8 @@ Beyond uvicorn's protocol:
 - `max_client_connections`: a connection beyond this many open ones gets `503` at once and is closed.
 - A response's status line and headers go out in one write with its first body bytes (on loopback and in VMs each
   write that reaches an idle reader costs a wake-up: a non-stream answer is one write, not two).
-- Protocol upgrades (WebSocket) are refused with `400`; the proxy serves none.
+- An `Upgrade: websocket` request is handed, with the connection, to proxy/websocket.py (the `websockets`
+  package's protocol), which runs the app with a `websocket` scope; other upgrades are refused with `400`.
 - No access log of uvicorn's: the proxy writes its own (proxy/handlers.py).
 
 It also tells the handler at once when a client goes away mid-request: the handler puts a callback under
@@ -51,6 +52,7 @@ from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from .errors import ProxyError
 from .settings import ServerSettings
+from .websocket import WebSocketConnection, WebSocketLimits
 
 # The scope key of the handler's disconnect callback: present (None until the handler sets it) on every request this
 # front end serves.
@@ -82,10 +84,13 @@ class FrontendLimits(NamedTuple):  # (a tuple: `--workers` pickles it to each wo
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     max_client_connections: int = 2048
+    websocket: WebSocketLimits = WebSocketLimits()
 
     @classmethod
     def from_settings(cls, server: ServerSettings) -> FrontendLimits:
-        return cls(server.max_header_bytes, server.header_timeout, server.body_timeout, server.max_client_connections)
+        websocket = WebSocketLimits(server.max_body_bytes, server.ws_idle_timeout, server.keepalive_interval)
+        return cls(server.max_header_bytes, server.header_timeout, server.body_timeout, server.max_client_connections,
+                   websocket)
 
 
 def frontend_options(server: ServerSettings) -> dict[str, Any]:
@@ -160,6 +165,7 @@ class GuardedHttpToolsProtocol:
         self._timer: asyncio.TimerHandle | None = None
         self._due: float | None = None  # when the running limit (header or body time) is up
         self._refused = False
+        self._upgrading = False  # the request asks for a protocol upgrade: no cycle runs for it
 
     # -- connection ---------------------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -209,9 +215,12 @@ class GuardedHttpToolsProtocol:
             self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            _logger.warning("Unsupported upgrade request.")
-            self._refuse(400, "Protocol upgrades are not supported.")
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._upgrading and self._wants_websocket():
+                self._to_websocket(data[upgrade.args[0]:])
+            else:
+                _logger.warning("Unsupported upgrade request.")
+                self._refuse(400, "Protocol upgrades other than to a WebSocket are not supported.")
             return
         except httptools.HttpParserError as e:
             cause = e.__cause__ or e.__context__
@@ -315,12 +324,15 @@ class GuardedHttpToolsProtocol:
         scope["path"] = root + path if root else path
         scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
         scope["query_string"] = query or b""
+        previous = self.cycle
+        if parser.should_upgrade():  # answered when the parser stops at the upgrade (data_received)
+            self._upgrading = previous is None or previous.response_complete
+            return
         app = self.app
         limit = self.limit_concurrency
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             app = service_unavailable
             _logger.warning("Exceeded concurrency limit.")
-        previous = self.cycle
         keep_alive = http_version != "1.0" and bool(parser.should_keep_alive())
         cycle = Cycle(self, scope, method == "HEAD", self.expect_100_continue, keep_alive)
         self.cycle = cycle
@@ -330,6 +342,48 @@ class GuardedHttpToolsProtocol:
             self.pause_reading()
             self.pipeline.appendleft((cycle, app))
             self._disarm()
+
+    def _wants_websocket(self) -> bool:
+        return any(name == b"upgrade" and value.lower() == b"websocket" for name, value in self.headers)
+
+    def _to_websocket(self, rest: bytes) -> None:
+        """Hand the connection over to proxy/websocket.py: the upgrade request as received (rebuilt from what the
+        parser read, then any bytes after it), the scope of ASGI's `websocket` type."""
+        self._refused = True  # this protocol is done with the connection
+        self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._stop_keep_alive()
+        scope = self.scope
+        head = [scope["method"].encode("ascii"), b" ", self.url, b" HTTP/1.1\r\n"]
+        for name, value in self.headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"\r\n")
+        offered = b",".join(value for name, value in self.headers if name == b"sec-websocket-protocol")
+        ws_scope = {
+            "type": "websocket",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.4"},
+            "http_version": "1.1",
+            "scheme": "wss" if self.scheme == "https" else "ws",
+            "server": self.server,
+            "client": self.client,
+            "root_path": self.root_path,
+            "path": scope["path"],
+            "raw_path": scope["raw_path"],
+            "query_string": scope["query_string"],
+            "headers": self.headers,
+            "subprotocols": [p.strip() for p in offered.decode("latin-1").split(",") if p.strip()],
+            "state": scope["state"],
+            "extensions": {"websocket.http.response": {}},
+        }
+        connection = WebSocketConnection(self.loop, self.transport, self.app, self.server_state, ws_scope,
+                                         self.limits.websocket, self.fresh_context)
+        self.connections.discard(self)  # the WebSocket connection counts in its place
+        self.transport.set_protocol(connection)
+        self.parser = None
+        self.pipeline.clear()
+        connection.start(b"".join(head) + rest)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle

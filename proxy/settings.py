@@ -126,6 +126,8 @@ class ServerSettings:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     max_client_connections: int = 2048
+    ws_idle_timeout: float = 600.0  # a WebSocket with no message either way for this long is closed
+    ws_max_age: float = 3600.0  # a Responses WebSocket ends after this long (the Open Responses spec's 60 minutes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +213,8 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "header_timeout": (float, None),
     "body_timeout": (float, None),
     "max_client_connections": (int, None),
+    "ws_idle_timeout": (float, None),
+    "ws_max_age": (float, None),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
@@ -567,7 +571,7 @@ def build_settings(
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
                 "readiness_timeout", "max_body_bytes", "workers", "state_max_entries", "state_max_bytes",
                 "state_ttl", "state_timeout", "max_header_bytes", "header_timeout", "body_timeout",
-                "max_client_connections"):
+                "max_client_connections", "ws_idle_timeout", "ws_max_age"):
         _positive(f"server.{key}", getattr(server, key))
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")

@@ -269,7 +269,10 @@ def test_workers_export_their_own_spans(receiver, start_mock) -> None:
     mock = start_mock("openai")
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50",
            "OTEL_METRICS_EXPORTER": "none"}
-    with serve_process(["--workers", "2", "--upstream-url", mock.url, "--upstream-dialect", "openai"], env) as url:
+    # Two workers need a shared state store (a memory one is refused); chat requests never reach it.
+    store = ["--state-store", f"redis://127.0.0.1:{free_port()}/0"]
+    with serve_process(["--workers", "2", "--upstream-url", mock.url, "--upstream-dialect", "openai", *store],
+                       env) as url:
         ids = []
         with httpx.Client(base_url=url, timeout=10) as http:
             for _ in range(8):

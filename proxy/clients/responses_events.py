@@ -219,6 +219,20 @@ class ResponsesEncoder:
             out["incomplete_details"] = {"reason": _INCOMPLETE.get(self.finish_reason or "", "max_output_tokens")}
         return out
 
+    def add_item(self, prefix: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """A finished output item made whole, not from deltas (a compaction item: responses_compact.py): its id
+        (`<prefix>_...`, carrying the response's), and, streaming, its `output_item.added` and `.done` events."""
+        item = self._new(prefix)
+        done = {"id": item.id, **fields}
+        if self.stream:
+            self._added(done, item.index)
+            self._done(done, item.index)
+        self.items.append(done)
+        return done
+
+    def usage(self) -> dict[str, Any] | None:
+        return self._usage()
+
     def output_text(self) -> str:
         return "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
 

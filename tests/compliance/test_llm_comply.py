@@ -87,11 +87,7 @@ SPEC_CONFLICTS: dict[str, frozenset[str]] = {
 }
 
 # Tests that fail until another change lands: each must still fail (so that the entry is removed when it passes).
-PENDING: dict[tuple[str, str], dict[str, str]] = {
-    # until /v1/responses/compact lands (issue 36 point 2)
-    ("*", "open-responses"): {"compact-response": "POST /v1/responses/compact",
-                              "compact-missing-model": "POST /v1/responses/compact"},
-}
+PENDING: dict[tuple[str, str], dict[str, str]] = {}
 
 # Anthropic stream events -> their schema in anthropic.json (`ping` has none: it is `{"type": "ping"}`).
 ANTHROPIC_EVENTS: dict[str, str] = {
