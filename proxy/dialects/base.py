@@ -228,11 +228,12 @@ class UpstreamSession:
         """The model's answer starts inside a `<think>` block whose opening tag is in the prompt template."""
         if self.reasoning_source not in ("auto", "tags"):
             return False
+        if self.thinking_off:
+            # The request switched thinking off (MindIE's `chat_template_kwargs.enable_thinking: false`): the
+            # template opens no block, for R1-family names too, and the whole answer is text (docs/mindie.md).
+            return False
         model = self.ctx.upstream_model
-        if is_thinking_model(model):
-            return True  # R1-family templates always open <think>: they have no switch to turn thinking off
-        # A listed (often hybrid) model does not open the block when the request switched thinking off.
-        return model in self.ctx.upstream.thinking_models and not self.thinking_off
+        return is_thinking_model(model) or model in self.ctx.upstream.thinking_models
 
     # -- answers ----------------------------------------------------------------------------------------------
     def response(self, data: Any) -> ChatChunk:
