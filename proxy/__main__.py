@@ -97,7 +97,7 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("aliases", "comma-separated client=upstream model names, e.g. gpt-4o=DeepSeek-R1,gpt-4o-mini=Qwen3-8B", "str",
      None),
     ("upstream-response-format", "response_format (structured output): pass (default for openai, deepseek), reject "
-     "with a 400 (default for mindie, siliconstorm: set pass for MindIE >= 2.3), drop (default for engine)", "str",
+     "with a 400 (default for mindie, siliconstorm, engine: set pass for MindIE >= 2.3), drop (leave it out)", "str",
      RESPONSE_FORMAT),
     ("upstream-tls-ca-file", "CA bundle to verify an https upstream (e.g. MindIE with httpsEnabled)", "str", None),
     ("upstream-tls-cert-file", "client certificate for mutual TLS to the upstream", "str", None),
