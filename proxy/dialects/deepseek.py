@@ -16,10 +16,11 @@ What differs from OpenAI, and where it is handled:
   combination. In thinking mode DeepSeek ignores temperature, top_p and the penalties (sent as given);
 - reasoning replay (`reasoning_replay`, proxy/continuity.py): in thinking mode every assistant turn that made tool
   calls must carry its `reasoning_content` ("The `reasoning_content` in the thinking mode must be passed back to
-  the API."); `auto` is `restore` here — the hub puts back what a client dropped, and the empty reasoning on a turn
-  it never saw (`reasoning_fallback`). Reasoning on turns without tool calls is removed (DeepSeek ignores it there),
-  `reasoning` is renamed `reasoning_content`, and reasoning a `think_tags` client round-trips inside `content`
-  (`<think>…</think>answer`) is taken out of the content first. R1-era models: `auto` is `strip`;
+  the API."); `auto` is `restore` here — the hub puts back what a client dropped, and a fixed non-empty placeholder
+  on a turn it never saw (`reasoning_fallback`, REASONING_PLACEHOLDER). Reasoning on turns without tool calls is
+  removed (DeepSeek ignores it there), `reasoning` is renamed `reasoning_content`, and reasoning a `think_tags`
+  client round-trips inside `content` (`<think>…</think>answer`) is taken out of the content first. R1-era models:
+  `auto` is `strip`;
 - messages: `developer` becomes `system` and text-only content parts one string (DeepSeek's four roles take
   string content);
 - R1-era models: successive same-role messages are merged, `logprobs` / `top_logprobs` are refused by us with a
@@ -45,6 +46,10 @@ EFFORTS: Final = {"minimal": "low", "low": "low", "medium": "high", "high": "hig
 # Retired on 2026-07-24; until then aliases of V4 Flash's two modes. Name -> its thinking type (model: RETIRED_TARGET).
 RETIRED_MODELS: Final = {"deepseek-chat": "disabled", "deepseek-reasoner": "enabled"}
 RETIRED_TARGET: Final = "deepseek-v4-flash"
+# The reasoning of a thinking-mode tool-call turn the proxy never saw (docs/deepseek.md "Reasoning continuity"):
+# DeepSeek refuses such a turn without `reasoning_content`, and reports differ on whether an empty string passes its
+# check, so the value is fixed, non-empty and says what it is — never text a client made up (DECISIONS.md).
+REASONING_PLACEHOLDER: Final = "(reasoning not available)"
 BETA: Final = "/beta"
 
 
@@ -91,7 +96,7 @@ class DeepSeekDialect(Dialect):
     session_class = DeepSeekSession
     default_reasoning_source = "field"
     supports_prefix = True
-    reasoning_fallback = ""  # the empty reasoning: DeepSeek's form for "this turn had no reasoning"
+    reasoning_fallback = REASONING_PLACEHOLDER
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """`auto`: `strip` for R1-era models, `restore` in thinking mode, else `keep` (nothing needs to come back)."""
@@ -263,12 +268,13 @@ def _replay(message: Any, policy: str, last: bool, thinking: bool) -> Any:
     tool_turn = bool(message.get("tool_calls"))
     # The beta prefix continuation takes the reasoning of the message being continued as input.
     keep = (last and message.get("prefix") is True) or policy == "keep" or (policy != "strip" and tool_turn)
-    if keep and isinstance(reasoning, str):
+    needed = tool_turn and thinking
+    if keep and isinstance(reasoning, str) and (reasoning or not needed):
         out["reasoning_content"] = reasoning
-    elif keep and tool_turn and thinking:
+    elif keep and needed:
         # proxy/continuity.py restores what it stored; should a turn still lack reasoning here (a `keep` upstream,
-        # a client that never received it), thinking mode refuses it without: the empty reasoning is the honest value.
-        out["reasoning_content"] = ""
+        # a client that sent none or an empty one), thinking mode refuses it without: the fixed placeholder.
+        out["reasoning_content"] = REASONING_PLACEHOLDER
     return out
 
 

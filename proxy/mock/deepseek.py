@@ -9,9 +9,9 @@ WIRE-NOTES.md, and strict like the real API:
 * Thinking mode is on by default; `thinking: {"type": "enabled" | "disabled"}` switches it, `reasoning_effort`
   grades it (`low` `high` `max`, and `minimal` `medium` `xhigh` `ultra` which DeepSeek maps; anything else -> 422).
   In thinking mode temperature, top_p and the penalties are ignored without error (not even range-checked), a
-  forced `tool_choice` -> 400, and an assistant message with `tool_calls` but no `reasoning_content` -> 400
-  "The `reasoning_content` in the thinking mode must be passed back to the API." (reasoning on other assistant
-  messages is accepted and ignored).
+  forced `tool_choice` -> 400, and an assistant message with `tool_calls` but no (or an empty: the stricter reading
+  of reports that differ) `reasoning_content` -> 400 "The `reasoning_content` in the thinking mode must be passed
+  back to the API." (reasoning on other assistant messages is accepted and ignored).
 
 * Errors are OpenAI-shaped with DeepSeek's status set: 400 Invalid Format / invalid parameter, 401 Authentication
   Fails, 402 Insufficient Balance, 422 Invalid Parameters (bodies that do not deserialize), 429 Rate Limit Reached
@@ -163,8 +163,10 @@ def validate(body: Any, served: str | None) -> Plan | None:
             return _bad("Thinking mode does not support a forced tool_choice (`required` or a named function); "
                         "use `auto` or `none`, or disable thinking")
         for message in messages:
+            # The stricter reading of reports that differ: an empty `reasoning_content` does not count as passed
+            # back (docs/deepseek.md "Reasoning continuity").
             if message["role"] == "assistant" and message.get("tool_calls") and \
-                    not isinstance(message.get("reasoning_content"), str):
+                    not (isinstance(message.get("reasoning_content"), str) and message["reasoning_content"]):
                 return _bad(PASS_BACK)
     return None
 
