@@ -67,17 +67,19 @@ class ModelCatalog:
         if self._path is None:
             return None
         if self._clock() >= self._next_read and self._read is None:
+            self.reads += 1
             self._read = asyncio.get_running_loop().create_task(self._refresh())
         if self._names is None and self._read is not None:
             # The first read: wait for it (shielded: a client that leaves does not cancel it for the others).
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._read)
+            await asyncio.shield(self._read)
         return self._names
 
     async def _refresh(self) -> None:
-        self.reads += 1
         try:
             names = await self._fetch()
+        except Exception as exc:  # whatever the upstream sent: no list this time, never a failed request
+            log.warning("upstream %s: reading its model list failed: %r", self.upstream.name, exc)
+            names = None
         finally:
             self._read = None
         if names is None:
