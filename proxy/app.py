@@ -27,7 +27,6 @@ from .health import UpstreamCheck
 from .redact import log_url
 from .settings import Settings, UpstreamSettings
 from .state import log_store, store_check
-from .upstream import read_body
 
 log = logging.getLogger("dialect_proxy")
 
@@ -135,6 +134,10 @@ def _model_obj(name: str, owner: str) -> dict[str, Any]:
 
 
 async def _model_list(state: AppState) -> list[dict[str, Any]]:
+    """Every name that routes: each upstream's aliases and configured models, and for the default route (the first
+    upstream whose `models` has "*") the names its upstream lists itself (proxy/catalog.py, cached), so that a client
+    that checks its model against this list finds it. A default route whose upstream lists nothing (the engine API,
+    or no answer) shows its own name, which routes there, so that model pickers (Open WebUI, Dify) show something."""
     seen: dict[str, dict[str, Any]] = {}
     for u in state.settings.upstreams:
         for client_name in u.aliases:
@@ -142,41 +145,15 @@ async def _model_list(state: AppState) -> list[dict[str, Any]]:
         for m in u.models:
             if m != "*":
                 seen.setdefault(m, _model_obj(m, u.name))
-    # Upstreams that take any name (default route, no configured names): list what the upstream itself serves.
-    # One without a model listing (the engine API), or that does not answer: its name, which routes there through
-    # "*", so that model pickers (Open WebUI, Dify) show something.
-    for u in state.settings.upstreams:
-        if "*" in u.models and not (set(u.models) - {"*"}) and not u.aliases:
-            listed = await _upstream_models(state, u)
-            for card in listed:
-                seen.setdefault(card["id"], _model_obj(card["id"], u.name))
-            if not listed:
-                seen.setdefault(u.name, _model_obj(u.name, u.name))
+    default = next((u for u in state.settings.upstreams if "*" in u.models), None)
+    if default is not None:
+        listed = await state.catalogs[default.name].names()
+        names = state.dialects[default.name].routable_models(listed) if listed else []
+        for name in names:
+            seen.setdefault(name, _model_obj(name, default.name))
+        if not names and not (set(default.models) - {"*"}) and not default.aliases:
+            seen.setdefault(default.name, _model_obj(default.name, default.name))
     return list(seen.values())
-
-
-async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[str, Any]]:
-    dialect = state.dialects[u.name]
-    path = dialect.path("models")
-    if not path:
-        return []
-    headers = {}
-    if u.api_key:
-        headers["Authorization"] = f"Bearer {u.api_key}"
-    try:
-        replica = state.replicas[u.name].any_replica()
-        resp = await replica.client.open(
-            "GET", replica.url + path, headers=headers, timeout=state.settings.server.readiness_timeout * 2
-        )
-        try:
-            raw = await read_body(resp, state.settings.server.readiness_timeout * 2, limit=2**20)
-        finally:
-            resp.close()
-        if resp.status != 200:
-            return []
-        return dialect.decode_models(orjson.loads(raw))
-    except (ProxyError, orjson.JSONDecodeError):
-        return []
 
 
 async def _check_upstream(state: AppState, u: UpstreamSettings) -> tuple[UpstreamCheck, dict[str, UpstreamCheck]]:

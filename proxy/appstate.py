@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Final
 
+from .catalog import ModelCatalog
 from .clients import CLIENT_DIALECTS, ClientDialect
 from .dialects import Dialect, get_dialect
 from .metrics import Metrics
@@ -41,6 +42,14 @@ class AppState:
             u.name: ReplicaSet(u, settings.server, self.dialects[u.name], self.metrics, self.redactor)
             for u in settings.upstreams
         }
+        # Each upstream's own model list, read when first needed and cached (proxy/catalog.py): `/v1/models`, and the
+        # dialects whose translation depends on it.
+        self.catalogs: dict[str, ModelCatalog] = {
+            u.name: ModelCatalog(u, self.replicas[u.name], self.dialects[u.name], settings.server.readiness_timeout * 2)
+            for u in settings.upstreams
+        }
+        for name, catalog in self.catalogs.items():
+            self.dialects[name].catalog = catalog
         # The first replica's pool, for side requests that need no balancing.
         self.clients: dict[str, UpstreamClient] = {name: rs.replicas[0].client for name, rs in self.replicas.items()}
         self.store = open_store(settings)
@@ -69,6 +78,8 @@ class AppState:
                 log.exception("writing this worker's metrics to the multiprocess files failed")
 
     async def close(self) -> None:
+        for catalog in self.catalogs.values():
+            await catalog.close()
         for rs in self.replicas.values():
             await rs.close()
         await self.store.close()

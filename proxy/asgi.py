@@ -85,7 +85,9 @@ class ProxyApp:
         message = await receive()
         if message["type"] != "websocket.connect":
             return
-        status, headers, body = self._error(path, err)
+        route, status, headers, body = self._error(path, err)
+        if err.status == 401:
+            self.state.proxy.metrics.refused(route, err.code)
         await send({"type": "websocket.http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), *headers]})
         await send({"type": "websocket.http.response.body", "body": body})

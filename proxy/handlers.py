@@ -318,6 +318,8 @@ class InferenceEndpoint:
                 404,
                 code="unsupported_endpoint",
             )
+        if dialect.prepares:  # what the translation needs from the upstream first (DeepSeek: its model list, cached)
+            await dialect.prepare(ctx)
         # Reasoning continuity: strip or restore reasoning on assistant turns; a recorder only when the mode needs it.
         recorder = await continuity.prepare(state.store, dialect, call.request, ctx, state.metrics)
         session = dialect.session(ctx)

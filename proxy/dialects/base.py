@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
@@ -22,6 +22,9 @@ from ..errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamEr
 from ..events import Timings
 from ..mapping import DialectMapping, load_mapping
 from ..params import apply_response_format, refuse_unsupported
+
+if TYPE_CHECKING:
+    from ..catalog import ModelCatalog
 
 MAX_ERROR_TEXT: Final = 500
 
@@ -101,8 +104,21 @@ class Dialect:
     # needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
     reasoning_fallback: ClassVar[str | None] = None
 
+    # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
+    prepares: ClassVar[bool] = False
+
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)
+        # The upstream's own model list (proxy/catalog.py), attached by the app (proxy/appstate.py); None: not known.
+        self.catalog: ModelCatalog | None = None
+
+    async def prepare(self, ctx: RequestContext) -> None:
+        """Before the request is built, when `prepares`: learn what the translation needs from the upstream."""
+        return None
+
+    def routable_models(self, listed: tuple[str, ...]) -> list[str]:
+        """The names that route to this upstream's models, given the names it lists itself (`/v1/models`)."""
+        return list(listed)
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """What the hub does with the reasoning on this request's assistant turns (proxy/continuity.py): `strip`,
@@ -228,11 +244,12 @@ class UpstreamSession:
         """The model's answer starts inside a `<think>` block whose opening tag is in the prompt template."""
         if self.reasoning_source not in ("auto", "tags"):
             return False
+        if self.thinking_off:
+            # The request switched thinking off (MindIE's `chat_template_kwargs.enable_thinking: false`): the
+            # template opens no block, for R1-family names too, and the whole answer is text (docs/mindie.md).
+            return False
         model = self.ctx.upstream_model
-        if is_thinking_model(model):
-            return True  # R1-family templates always open <think>: they have no switch to turn thinking off
-        # A listed (often hybrid) model does not open the block when the request switched thinking off.
-        return model in self.ctx.upstream.thinking_models and not self.thinking_off
+        return is_thinking_model(model) or model in self.ctx.upstream.thinking_models
 
     # -- answers ----------------------------------------------------------------------------------------------
     def response(self, data: Any) -> ChatChunk:

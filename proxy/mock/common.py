@@ -24,6 +24,7 @@ class MockConfig:
     full_text: bool = False
     api_key: str | None = None
     served_model: str | None = None
+    flavour: str = ""  # a dialect's variant of its server (proxy/mock/README.md "Flavours"); "" = today's
 
 
 @dataclass
@@ -251,6 +252,7 @@ def models_routes(stats: Stats, names: list[str], owned_by: str, paths: tuple[st
         return {"id": name, "object": "model", "created": stats.created, "owned_by": owned_by}
 
     async def list_models(request: Request) -> Response:
+        stats.model_lists += 1
         if check_auth is not None and (denied := check_auth(request)) is not None:
             return denied
         return JSONResponse({"object": "list", "data": [card(n) for n in names]})

@@ -28,6 +28,10 @@ DIALECT_ROUTES: dict[str, RouteFactory] = {
     "engine": engine.routes,
 }
 DIALECTS: tuple[str, ...] = tuple(DIALECT_ROUTES)
+# Variants of a dialect's server beyond today's ("" everywhere): name -> what it serves.
+FLAVOURS: dict[str, dict[str, str]] = {
+    "deepseek": deepseek.FLAVOURS,
+}
 
 
 class MockApp(Starlette):
@@ -41,7 +45,7 @@ class MockApp(Starlette):
 
 
 def create_app(dialect: str, full_text: bool = False, api_key: str | None = None,
-               served_model: str | None = None, directives: str | None = None) -> Starlette:
+               served_model: str | None = None, directives: str | None = None, flavour: str = "") -> Starlette:
     """A fake upstream speaking `dialect` (one of DIALECTS).
 
     full_text: MindIE/Siliconstorm `fullTextEnabled` mode (cumulative stream text, `full_text` on the last chunk).
@@ -49,10 +53,16 @@ def create_app(dialect: str, full_text: bool = False, api_key: str | None = None
     served_model: when set, a request for another model gets the dialect's model-not-found error.
     directives: server-wide directives applied to every inference request (`error=503`, `hang`, `unhealthy`, ...);
     changed at run time with POST /_mock/directives.
+    flavour: a variant of the dialect's server (FLAVOURS), e.g. deepseek `legacy`: the API of the seed document.
     """
     if dialect not in DIALECT_ROUTES:
         raise ValueError(f"unknown mock dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
-    cfg = MockConfig(dialect=dialect, full_text=full_text, api_key=api_key, served_model=served_model)
+    flavours = FLAVOURS.get(dialect, {})
+    if flavour and flavour not in flavours:
+        raise ValueError(f"unknown flavour {flavour!r} of the {dialect} mock; expected one of "
+                         f"{', '.join(flavours) or 'none'}")
+    cfg = MockConfig(dialect=dialect, full_text=full_text, api_key=api_key, served_model=served_model,
+                     flavour=flavour)
     stats = Stats()
     if directives:
         stats.directives = parse_directives(directives)
@@ -63,10 +73,10 @@ def create_app(dialect: str, full_text: bool = False, api_key: str | None = None
 
 
 def run(host: str, port: int, dialect: str, full_text: bool = False, api_key: str | None = None,
-        served_model: str | None = None) -> None:
+        served_model: str | None = None, flavour: str = "") -> None:
     """Serve the mock until interrupted."""
     import uvicorn
 
-    app = create_app(dialect, full_text=full_text, api_key=api_key, served_model=served_model)
+    app = create_app(dialect, full_text=full_text, api_key=api_key, served_model=served_model, flavour=flavour)
     uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False,
                 log_level="warning")

@@ -60,7 +60,7 @@ def test_model_never_sent_and_documented_drops() -> None:
         {
             "model": "my-engine",
             "messages": MSG,
-            "response_format": {"type": "json_object"},
+            "response_format": {"type": "text"},
             "user": "u1",
             "seed": 42,
             "thinking": {"type": "enabled"},

@@ -260,7 +260,7 @@ def test_explicit_chat_template_kwargs_win_and_disabled_thinking_is_recorded() -
     ("model", "listed", "effort", "reasoning"),
     [
         ("DeepSeek-R1", False, None, "Thinking."),
-        ("DeepSeek-R1", False, "none", "Thinking."),  # R1 templates always open <think>: no switch to honour
+        ("DeepSeek-R1", False, "none", ""),  # switched off: MindIE's template opens no block for R1 either
         ("hybrid-v3", True, None, "Thinking."),
         ("hybrid-v3", True, "none", ""),  # switched off: no block, the text (tag and all) is the answer
         ("qwen", False, None, ""),
