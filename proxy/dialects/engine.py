@@ -16,10 +16,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from .base import Dialect, UpstreamSession, join_text_parts
+
+if TYPE_CHECKING:
+    from ..settings import UpstreamSettings
 
 _MESSAGE_DROP: Final = ("name", "reasoning_content", "reasoning")
 
@@ -44,6 +47,11 @@ class EngineDialect(Dialect):
     name = "engine"
     session_class = EngineSession
     default_response_format = "drop"  # "[won't support]" (DECISIONS.md "The engine dialect")
+
+    def readiness_request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
+        path, body = super().readiness_request(u)
+        body.pop("model", None)  # never sent: the document strikes it through
+        return path, body
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:

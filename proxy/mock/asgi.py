@@ -50,6 +50,7 @@ class Stats:
     completed: int = 0
     disconnects: int = 0
     in_flight: int = 0
+    checks: int = 0  # the proxy's readiness checks (common.py CHECK_HEADER), not counted in the others
     seq: int = 0  # request sequence number (ids such as endpoint_common_N); not reset
     last_request: dict[str, Any] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -60,10 +61,10 @@ class Stats:
 
     def snapshot(self) -> dict[str, int]:
         return {"requests": self.requests, "completed": self.completed, "disconnects": self.disconnects,
-                "in_flight": self.in_flight}
+                "in_flight": self.in_flight, "checks": self.checks}
 
     def reset(self) -> None:
-        self.requests = self.completed = self.disconnects = 0
+        self.requests = self.completed = self.disconnects = self.checks = 0
         self.last_request = None
         self.prefix = PrefixCache()
 
