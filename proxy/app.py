@@ -179,7 +179,11 @@ async def _check_upstream(state: AppState, u: UpstreamSettings) -> tuple[Upstrea
     every replica's check by name). An upstream is ready while any of its replicas is."""
     results = await state.replicas[u.name].check(READY_CACHE)
     checks = {r.name: c for r, c in results}
-    return next((c for c in checks.values() if c.ready), results[0][1]), checks
+    check = next((c for c in checks.values() if c.ready), results[0][1])
+    finding = state.dialects[u.name].finding
+    if finding is not None:  # what its answers showed (e.g. full_text set wrong): not ready until the config is fixed
+        check = UpstreamCheck(check.url, False, check.reachable, check.status, f"{finding} ({check.reason})")
+    return check, checks
 
 
 def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> str:

@@ -114,6 +114,9 @@ class Dialect:
 
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)
+        # What live traffic showed to be wrong with this upstream's configuration (one Dialect per upstream), e.g. a
+        # stream of the other form than `full_text` says: /readyz reports it until the config is fixed.
+        self.finding: str | None = None
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """What the hub does with the reasoning on this request's assistant turns (proxy/continuity.py): `strip`,
