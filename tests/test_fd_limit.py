@@ -5,52 +5,22 @@ connection — and answers again once the half-open connections are gone."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import resource
-import signal
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.conftest import Mock, answers, free_port, wait_for
+from tests.conftest import Mock, serve_process
 
-ROOT = Path(__file__).resolve().parent.parent
 NOFILE = 128
 HALF_OPEN = 150
 
 
 def _lower_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
-
-
-@contextlib.contextmanager
-def proxy_with_few_files(mock_url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIALECT_PROXY_", "PROMETHEUS_MULTIPROC"))}
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream-url", mock_url,
-         "--upstream-dialect", "openai", "--header-timeout", "60", "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_lower_nofile)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        assert wait_for(answers(url + "/healthz"), timeout=30), "the proxy did not start"
-        yield url, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate(timeout=10)
-        assert b"Traceback" not in err, err.decode()
-        assert b"Too many open files" not in err and b"out of system resource" not in err, err.decode()
 
 
 def ask(url: str) -> tuple[int | None, dict[str, object] | str]:
@@ -66,7 +36,8 @@ def ask(url: str) -> tuple[int | None, dict[str, object] | str]:
 
 def test_half_open_connections_cannot_exhaust_descriptors(start_mock: Callable[..., Mock]) -> None:
     mock = start_mock("openai")
-    with proxy_with_few_files(mock.url) as (url, proc):
+    args = ["--upstream-url", mock.url, "--upstream-dialect", "openai", "--header-timeout", "60"]
+    with serve_process(args, preexec_fn=_lower_nofile) as url:
         assert ask(url)[0] == 200
         held: list[socket.socket] = []
         try:
@@ -81,7 +52,6 @@ def test_half_open_connections_cannot_exhaust_descriptors(start_mock: Callable[.
                 assert status in (200, 503), results
                 if status == 503:
                     assert isinstance(body, dict) and body["error"]["code"] == "too_many_connections"  # type: ignore[index]
-            assert proc.poll() is None
         finally:
             for sock in held:
                 sock.close()
