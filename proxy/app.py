@@ -23,7 +23,7 @@ from .clients.responses import ResponsesClient
 from .clients.responses_ws import ResponsesSocket
 from .errors import ProxyError
 from .handlers import InferenceEndpoint
-from .health import UpstreamCheck
+from .health import READY_CACHE, UpstreamCheck
 from .redact import log_url
 from .settings import Settings, UpstreamSettings
 from .state import log_store, store_check
@@ -159,9 +159,13 @@ async def _model_list(state: AppState) -> list[dict[str, Any]]:
 async def _check_upstream(state: AppState, u: UpstreamSettings) -> tuple[UpstreamCheck, dict[str, UpstreamCheck]]:
     """Probe every replica of `u`: (the upstream's check — its first ready replica's, else the first replica's —,
     every replica's check by name). An upstream is ready while any of its replicas is."""
-    results = await state.replicas[u.name].check()
+    results = await state.replicas[u.name].check(READY_CACHE)
     checks = {r.name: c for r, c in results}
-    return next((c for c in checks.values() if c.ready), results[0][1]), checks
+    check = next((c for c in checks.values() if c.ready), results[0][1])
+    finding = state.dialects[u.name].finding
+    if finding is not None:  # what its answers showed (e.g. full_text set wrong): not ready until the config is fixed
+        check = UpstreamCheck(check.url, False, check.reachable, check.status, f"{finding} ({check.reason})")
+    return check, checks
 
 
 def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> str:
@@ -180,7 +184,7 @@ def _check_json(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> dic
 
 async def log_upstream_checks(state: AppState) -> None:
     """At start-up: one log line per upstream saying whether it was reachable and ready."""
-    results = await asyncio.gather(*(state.replicas[u.name].check() for u in state.settings.upstreams))
+    results = await asyncio.gather(*(state.replicas[u.name].check(READY_CACHE) for u in state.settings.upstreams))
     for u, checks in zip(state.settings.upstreams, results, strict=True):
         for replica, check in checks:
             line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": log_url(replica.url),

@@ -17,7 +17,10 @@ Beyond uvicorn's protocol:
   byte (or of the connection's opening, for a connection that sends nothing); otherwise `408` and close.
   `body_timeout`: the body must then be complete within this many seconds; otherwise `408` (if no answer has
   started) and close — the handler sees the client leave, as for any disconnect.
-- `max_client_connections`: a connection beyond this many open ones gets `503` at once and is closed.
+- `max_client_connections`: a connection beyond this many open ones gets `503` at once and is closed. The limit
+  never exceeds what the process can open (`connection_limit`): each served connection may need an upstream one,
+  and a refused one holds its descriptor while it lingers, so that the kernel never refuses an `accept` (uvloop would
+  then drop waiting connections without a word).
 - A response's status line and headers go out in one write with its first body bytes (on loopback and in VMs each
   write that reaches an idle reader costs a wake-up: a non-stream answer is one write, not two).
 - An `Upgrade: websocket` request is handed, with the connection, to proxy/websocket.py (the `websockets`
@@ -40,6 +43,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import resource
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -89,8 +93,42 @@ class FrontendLimits(NamedTuple):  # (a tuple: `--workers` pickles it to each wo
     @classmethod
     def from_settings(cls, server: ServerSettings) -> FrontendLimits:
         websocket = WebSocketLimits(server.max_body_bytes, server.ws_idle_timeout, server.keepalive_interval)
-        return cls(server.max_header_bytes, server.header_timeout, server.body_timeout, server.max_client_connections,
-                   websocket)
+        return cls(server.max_header_bytes, server.header_timeout, server.body_timeout,
+                   connection_limit(server.max_client_connections), websocket)
+
+
+# Descriptors the process needs besides client and upstream connections: standard streams, the listening socket,
+# the event loop's own, log files, the state store's connections, metric files (`--workers`), DNS lookups.
+FD_RESERVE: Final = 32
+
+
+def linger_band(limit: int) -> int:
+    """How many refused connections may linger (`_refuse`) beyond `limit` served ones."""
+    return max(4, limit // 4)
+
+
+def connection_limit(configured: int) -> int:
+    """`configured` (max_client_connections), lowered to what the process can open: its RLIMIT_NOFILE (the soft
+    limit is first raised to the hard one, as Go's runtime does) less FD_RESERVE, shared by the client connections,
+    as many upstream connections (one per request under way) and the refused connections that linger. Logged when
+    lowered."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass  # (a hard limit the kernel caps lower: keep the soft one)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    # limit (clients) + limit (upstream) + limit // 4 (lingering) <= soft - FD_RESERVE
+    fits = max(1, (soft - FD_RESERVE) * 4 // 9)
+    if fits < configured:
+        _logger.warning("max_client_connections lowered from %d to %d: the process may open %d files "
+                        "(RLIMIT_NOFILE), which upstream connections share; raise it with `ulimit -n`.",
+                        configured, fits, soft)
+        return fits
+    return configured
 
 
 def frontend_options(server: ServerSettings) -> dict[str, Any]:
@@ -174,9 +212,12 @@ class GuardedHttpToolsProtocol:
         self.server = get_local_addr(transport)
         self.client = get_remote_addr(transport)
         self.scheme = "https" if is_ssl(transport) else "http"
-        if len(self.connections) > self.limits.max_client_connections:
+        limit = self.limits.max_client_connections
+        if len(self.connections) > limit:
             _logger.warning("Refused a connection: %d client connections are open.", len(self.connections) - 1)
-            self._refuse(503, "The proxy has too many open connections; retry later.")
+            # Those refused that still linger count too: past the band, one is closed as soon as its answer is out.
+            self._refuse(503, "The proxy has too many open connections; retry later.",
+                         linger=len(self.connections) <= limit + linger_band(limit))
             return
         self._arm(self.limits.header_timeout)
 
@@ -472,7 +513,7 @@ class GuardedHttpToolsProtocol:
         limit = self.limits.body_timeout if self._head_done else self.limits.header_timeout
         self._refuse(408, f"The request's {which} did not arrive within {limit:g} s.")
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str, linger: bool = True) -> None:
         """Answer with the OpenAI error envelope and close (the connection's state cannot be trusted any more)."""
         self._refused = True
         self._disarm()
@@ -488,7 +529,7 @@ class GuardedHttpToolsProtocol:
         self.transport.write(b"".join(head) + b"\r\n" + body)
         # Lingering close: closing a socket with unread input makes the kernel send a reset, which can destroy the
         # answer before the client reads it. So: end our side, discard what still comes, close after a moment.
-        if self.transport.can_write_eof():
+        if linger and self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(_LINGER, self.transport.close)
         else:

@@ -398,7 +398,8 @@ class InferenceEndpoint:
                 raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout, loop=loop)
                 obs.add_upstream_wait(_clock() - t_up)
                 if resp.status >= 300:
-                    raise dialect.error_from_body(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
+                    raise dialect.answer_error(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()},
+                                               path, upstream.name, upstream.dialect)
                 if ctx.stream:
                     try:
                         data = orjson.loads(raw)

@@ -70,7 +70,8 @@ MAX_LABEL_LENGTH: Final = 128
 MAX_CACHED_SERIES: Final = 4096  # (route, upstream, model, stream, key) combinations whose children are kept resolved
 
 OUTCOMES: Final = ("ok", "error", "truncated", "client_disconnect")
-TRUNCATION_REASONS: Final = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown"})
+TRUNCATION_REASONS: Final = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown",
+                                       "full_text_mismatch"})
 FINISH_REASONS: Final = frozenset(
     {"stop", "length", "tool_calls", "function_call", "content_filter", "insufficient_system_resource"}
 )

@@ -18,10 +18,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from .base import Dialect, UpstreamSession, join_text_parts
+
+if TYPE_CHECKING:
+    from ..settings import UpstreamSettings
 
 _MESSAGE_DROP: Final = ("name", "reasoning_content", "reasoning")
 
@@ -52,6 +55,11 @@ class EngineDialect(Dialect):
         "Describe the format in the prompt, or set `response_format: drop` for this upstream to have the field left "
         "out (the answer then does not follow the format)."
     )
+
+    def readiness_request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
+        path, body = super().readiness_request(u)
+        body.pop("model", None)  # never sent: the document strikes it through
+        return path, body
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:

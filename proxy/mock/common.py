@@ -65,12 +65,24 @@ class Call:
 
 Handler = Callable[[Call], Plan]
 
+# The header the proxy's readiness checks carry (proxy/health.py; the mock shares no code with the proxy).
+CHECK_HEADER = "x-dialect-proxy-check"
+
 
 def inference(cfg: MockConfig, stats: Stats, handler: Handler,
               scenario_of: Callable[[Any], Scenario] = toolcall.chat_scenario) -> Callable[[Request], Any]:
     """A Starlette endpoint that records the request, lets `handler` build the plan, and runs it."""
 
+    counted, aside = stats, Stats()
+
     async def endpoint(request: Request) -> Any:
+        stats = counted
+        if CHECK_HEADER in request.headers:
+            # A readiness check of the proxy's: answered as any request, counted apart (in `checks`), so that the
+            # counters and last_request stay those of the clients' requests. Server-wide directives apply to it.
+            counted.checks += 1
+            aside.directives = counted.directives
+            stats = aside
         stats.requests += 1
         stats.seq += 1
         stats.in_flight += 1

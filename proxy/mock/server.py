@@ -10,6 +10,7 @@ Every dialect also serves the introspection endpoints used by the tests:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -32,6 +33,8 @@ DIALECTS: tuple[str, ...] = tuple(DIALECT_ROUTES)
 FLAVOURS: dict[str, dict[str, str]] = {
     "deepseek": deepseek.FLAVOURS,
 }
+# A flavour's own answers to what no route serves (Starlette's plain-text 404 otherwise).
+DIALECT_HANDLERS: dict[str, Any] = {"engine": engine.EXCEPTION_HANDLERS}
 
 
 class MockApp(Starlette):
@@ -66,7 +69,8 @@ def create_app(dialect: str, full_text: bool = False, api_key: str | None = None
     stats = Stats()
     if directives:
         stats.directives = parse_directives(directives)
-    app = MockApp(routes=[*DIALECT_ROUTES[dialect](cfg, stats), *common_routes(stats)])
+    app = MockApp(routes=[*DIALECT_ROUTES[dialect](cfg, stats), *common_routes(stats)],
+                  exception_handlers=DIALECT_HANDLERS.get(dialect))
     app.state.mock_stats = stats
     app.state.mock_config = cfg
     return app
