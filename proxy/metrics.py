@@ -84,7 +84,8 @@ ERROR_CODES: Final = frozenset({
     *(code for _, code in ERROR_TYPES.values()), "invalid_json", "invalid_request", "unsupported_parameter",
     "unsupported_endpoint", "context_length_exceeded", "previous_response_not_found", "item_not_found",
     "response_not_found", "not_found", "state_store_unavailable", "state_store_full", "shutting_down",
-    "internal_error",
+    "internal_error", "missing_required_parameter", "tool_call_not_found", "invalid_encrypted_content",
+    "upstream_path_not_found", "full_text_mismatch",
 })
 
 # No `<name>_created` series: a creation timestamp per counter and histogram child, which no dashboard or alert reads
