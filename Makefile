@@ -2,6 +2,8 @@
 #   make demo   set up a virtualenv and run the proxy in front of its built-in mock MindIE upstream
 #   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
+#   make test-compliance  llm-comply's suites against the proxy in front of each mock upstream (docs/compliance.md)
+#   make test-otel  install Arize Phoenix into .venv-phoenix and check the proxy's traces in it (tests/test_phoenix.py)
 #   make test-compiled  the whole test suite on a copy of the tree whose request path is compiled with mypyc (setup.py)
 #   make bench  the benchmark (separate from the tests; prints figures)
 #   make bench-workers  --workers 2 vs 1 under wrk against nginx (Debian packages, installed when root)
@@ -14,7 +16,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-cli test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-cli test-compliance test-otel test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -37,6 +39,7 @@ system-deps:
 	@missing=""; \
 	if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then missing="prometheus"; fi; \
 	if ! command -v redis-server >/dev/null 2>&1; then missing="$$missing redis-server"; fi; \
+	if ! command -v redis-sentinel >/dev/null 2>&1; then missing="$$missing redis-sentinel"; fi; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
@@ -47,6 +50,10 @@ system-deps:
 test: $(DEVSTAMP) system-deps lint
 	$(BIN)/python -m pytest -q
 
+# The independent compliance suite (llm-comply, pinned in the test extra); part of plain `pytest` too, and fast.
+test-compliance: $(DEVSTAMP)
+	$(BIN)/python -m pytest -q tests/compliance
+
 # Real client CLIs and SDKs from npm (not part of `make test`). Codex is pinned: the tests name its shell tool. The
 # Vercel AI SDK is pinned too (tests/cli/test_vercel_ai.py reads what its providers return).
 CLI_DIR := $(VENV)/cli
@@ -56,6 +63,18 @@ CLI_PACKAGES ?= @openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code $(VERCE
 test-cli: $(DEVSTAMP)
 	npm install --prefix $(CLI_DIR) --no-audit --no-fund --no-update-notifier $(CLI_PACKAGES)
 	PATH="$(abspath $(CLI_DIR))/node_modules/.bin:$$PATH" $(BIN)/python -m pytest -q -m cli
+
+# The proxy's OpenTelemetry traces in a real trace viewer: Arize Phoenix in a virtualenv of its own (its dependencies
+# are many and not the proxy's), started on loopback by the tests with its telemetry off. Not part of `make test`.
+# SCREENSHOT=docs/img/phoenix-agent-turn.png also photographs the agent turn's trace (headless Chromium, Debian
+# package chromium).
+PHOENIX_VENV := .venv-phoenix
+PHOENIX_VERSION ?= 20.26.1
+test-otel: $(DEVSTAMP)
+	test -x $(PHOENIX_VENV)/bin/phoenix || { $(PYTHON) -m venv $(PHOENIX_VENV) && \
+	  $(PHOENIX_VENV)/bin/python -m pip install -q "arize-phoenix==$(PHOENIX_VERSION)"; }
+	PHOENIX_BIN=$(abspath $(PHOENIX_VENV))/bin/phoenix $(if $(SCREENSHOT),DIALECT_PROXY_SCREENSHOT=$(abspath $(SCREENSHOT))) \
+	  $(BIN)/python -m pytest -q -m phoenix tests/test_phoenix.py
 
 # The container image (deploy/Dockerfile) built and run with Docker (not part of `make test`: needs a daemon and base
 # images). PYTHON_IMAGE, BUILD_IMAGE and COMPILE are the Dockerfile's build arguments (COMPILE= builds pure Python).

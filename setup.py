@@ -6,7 +6,7 @@
 compiles the request path's modules (COMPILED below) with mypyc, from the same type-checked source: one shared
 library per module next to its .py, which Python imports in its place. Without the variable (every default
 install, and CI) nothing is compiled and the package is pure Python; both run the same tests (`make
-test-compiled` runs the whole suite on a compiled copy of the tree). Measured: README.md "Speed"; the before/after
+test-compiled` runs the whole suite on a compiled copy of the tree). Measured: docs/speed.md; the before/after
 of each change: docs/speed.md.
 
 Not compiled: modules that run once or rarely (start-up, probes, state stores, the mock upstreams), the
@@ -58,6 +58,7 @@ COMPILED = [
     "proxy/clients/messages_encoder.py",
     "proxy/clients/messages_errors.py",
     "proxy/clients/responses.py",
+    "proxy/clients/responses_compact.py",
     "proxy/clients/responses_events.py",
     "proxy/clients/responses_request.py",
     "proxy/clients/signature.py",

@@ -52,6 +52,10 @@ SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "gets 408", "float", None),
     ("max-client-connections", "open client connections accepted (default 2048); more get 503 at once", "int",
      None),
+    ("ws-idle-timeout", "seconds a WebSocket (Responses WebSocket mode) may stay without a message either way "
+     "(default 600)", "float", None),
+    ("ws-max-age", "seconds a Responses WebSocket may stay open; then websocket_connection_limit_reached "
+     "(default 3600)", "float", None),
     ("connect-timeout", "seconds to connect to an upstream (default 10)", "float", None),
     ("first-byte-timeout", "seconds to wait for an upstream's response headers (default 600)", "float", None),
     ("idle-timeout", "seconds of upstream silence allowed between stream chunks (default 300)", "float", None),
@@ -97,7 +101,7 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("aliases", "comma-separated client=upstream model names, e.g. gpt-4o=DeepSeek-R1,gpt-4o-mini=Qwen3-8B", "str",
      None),
     ("upstream-response-format", "response_format (structured output): pass (default for openai, deepseek), reject "
-     "with a 400 (default for mindie, siliconstorm: set pass for MindIE >= 2.3), drop (default for engine)", "str",
+     "with a 400 (default for mindie, siliconstorm, engine: set pass for MindIE >= 2.3), drop (leave it out)", "str",
      RESPONSE_FORMAT),
     ("upstream-tls-ca-file", "CA bundle to verify an https upstream (e.g. MindIE with httpsEnabled)", "str", None),
     ("upstream-tls-cert-file", "client certificate for mutual TLS to the upstream", "str", None),
@@ -188,6 +192,9 @@ def parser() -> argparse.ArgumentParser:
                       help=f"require this bearer key [env {_mock_env('api-key')}]")
     mock.add_argument("--served-model", default=None,
                       help=f"only accept this model name [env {_mock_env('served-model')}]")
+    mock.add_argument("--flavour", default=None,
+                      help="a variant of the dialect's server: deepseek `legacy` (the seed document's API: "
+                           f"deepseek-chat, deepseek-reasoner as R1) [env {_mock_env('flavour')}]")
 
     demo = sub.add_parser("demo", help="run a mock MindIE upstream (full-text mode) and the proxy in front of it",
                           description=(
@@ -369,10 +376,15 @@ def serve(settings: Settings) -> None:
 
     from .app import create_app
     from .frontend import frontend_options
+    from .state import check_scale_out
 
     s = settings.server
+    check_scale_out(settings)
     check_port(s.host, s.port, "--port")
     configure_logging(s.log_level)
+    from .tracing import check as check_telemetry
+
+    check_telemetry(settings)  # OTEL_* set without the `otel` extra: one line now, not a failure in each worker
     if s.workers > 1:
         from .metrics import prepare_multiprocess_dir
 
@@ -496,9 +508,16 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     full_text = coerce_value("--full-text", args.full_text or environ.get(_mock_env("full-text")) or "false", bool)
     api_key = args.api_key or environ.get(_mock_env("api-key")) or None
     served = args.served_model or environ.get(_mock_env("served-model")) or None
+    flavour = args.flavour or environ.get(_mock_env("flavour")) or ""
+    from .mock.server import FLAVOURS
+
+    if flavour and flavour not in FLAVOURS.get(dialect, {}):
+        raise ConfigError(f"--flavour: the {dialect} mock has no flavour {flavour!r} "
+                          f"(flavours: {', '.join(FLAVOURS.get(dialect, {})) or 'none'})")
     check_port(host, port, "--port")
-    print(f"mock {dialect} upstream{' (full text)' if full_text else ''} on http://{host}:{port}", flush=True)
-    run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served)
+    print(f"mock {dialect} upstream{' (full text)' if full_text else ''}{f' ({flavour})' if flavour else ''} on "
+          f"http://{host}:{port}", flush=True)
+    run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served, flavour=flavour)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,13 +19,14 @@ from . import __version__, runtime
 from .appstate import AppState
 from .asgi import ProxyApp
 from .build import BUILD
+from .clients.responses import ResponsesClient
+from .clients.responses_ws import ResponsesSocket
 from .errors import ProxyError
 from .handlers import InferenceEndpoint
-from .health import UpstreamCheck
+from .health import READY_CACHE, UpstreamCheck
 from .redact import log_url
 from .settings import Settings, UpstreamSettings
 from .state import log_store, store_check
-from .upstream import read_body
 
 log = logging.getLogger("dialect_proxy")
 
@@ -121,8 +122,11 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
     app.router.redirect_slashes = False
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
+    responses = state.client_dialects["responses"]
+    assert isinstance(responses, ResponsesClient)
+    sockets = {responses.path: ResponsesSocket(state, responses)}  # the Responses API's WebSocket mode
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
-                    list(state.client_dialects.values()))
+                    list(state.client_dialects.values()), sockets)
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:
@@ -130,6 +134,10 @@ def _model_obj(name: str, owner: str) -> dict[str, Any]:
 
 
 async def _model_list(state: AppState) -> list[dict[str, Any]]:
+    """Every name that routes: each upstream's aliases and configured models, and for the default route (the first
+    upstream whose `models` has "*") the names its upstream lists itself (proxy/catalog.py, cached), so that a client
+    that checks its model against this list finds it. A default route whose upstream lists nothing (the engine API,
+    or no answer) shows its own name, which routes there, so that model pickers (Open WebUI, Dify) show something."""
     seen: dict[str, dict[str, Any]] = {}
     for u in state.settings.upstreams:
         for client_name in u.aliases:
@@ -137,49 +145,27 @@ async def _model_list(state: AppState) -> list[dict[str, Any]]:
         for m in u.models:
             if m != "*":
                 seen.setdefault(m, _model_obj(m, u.name))
-    # Upstreams that take any name (default route, no configured names): list what the upstream itself serves.
-    # One without a model listing (the engine API), or that does not answer: its name, which routes there through
-    # "*", so that model pickers (Open WebUI, Dify) show something.
-    for u in state.settings.upstreams:
-        if "*" in u.models and not (set(u.models) - {"*"}) and not u.aliases:
-            listed = await _upstream_models(state, u)
-            for card in listed:
-                seen.setdefault(card["id"], _model_obj(card["id"], u.name))
-            if not listed:
-                seen.setdefault(u.name, _model_obj(u.name, u.name))
+    default = next((u for u in state.settings.upstreams if "*" in u.models), None)
+    if default is not None:
+        listed = await state.catalogs[default.name].names()
+        names = state.dialects[default.name].routable_models(listed) if listed else []
+        for name in names:
+            seen.setdefault(name, _model_obj(name, default.name))
+        if not names and not (set(default.models) - {"*"}) and not default.aliases:
+            seen.setdefault(default.name, _model_obj(default.name, default.name))
     return list(seen.values())
-
-
-async def _upstream_models(state: AppState, u: UpstreamSettings) -> list[dict[str, Any]]:
-    dialect = state.dialects[u.name]
-    path = dialect.path("models")
-    if not path:
-        return []
-    headers = {}
-    if u.api_key:
-        headers["Authorization"] = f"Bearer {u.api_key}"
-    try:
-        replica = state.replicas[u.name].any_replica()
-        resp = await replica.client.open(
-            "GET", replica.url + path, headers=headers, timeout=state.settings.server.readiness_timeout * 2
-        )
-        try:
-            raw = await read_body(resp, state.settings.server.readiness_timeout * 2, limit=2**20)
-        finally:
-            resp.close()
-        if resp.status != 200:
-            return []
-        return dialect.decode_models(orjson.loads(raw))
-    except (ProxyError, orjson.JSONDecodeError):
-        return []
 
 
 async def _check_upstream(state: AppState, u: UpstreamSettings) -> tuple[UpstreamCheck, dict[str, UpstreamCheck]]:
     """Probe every replica of `u`: (the upstream's check — its first ready replica's, else the first replica's —,
     every replica's check by name). An upstream is ready while any of its replicas is."""
-    results = await state.replicas[u.name].check()
+    results = await state.replicas[u.name].check(READY_CACHE)
     checks = {r.name: c for r, c in results}
-    return next((c for c in checks.values() if c.ready), results[0][1]), checks
+    check = next((c for c in checks.values() if c.ready), results[0][1])
+    finding = state.dialects[u.name].finding
+    if finding is not None:  # what its answers showed (e.g. full_text set wrong): not ready until the config is fixed
+        check = UpstreamCheck(check.url, False, check.reachable, check.status, f"{finding} ({check.reason})")
+    return check, checks
 
 
 def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> str:
@@ -198,7 +184,7 @@ def _check_json(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> dic
 
 async def log_upstream_checks(state: AppState) -> None:
     """At start-up: one log line per upstream saying whether it was reachable and ready."""
-    results = await asyncio.gather(*(state.replicas[u.name].check() for u in state.settings.upstreams))
+    results = await asyncio.gather(*(state.replicas[u.name].check(READY_CACHE) for u in state.settings.upstreams))
     for u, checks in zip(state.settings.upstreams, results, strict=True):
         for replica, check in checks:
             line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": log_url(replica.url),

@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Final
 
+from .catalog import ModelCatalog
 from .clients import CLIENT_DIALECTS, ClientDialect
 from .dialects import Dialect, get_dialect
 from .metrics import Metrics
@@ -17,6 +18,8 @@ from .replicas import ReplicaSet
 from .routing import Router
 from .settings import Settings
 from .state import open_store
+from .tracing import Telemetry
+from .tracing import create as create_telemetry
 from .upstream import UpstreamClient
 
 log: Final = logging.getLogger("dialect_proxy")
@@ -39,12 +42,22 @@ class AppState:
             u.name: ReplicaSet(u, settings.server, self.dialects[u.name], self.metrics, self.redactor)
             for u in settings.upstreams
         }
+        # Each upstream's own model list, read when first needed and cached (proxy/catalog.py): `/v1/models`, and the
+        # dialects whose translation depends on it.
+        self.catalogs: dict[str, ModelCatalog] = {
+            u.name: ModelCatalog(u, self.replicas[u.name], self.dialects[u.name], settings.server.readiness_timeout * 2)
+            for u in settings.upstreams
+        }
+        for name, catalog in self.catalogs.items():
+            self.dialects[name].catalog = catalog
         # The first replica's pool, for side requests that need no balancing.
         self.clients: dict[str, UpstreamClient] = {name: rs.replicas[0].client for name, rs in self.replicas.items()}
         self.store = open_store(settings)
         self.client_dialects: dict[str, ClientDialect] = {
             name: cls(settings, self.store) for name, cls in CLIENT_DIALECTS.items()
         }
+        # OpenTelemetry traces and metrics (proxy/tracing.py): None unless an OTLP endpoint is configured.
+        self.telemetry: Telemetry | None = create_telemetry(settings, self.metrics, self.redactor)
         self.shutting_down = False
         self._metrics_flusher: asyncio.Task[None] | None = None
 
@@ -65,6 +78,8 @@ class AppState:
                 log.exception("writing this worker's metrics to the multiprocess files failed")
 
     async def close(self) -> None:
+        for catalog in self.catalogs.values():
+            await catalog.close()
         for rs in self.replicas.values():
             await rs.close()
         await self.store.close()
@@ -73,3 +88,5 @@ class AppState:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._metrics_flusher
         self.metrics.flush_files()  # the last requests' values, for the scrapes of the workers that remain
+        if self.telemetry is not None:  # what is left to export, bounded in time (a collector may be down)
+            await asyncio.to_thread(self.telemetry.close)

@@ -25,6 +25,7 @@ class ProxyApp:
         fast: dict[str, Any],
         api_keys: dict[str, str] | None = None,
         clients: list[ClientDialect] | None = None,
+        sockets: dict[str, Any] | None = None,
     ) -> None:
         self.app = app
         self.state = app.state
@@ -35,6 +36,7 @@ class ProxyApp:
         self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in keys.items())
         self._raw_keys = tuple((name, k.encode()) for name, k in keys.items())  # `x-api-key: <key>` (Anthropic)
         self._clients = clients or []
+        self._sockets = sockets or {}  # path -> ASGI `websocket` endpoint (proxy/clients/responses_ws.py)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -42,7 +44,8 @@ class ProxyApp:
                 err = ProxyError(
                     "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
                 )
-                status, headers, body = self._error(scope["path"], err)
+                route, status, headers, body = self._error(scope["path"], err)
+                self.state.proxy.metrics.refused(route, "invalid_api_key")
                 await send(
                     {
                         "type": "http.response.start",
@@ -58,7 +61,36 @@ class ProxyApp:
                 if endpoint is not None:
                     await endpoint(scope, receive, send)
                     return
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: Any, receive: Any, send: Any) -> None:
+        """A WebSocket endpoint, behind the same API-key check; a refusal is an HTTP answer to the upgrade request
+        with the envelope (ASGI's `websocket.http.response`)."""
+        path = scope["path"]
+        endpoint = self._sockets.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
+        err: ProxyError | None = None
+        if self._keys and path.startswith("/v1/") and not self._authorized(scope):
+            err = ProxyError(
+                "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
+            )
+        elif endpoint is None:
+            err = ProxyError(f"No WebSocket endpoint at {path}.", 404, code="not_found")
+        if err is None and endpoint is not None:
+            await endpoint(scope, receive, send)
+            return
+        assert err is not None
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        route, status, headers, body = self._error(path, err)
+        if err.status == 401:
+            self.state.proxy.metrics.refused(route, err.code)
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), *headers]})
+        await send({"type": "websocket.http.response.body", "body": body})
 
     def _authorized(self, scope: Any) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -75,9 +107,11 @@ class ProxyApp:
             scope[KEY_NAME_SCOPE] = name
         return name is not None
 
-    def _error(self, path: str, err: ProxyError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """An error in the shape of the client dialect that owns `path` (OpenAI's elsewhere)."""
+    def _error(self, path: str, err: ProxyError) -> tuple[str, int, list[tuple[bytes, bytes]], bytes]:
+        """The route (the client dialect's path, or "other") and an error in the shape of the client dialect that
+        owns `path` (OpenAI's elsewhere)."""
         for client in self._clients:
             if path == client.path or path.startswith(client.path + "/"):
-                return client.error_response(err)
-        return err.status, [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()], err.body()
+                return (client.path, *client.error_response(err))
+        headers = [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()]
+        return "other", err.status, headers, err.body()

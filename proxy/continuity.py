@@ -18,8 +18,10 @@ with reasoning on assistant turns (`Dialect.reasoning_replay`, from the upstream
 Keys (namespace `reasoning`): `call:<tool-call id>` for each call of the turn — every client dialect decodes into
 chat messages that carry the upstream's own tool-call ids — and, when the turn has text, `turn:<sha256 of the
 content and the calls' names and arguments>` as a fallback for a client that renamed the ids. A turn found under
-neither (history from elsewhere, an expired store) gets the dialect's `reasoning_fallback` (DeepSeek: the empty
-reasoning, its "no reasoning" form), never a 400 and never text the client made up (DECISIONS.md).
+neither (history from elsewhere, an expired store) gets the dialect's `reasoning_fallback` (DeepSeek: a fixed,
+non-empty placeholder, since reports differ on whether DeepSeek accepts an empty one), never a 400 and never text the
+client made up (DECISIONS.md). An empty reasoning counts as none: a client's `""` is restored like a missing field,
+and a recorded empty one gives way to the fallback where the dialect has one.
 
 A store that cannot be reached: a request that needs a restore fails with 503 (`StoreUnavailable`); a failed
 write after an answer is logged and counted (`dialect_proxy_reasoning_continuity_total{event="record_failed"}`),
@@ -88,7 +90,11 @@ def _calls(message: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def _has_reasoning(message: dict[str, Any]) -> bool:
-    return any(isinstance(message.get(k), str) for k in REASONING_KEYS)
+    for key in REASONING_KEYS:
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return True
+    return False
 
 
 # -- before the request ------------------------------------------------------------------------------------------
@@ -128,7 +134,7 @@ def strip(request: ChatRequest) -> None:
 
 async def restore(store: StateStore, request: ChatRequest, fallback: str | None) -> tuple[int, int]:
     """Put the stored reasoning back into the assistant tool-call turns that lack it: (restored, fallback) counts.
-    A turn that already carries reasoning (`reasoning_content` or `reasoning`) is left alone."""
+    A turn that already carries reasoning (a non-empty `reasoning_content` or `reasoning`) is left alone."""
     messages = request["messages"]
     restored = fell_back = 0
     for i, message in enumerate(messages):
@@ -140,7 +146,7 @@ async def restore(store: StateStore, request: ChatRequest, fallback: str | None)
         ):
             continue
         text = await lookup(store, message)
-        if text is None:
+        if text is None or (not text and fallback):
             fell_back += 1
             if fallback is None:  # the upstream's own "no reasoning" form: the turn as the client sent it
                 continue

@@ -97,15 +97,17 @@ class Answer:
     envelope_extra: dict[str, Any] = field(default_factory=dict)  # unknown top-level fields (system_fingerprint)
     finish_reason: str | None = None  # the last finish reason seen
     upstream_id: str | None = None  # the upstream's own response id (keep_upstream_id)
+    upstream_model: str | None = None  # the model the upstream says answered (read with upstream_id: traces)
 
     def __init__(self, usage: Usage | None = None, usage_extras: dict[str, Any] | None = None,
                  envelope_extra: dict[str, Any] | None = None, finish_reason: str | None = None,
-                 upstream_id: str | None = None) -> None:  # compiled, as Delta's (one per request)
+                 upstream_id: str | None = None, upstream_model: str | None = None) -> None:  # compiled, as Delta's
         self.usage = usage
         self.usage_extras = {} if usage_extras is None else usage_extras
         self.envelope_extra = {} if envelope_extra is None else envelope_extra
         self.finish_reason = finish_reason
         self.upstream_id = upstream_id
+        self.upstream_model = upstream_model
 
 
 @dataclass(slots=True)

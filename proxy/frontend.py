@@ -17,10 +17,14 @@ Beyond uvicorn's protocol:
   byte (or of the connection's opening, for a connection that sends nothing); otherwise `408` and close.
   `body_timeout`: the body must then be complete within this many seconds; otherwise `408` (if no answer has
   started) and close — the handler sees the client leave, as for any disconnect.
-- `max_client_connections`: a connection beyond this many open ones gets `503` at once and is closed.
+- `max_client_connections`: a connection beyond this many open ones gets `503` at once and is closed. The limit
+  never exceeds what the process can open (`connection_limit`): each served connection may need an upstream one,
+  and a refused one holds its descriptor while it lingers, so that the kernel never refuses an `accept` (uvloop would
+  then drop waiting connections without a word).
 - A response's status line and headers go out in one write with its first body bytes (on loopback and in VMs each
   write that reaches an idle reader costs a wake-up: a non-stream answer is one write, not two).
-- Protocol upgrades (WebSocket) are refused with `400`; the proxy serves none.
+- An `Upgrade: websocket` request is handed, with the connection, to proxy/websocket.py (the `websockets`
+  package's protocol), which runs the app with a `websocket` scope; other upgrades are refused with `400`.
 - No access log of uvicorn's: the proxy writes its own (proxy/handlers.py).
 
 It also tells the handler at once when a client goes away mid-request: the handler puts a callback under
@@ -39,6 +43,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import resource
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -51,6 +56,7 @@ from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from .errors import ProxyError
 from .settings import ServerSettings
+from .websocket import WebSocketConnection, WebSocketLimits
 
 # The scope key of the handler's disconnect callback: present (None until the handler sets it) on every request this
 # front end serves.
@@ -82,10 +88,47 @@ class FrontendLimits(NamedTuple):  # (a tuple: `--workers` pickles it to each wo
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     max_client_connections: int = 2048
+    websocket: WebSocketLimits = WebSocketLimits()
 
     @classmethod
     def from_settings(cls, server: ServerSettings) -> FrontendLimits:
-        return cls(server.max_header_bytes, server.header_timeout, server.body_timeout, server.max_client_connections)
+        websocket = WebSocketLimits(server.max_body_bytes, server.ws_idle_timeout, server.keepalive_interval)
+        return cls(server.max_header_bytes, server.header_timeout, server.body_timeout,
+                   connection_limit(server.max_client_connections), websocket)
+
+
+# Descriptors the process needs besides client and upstream connections: standard streams, the listening socket,
+# the event loop's own, log files, the state store's connections, metric files (`--workers`), DNS lookups.
+FD_RESERVE: Final = 32
+
+
+def linger_band(limit: int) -> int:
+    """How many refused connections may linger (`_refuse`) beyond `limit` served ones."""
+    return max(4, limit // 4)
+
+
+def connection_limit(configured: int) -> int:
+    """`configured` (max_client_connections), lowered to what the process can open: its RLIMIT_NOFILE (the soft
+    limit is first raised to the hard one, as Go's runtime does) less FD_RESERVE, shared by the client connections,
+    as many upstream connections (one per request under way) and the refused connections that linger. Logged when
+    lowered."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass  # (a hard limit the kernel caps lower: keep the soft one)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    # limit (clients) + limit (upstream) + limit // 4 (lingering) <= soft - FD_RESERVE
+    fits = max(1, (soft - FD_RESERVE) * 4 // 9)
+    if fits < configured:
+        _logger.warning("max_client_connections lowered from %d to %d: the process may open %d files "
+                        "(RLIMIT_NOFILE), which upstream connections share; raise it with `ulimit -n`.",
+                        configured, fits, soft)
+        return fits
+    return configured
 
 
 def frontend_options(server: ServerSettings) -> dict[str, Any]:
@@ -160,6 +203,7 @@ class GuardedHttpToolsProtocol:
         self._timer: asyncio.TimerHandle | None = None
         self._due: float | None = None  # when the running limit (header or body time) is up
         self._refused = False
+        self._upgrading = False  # the request asks for a protocol upgrade: no cycle runs for it
 
     # -- connection ---------------------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -168,9 +212,12 @@ class GuardedHttpToolsProtocol:
         self.server = get_local_addr(transport)
         self.client = get_remote_addr(transport)
         self.scheme = "https" if is_ssl(transport) else "http"
-        if len(self.connections) > self.limits.max_client_connections:
+        limit = self.limits.max_client_connections
+        if len(self.connections) > limit:
             _logger.warning("Refused a connection: %d client connections are open.", len(self.connections) - 1)
-            self._refuse(503, "The proxy has too many open connections; retry later.")
+            # Those refused that still linger count too: past the band, one is closed as soon as its answer is out.
+            self._refuse(503, "The proxy has too many open connections; retry later.",
+                         linger=len(self.connections) <= limit + linger_band(limit))
             return
         self._arm(self.limits.header_timeout)
 
@@ -209,9 +256,12 @@ class GuardedHttpToolsProtocol:
             self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            _logger.warning("Unsupported upgrade request.")
-            self._refuse(400, "Protocol upgrades are not supported.")
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._upgrading and self._wants_websocket():
+                self._to_websocket(data[upgrade.args[0]:])
+            else:
+                _logger.warning("Unsupported upgrade request.")
+                self._refuse(400, "Protocol upgrades other than to a WebSocket are not supported.")
             return
         except httptools.HttpParserError as e:
             cause = e.__cause__ or e.__context__
@@ -315,12 +365,15 @@ class GuardedHttpToolsProtocol:
         scope["path"] = root + path if root else path
         scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
         scope["query_string"] = query or b""
+        previous = self.cycle
+        if parser.should_upgrade():  # answered when the parser stops at the upgrade (data_received)
+            self._upgrading = previous is None or previous.response_complete
+            return
         app = self.app
         limit = self.limit_concurrency
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             app = service_unavailable
             _logger.warning("Exceeded concurrency limit.")
-        previous = self.cycle
         keep_alive = http_version != "1.0" and bool(parser.should_keep_alive())
         cycle = Cycle(self, scope, method == "HEAD", self.expect_100_continue, keep_alive)
         self.cycle = cycle
@@ -330,6 +383,48 @@ class GuardedHttpToolsProtocol:
             self.pause_reading()
             self.pipeline.appendleft((cycle, app))
             self._disarm()
+
+    def _wants_websocket(self) -> bool:
+        return any(name == b"upgrade" and value.lower() == b"websocket" for name, value in self.headers)
+
+    def _to_websocket(self, rest: bytes) -> None:
+        """Hand the connection over to proxy/websocket.py: the upgrade request as received (rebuilt from what the
+        parser read, then any bytes after it), the scope of ASGI's `websocket` type."""
+        self._refused = True  # this protocol is done with the connection
+        self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._stop_keep_alive()
+        scope = self.scope
+        head = [scope["method"].encode("ascii"), b" ", self.url, b" HTTP/1.1\r\n"]
+        for name, value in self.headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"\r\n")
+        offered = b",".join(value for name, value in self.headers if name == b"sec-websocket-protocol")
+        ws_scope = {
+            "type": "websocket",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.4"},
+            "http_version": "1.1",
+            "scheme": "wss" if self.scheme == "https" else "ws",
+            "server": self.server,
+            "client": self.client,
+            "root_path": self.root_path,
+            "path": scope["path"],
+            "raw_path": scope["raw_path"],
+            "query_string": scope["query_string"],
+            "headers": self.headers,
+            "subprotocols": [p.strip() for p in offered.decode("latin-1").split(",") if p.strip()],
+            "state": scope["state"],
+            "extensions": {"websocket.http.response": {}},
+        }
+        connection = WebSocketConnection(self.loop, self.transport, self.app, self.server_state, ws_scope,
+                                         self.limits.websocket, self.fresh_context)
+        self.connections.discard(self)  # the WebSocket connection counts in its place
+        self.transport.set_protocol(connection)
+        self.parser = None
+        self.pipeline.clear()
+        connection.start(b"".join(head) + rest)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -418,7 +513,7 @@ class GuardedHttpToolsProtocol:
         limit = self.limits.body_timeout if self._head_done else self.limits.header_timeout
         self._refuse(408, f"The request's {which} did not arrive within {limit:g} s.")
 
-    def _refuse(self, status: int, message: str) -> None:
+    def _refuse(self, status: int, message: str, linger: bool = True) -> None:
         """Answer with the OpenAI error envelope and close (the connection's state cannot be trusted any more)."""
         self._refused = True
         self._disarm()
@@ -434,7 +529,7 @@ class GuardedHttpToolsProtocol:
         self.transport.write(b"".join(head) + b"\r\n" + body)
         # Lingering close: closing a socket with unread input makes the kernel send a reset, which can destroy the
         # answer before the client reads it. So: end our side, discard what still comes, close after a moment.
-        if self.transport.can_write_eof():
+        if linger and self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(_LINGER, self.transport.close)
         else:

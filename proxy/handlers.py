@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .appstate import AppState
     from .clients.base import ClientCall, ClientDialect, Encoder
     from .metrics import RequestObserver
+    from .tracing import Output, RequestTrace
 
 log: Final = logging.getLogger("dialect_proxy")
 access_log: Final = logging.getLogger("dialect_proxy.access")
@@ -183,6 +184,8 @@ class InferenceEndpoint:
         obs: RequestObserver | None = None
         status = 500
         watch: _Disconnect | None = None
+        telemetry = state.telemetry  # OpenTelemetry (proxy/tracing.py): None unless configured
+        trace = None if telemetry is None else telemetry.request(scope, self.route, started, info)
         try:
             try:
                 body = await _read_request_body(length, receive, state.settings.server.max_body_bytes)
@@ -194,8 +197,10 @@ class InferenceEndpoint:
                 obs = state.metrics.request(
                     self.route, ctx.upstream.name, ctx.client_model, ctx.stream, started_at=started, key=key_name
                 )
+                if trace is not None:
+                    trace.routed(call, ctx, state.dialects[ctx.upstream.name].name, obs.model)
                 watch = _Disconnect(receive, scope)
-                status = await self._serve(call, ctx, send, watch, obs, rid_header, info)
+                status = await self._serve(call, ctx, send, watch, obs, rid_header, info, trace)
             except ProxyError as err:
                 state.redactor.sanitize(err)
                 status = err.status
@@ -264,7 +269,9 @@ class InferenceEndpoint:
             duration = _clock() - started
             disconnected = bool(info.get("client_disconnected"))
             if obs is not None:
-                obs.finish(status, disconnected, info.get("finish_reason"))
+                obs.finish(status, disconnected, info.get("finish_reason"), info.get("error"))
+            if trace is not None:
+                trace.finish(status, obs)
             if access_log.isEnabledFor(logging.INFO):
                 info["status"] = status
                 info["duration_ms"] = round(duration * 1000, 2)
@@ -295,6 +302,7 @@ class InferenceEndpoint:
         obs: RequestObserver,
         rid_header: tuple[bytes, bytes],
         info: dict[str, Any],
+        trace: RequestTrace | None,
     ) -> int:
         state = self.state
         server = state.settings.server
@@ -310,6 +318,8 @@ class InferenceEndpoint:
                 404,
                 code="unsupported_endpoint",
             )
+        if dialect.prepares:  # what the translation needs from the upstream first (DeepSeek: its model list, cached)
+            await dialect.prepare(ctx)
         # Reasoning continuity: strip or restore reasoning on assistant turns; a recorder only when the mode needs it.
         recorder = await continuity.prepare(state.store, dialect, call.request, ctx, state.metrics)
         session = dialect.session(ctx)
@@ -342,12 +352,16 @@ class InferenceEndpoint:
             headers = dialect.request_headers(ctx)
             if ctx.stream:
                 headers["Accept"] = "text/event-stream"
+            if trace is not None:  # the attempt's CLIENT span; its traceparent goes upstream
+                trace.attempt(ticket.replica, headers)
             time_left = deadline - loop.time()
             try:
                 resp = await ticket.client.open("POST", ticket.url + path, body=payload, headers=headers,
                                                 timeout=min(server.first_byte_timeout, max(time_left, 0.001)),
                                                 loop=loop)
             except (UpstreamUnreachable, UpstreamTimeout) as failure:
+                if trace is not None:
+                    trace.attempt_failed(failure)
                 if attempts.retry(ticket, failure, deadline - loop.time()):
                     ctx.attempt += 1
                     continue
@@ -359,6 +373,8 @@ class InferenceEndpoint:
                 raise
             if resp.status in RETRY_STATUSES:
                 if attempts.retry(ticket, resp.status, deadline - loop.time()):
+                    if trace is not None:
+                        trace.attempt_failed(resp.status)
                     resp.close()
                     ctx.attempt += 1
                     continue
@@ -369,6 +385,8 @@ class InferenceEndpoint:
         reusable = False
         try:
             answer = Answer()
+            if trace is not None:
+                trace.answering(resp.status, answer)
             encoder = self.client.encoder(call, ctx, answer)
             # Client encoders take the lane's runs as TextRuns; a continuity recorder reads Deltas.
             pipeline = Pipeline(session, answer, runs=recorder is None)
@@ -380,7 +398,8 @@ class InferenceEndpoint:
                 raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout, loop=loop)
                 obs.add_upstream_wait(_clock() - t_up)
                 if resp.status >= 300:
-                    raise dialect.error_from_body(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
+                    raise dialect.answer_error(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()},
+                                               path, upstream.name, upstream.dialect)
                 if ctx.stream:
                     try:
                         data = orjson.loads(raw)
@@ -393,6 +412,9 @@ class InferenceEndpoint:
                     pipeline.complete(raw, events)
                 finally:
                     self._observe(obs, session, answer, info)
+                tap = None if trace is None else trace.output  # content capture (opt-in)
+                if tap is not None:
+                    tap.feed(events)
                 info["finish_reason"] = answer.finish_reason
                 obs.chunks(len(events), sum(1 for event in events if event.has_token))
                 if recorder is not None:
@@ -407,7 +429,8 @@ class InferenceEndpoint:
                 reusable = True
                 return 200
             status = await self._relay(
-                resp, call, pipeline, encoder, send, watch, obs, extra_headers, info, deadline, recorder
+                resp, call, pipeline, encoder, send, watch, obs, extra_headers, info, deadline, recorder,
+                None if trace is None else trace.output,
             )
             reusable = status == 200
             return status
@@ -431,6 +454,7 @@ class InferenceEndpoint:
         info: dict[str, Any],
         deadline: float,
         recorder: continuity.Recorder | None = None,
+        tap: Output | None = None,
     ) -> int:
         """Upstream event stream -> client event stream.
 
@@ -463,6 +487,8 @@ class InferenceEndpoint:
             obs.chunks(count, tokens)
             if recorder is not None:
                 recorder.feed(events)  # type: ignore[arg-type]  # Deltas only: no runs with a recorder (_serve)
+            if tap is not None:  # the answer's text for the trace (content capture: opt-in)
+                tap.feed(events)
             data = encoder.feed(events)
             events.clear()
             if data:

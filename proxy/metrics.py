@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Final, Self
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 from prometheus_client import Histogram as PromHistogram
@@ -40,6 +40,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from proxy import __version__
 from proxy.build import BUILD
 from proxy.dialects import DIALECTS as DIALECT_REGISTRY
+from proxy.errors import ERROR_TYPES
 from proxy.events import Timings
 from proxy.local_metrics import Family, HistogramChild, LiveGaugeChild, LocalCounter, LocalGauge, LocalHistogram
 from proxy.metrics_files import FileMirror
@@ -69,13 +70,28 @@ MAX_LABEL_LENGTH: Final = 128
 MAX_CACHED_SERIES: Final = 4096  # (route, upstream, model, stream, key) combinations whose children are kept resolved
 
 OUTCOMES: Final = ("ok", "error", "truncated", "client_disconnect")
-TRUNCATION_REASONS: Final = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown"})
+TRUNCATION_REASONS: Final = frozenset({"upstream_closed", "upstream_error", "idle_timeout", "invalid_data", "shutdown",
+                                       "full_text_mismatch"})
 FINISH_REASONS: Final = frozenset(
     {"stop", "length", "tool_calls", "function_call", "content_filter", "insufficient_system_resource"}
 )
 TOKEN_KINDS: Final = ("prompt", "completion", "cached", "reasoning")
 DIALECTS: Final = frozenset({*DIALECT_REGISTRY, "any"})  # the `dialect` label: the registry's names, or "any"
 CONTINUITY_EVENTS: Final = frozenset({"restored", "fallback", "recorded", "record_failed"})  # proxy/continuity.py
+# The `code` label of dialect_proxy_errors_total: the client-facing codes (DECISIONS.md's error table, proxy/errors.py's
+# defaults and the codes the proxy's own refusals carry; deploy/METRICS.md lists them). Any other code is "other".
+ERROR_CODES: Final = frozenset({
+    *(code for _, code in ERROR_TYPES.values()), "invalid_json", "invalid_request", "unsupported_parameter",
+    "unsupported_endpoint", "context_length_exceeded", "previous_response_not_found", "item_not_found",
+    "response_not_found", "not_found", "state_store_unavailable", "state_store_full", "shutting_down",
+    "internal_error", "missing_required_parameter", "tool_call_not_found", "invalid_encrypted_content",
+    "upstream_path_not_found", "full_text_mismatch",
+})
+
+# No `<name>_created` series: a creation timestamp per counter and histogram child, which no dashboard or alert reads
+# and which roughly doubles the series of a counter (prometheus_client's switch, read when it renders; multiprocess
+# mode has none anyway).
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Buckets (seconds). LLM latencies span milliseconds (one decode step) to many minutes (a long reasoning answer).
 REQUEST_DURATION_BUCKETS: Final = (
@@ -198,7 +214,9 @@ class Metrics:
         self._model = _BoundedLabel(models, MAX_UNCONFIGURED_MODELS)
         self._route = _BoundedLabel(None, MAX_LABEL_VALUES)
         self._upstream = _BoundedLabel(None, MAX_LABEL_VALUES)
+        key_names = list(key_names)
         self._key = _BoundedLabel([*key_names, NONE], MAX_LABEL_VALUES)
+        self.per_key = bool(key_names)  # the key_* families exist only with inbound keys (else they repeat the totals)
         self._error_pairs: set[tuple[str, str]] = set()
         self._error_lock = threading.Lock()
 
@@ -292,15 +310,23 @@ class Metrics:
             f"{p}_upstream_up", "1 if the last health probe or connection to the upstream succeeded, else 0.",
             ["upstream"], multiprocess_mode="mostrecent", registry=r,
         )
-        # Per inbound key (api_keys_file names; `none` when client authentication is off): who used what.
-        self.key_requests = Counter(
-            f"{p}_key_requests", "Requests answered, by inbound API key name, upstream, model and status class.",
-            ["key", "upstream", "model", "status"], registry=r,
+        self.errors = Counter(
+            f"{p}_errors", "Requests answered with an error (an error body, or an error event after the 200), by the "
+            "client-facing error code; inbound authentication refusals too (upstream=\"none\").",
+            ["route", "upstream", "code"], registry=r,
         )
-        self.key_tokens = Counter(
-            f"{p}_key_tokens", "Tokens reported by the upstream's usage, by inbound API key name and kind.",
-            ["key", "upstream", "model", "kind"], registry=r,
-        )
+        # Per inbound key (api_keys / api_keys_file names): who used what. Only when inbound keys are configured.
+        self.key_requests: Any = None
+        self.key_tokens: Any = None
+        if self.per_key:
+            self.key_requests = Counter(
+                f"{p}_key_requests", "Requests answered, by inbound API key name, upstream, model and status class.",
+                ["key", "upstream", "model", "status"], registry=r,
+            )
+            self.key_tokens = Counter(
+                f"{p}_key_tokens", "Tokens reported by the upstream's usage, by inbound API key name and kind.",
+                ["key", "upstream", "model", "kind"], registry=r,
+            )
         # Gateway: replicas, failover, admission (proxy/replicas.py, proxy/admission.py, docs/gateway.md).
         self.upstream_attempts = Counter(
             f"{p}_upstream_attempts", "Requests sent to an upstream replica, by result (ok, unreachable, timeout, "
@@ -417,6 +443,10 @@ class Metrics:
                 self._series[raw] = found
         return found
 
+    def refused(self, route: str, code: str) -> None:
+        """A request refused before it had an upstream (inbound authentication): counted by its error code."""
+        self.child(self.errors, self.route_label(route), NONE, code if code in ERROR_CODES else OTHER).inc()
+
     def reasoning_continuity(self, upstream: str, event: str, count: int = 1) -> None:
         label = event if event in CONTINUITY_EVENTS else OTHER
         self.child(self.continuity, self.upstream_label(upstream), label).inc(count)
@@ -506,8 +536,8 @@ class _Series:
     ends (status and outcome, token kind, finish reason) are resolved on first use, so the exposition has the same
     series in the same order as looking each one up per request."""
 
-    __slots__ = ("_ends", "_finish_reasons", "_m", "_timings", "_tokens", "in_flight", "in_flight_stream", "itl", "key",
-                 "model", "overhead", "route", "stream", "stream_label", "ttft", "upstream")
+    __slots__ = ("_ends", "_errors", "_finish_reasons", "_m", "_timings", "_tokens", "in_flight", "in_flight_stream",
+                 "itl", "key", "model", "overhead", "route", "stream", "stream_label", "ttft", "upstream")
 
     def __init__(self, m: Metrics, route: str, upstream: str, model: str, stream: bool, key: str) -> None:
         self._m = m
@@ -522,27 +552,39 @@ class _Series:
         self._ends: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._tokens: dict[str, tuple[Any, Any]] = {}
         self._finish_reasons: dict[str, Any] = {}
+        self._errors: dict[str, Any] = {}
         self._timings: dict[Any, Any] = {}
 
     def ended(self, status: str, outcome: str) -> tuple[Any, Any, Any]:
-        """requests, key_requests and request_duration children for a request that ended so."""
+        """requests, key_requests (None without inbound keys) and request_duration children for a request that
+        ended so."""
         found = self._ends.get((status, outcome))
         if found is None:
             m = self._m
             found = self._ends[(status, outcome)] = (
                 m.child(m.requests, self.route, self.upstream, self.model, self.stream_label, status, outcome),
-                m.child(m.key_requests, self.key, self.upstream, self.model, status),
+                m.child(m.key_requests, self.key, self.upstream, self.model, status) if m.per_key else None,
                 m.child(m.request_duration, self.route, self.upstream, self.model, self.stream_label, status),
             )
         return found
 
     def tokens(self, kind: str) -> tuple[Any, Any]:
-        """tokens and key_tokens children for a token kind."""
+        """tokens and key_tokens (None without inbound keys) children for a token kind."""
         found = self._tokens.get(kind)
         if found is None:
             m = self._m
-            found = self._tokens[kind] = (m.child(m.tokens, self.upstream, self.model, kind),
-                                          m.child(m.key_tokens, self.key, self.upstream, self.model, kind))
+            found = self._tokens[kind] = (
+                m.child(m.tokens, self.upstream, self.model, kind),
+                m.child(m.key_tokens, self.key, self.upstream, self.model, kind) if m.per_key else None)
+        return found
+
+    def error(self, code: str) -> Any:
+        """The errors child for a client-facing error code (bounded: ERROR_CODES, else "other")."""
+        found = self._errors.get(code)
+        if found is None:
+            m = self._m
+            label = code if code in ERROR_CODES else OTHER
+            found = self._errors[code] = m.child(m.errors, self.route, self.upstream, label)
         return found
 
     def finish_reason(self, reason: str) -> Any:
@@ -696,7 +738,8 @@ class RequestObserver:
             if n is not None:
                 total, per_key = s.tokens(kind)
                 total.inc(n)
-                per_key.inc(n)
+                if per_key is not None:
+                    per_key.inc(n)
 
     def upstream_timings(self, timings: Timings) -> None:
         """The upstream's own timings (proxy/events.py, seconds; an upstream dialect reads them from its fields). Only
@@ -728,8 +771,9 @@ class RequestObserver:
         label = reason if reason in TRUNCATION_REASONS else OTHER
         self._m.child(self._m.truncated_streams, self._upstream, self._model, label).inc()
 
-    def finish(self, status: int, disconnected: bool, finish_reason: str | None) -> None:
-        """The request is over. Records duration, requests_total, overhead, disconnects and finish_reason."""
+    def finish(self, status: int, disconnected: bool, finish_reason: str | None, error: str | None = None) -> None:
+        """The request is over. Records duration, requests_total, overhead, disconnects, finish_reason and `error`,
+        the client-facing error code the request was answered with (its error body or error event), if any."""
         if self._finished:
             return
         self._finished = True
@@ -754,8 +798,11 @@ class RequestObserver:
         total = max(now - self._t0, 0.0)
         requests, key_requests, duration = s.ended(status_label, outcome)
         requests.inc()
-        key_requests.inc()
+        if key_requests is not None:
+            key_requests.inc()
         duration.observe(total)
+        if error is not None and not disconnected:
+            s.error(error).inc()
 
         wait = self._wait
         if self._upstream_t0 is not None and self._headers_t is None:

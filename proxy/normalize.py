@@ -71,6 +71,9 @@ class Normalizer:
             upstream_id = chunk.get("id")
             if isinstance(upstream_id, str) and upstream_id:
                 answer.upstream_id = upstream_id
+                model = chunk.get("model")  # read once, with the id (not per chunk)
+                if isinstance(model, str) and model:
+                    answer.upstream_model = model
         usage = chunk.get("usage")
         if usage:
             normalized, extras = normalize_usage(usage)

@@ -22,6 +22,7 @@ import asyncio
 import ssl
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -33,6 +34,9 @@ from .sse import SSEDecoder
 from .upstream import connection_hint
 
 DIALECT_GUESS_ORDER = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
+# Dialects that one detection cannot tell apart before a chat answer (hosted MindIE is MindIE's wire): a --dialect of
+# the same family is no mismatch.
+_FAMILY = {"mindie": "mindie", "siliconstorm": "mindie"}
 # DECISIONS.md "Reasoning": these upstream names start inside the thinking block.
 R1_NAME = THINKING_MODEL_RE
 # Dialects that read `stream_options` (MindIE does not; it sends usage on its finish chunk anyway).
@@ -73,13 +77,14 @@ class Report:
     dialect_evidence: list[str] = field(default_factory=list)
     paths: dict[str, int] = field(default_factory=dict)          # "GET /v1/models" -> HTTP status
     error_shapes: dict[str, str] = field(default_factory=dict)   # "GET /models" -> openai | mindie | siliconstorm...
-    api_key_required: bool = False
+    # What was not found out is None ("unknown" in the table, null in JSON), never a default that looks like an answer.
+    api_key_required: bool | None = None
     models: list[str] = field(default_factory=list)
     model_used: str | None = None
-    full_text: bool = False
-    reasoning: str = "none"      # field | tags | close_only | none
-    usage: str = "none"          # final_chunk | finish_chunk | every_chunk | none
-    tool_calls: str = "untested"  # streamed | streamed_without_index | one_piece | not_called | refused | untested
+    full_text: bool | None = None
+    reasoning: str | None = None   # field | tags | close_only | none
+    usage: str | None = None       # final_chunk | finish_chunk | every_chunk | none
+    tool_calls: str | None = None  # streamed | streamed_without_index | one_piece | not_called | refused | failed
     # MindIE / Siliconstorm only (elsewhere the dialect's default is right): honoured | ignored | refused | untested
     response_format: str = "untested"
     chat: str = "untested"       # ok | HTTP <status>: <message> | ...
@@ -102,21 +107,29 @@ class Report:
                                                          if self.dialect_evidence else "")),
             ("paths", ", ".join(f"{k} -> {v}" for k, v in self.paths.items()) or "-"),
             ("error shapes", ", ".join(f"{k}: {v}" for k, v in self.error_shapes.items()) or "-"),
-            ("api key", "required" if self.api_key_required else "not required (or accepted)"),
+            ("api key", _unknown(self.api_key_required, "required", "not required (or accepted)")),
             ("models", ", ".join(self.models) or "- (no model listing)"),
             ("chat request", f"{self.chat}" + (f" (model {self.model_used})" if self.model_used else "")),
-            ("full text", "yes (cumulative stream text: full_text: true)" if self.full_text else "no"),
-            ("reasoning", self.reasoning),
-            ("usage", self.usage),
-            ("tool calls", self.tool_calls),
+            ("full text", _unknown(self.full_text, "yes (cumulative stream text: full_text: true)", "no")),
+            ("reasoning", self.reasoning or "unknown"),
+            ("usage", self.usage or "unknown"),
+            ("tool calls", self.tool_calls or "unknown"),
             ("response_format", self.response_format),
         ]
         width = max(len(k) for k, _ in rows)
         lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
         for p in self.problems:
             lines.append(f"problem: {p['problem']}" + (f"\n  fix: {p['hint']}" if p["hint"] else ""))
-        lines += ["", f"config block ({self.requests} requests sent):", self.config.rstrip()]
+        if self.config:
+            lines += ["", f"config block ({self.requests} requests sent):", self.config.rstrip()]
+        else:
+            lines += ["", f"no config block ({self.requests} requests sent): the dialect is unknown until the "
+                          "problems above are fixed"]
         return "\n".join(lines)
+
+
+def _unknown(value: bool | None, yes: str, no: str) -> str:
+    return "unknown" if value is None else yes if value else no
 
 
 class _Failed(Exception):
@@ -205,6 +218,8 @@ class Prober:
             self.report.error_shapes[label] = _error_shape(answer.body)
         if answer.status in (401, 403) or _error_shape(answer.body) == "siliconstorm" and b"801" in answer.body:
             self.report.api_key_required = True
+        elif 200 <= answer.status < 300 and self.report.api_key_required is None and label.startswith("GET"):
+            self.report.api_key_required = False
 
     # -- the probe ------------------------------------------------------------------------------------------------
     async def run(self) -> Report:
@@ -275,64 +290,86 @@ class Prober:
                           f"use an https:// URL ({https}), with tls_ca_file, and tls_cert_file/tls_key_file for "
                           "MindIE's mutual TLS")
             else:
-                r.problem(f.problem)
+                r.problem(f"not reachable: {f.problem}",
+                          "check the host and port (and that the server runs and listens there)")
         elif self.base.startswith("https://") and not self.opts.tls_cert_file and _reset(exc):
             r.tls = "mutual_tls"
             r.problem("the server closed the TLS connection: it needs a client certificate (mutual TLS, MindIE "
                       "httpsEnabled)", "set tls_cert_file and tls_key_file (probe: --tls-cert-file/--tls-key-file)")
         else:
-            r.problem(f"not reachable: {f.problem}")
+            r.problem(f"not reachable: {f.problem}",
+                      "check the host and port (and that the server runs and listens there)")
 
     def _models_path(self, dialect: str | None) -> str | None:
         return load_mapping(dialect).paths.get("models") if dialect else None
 
     async def _detect(self) -> None:
+        """Which dialect the server answers as. A 404's body is no evidence (an engine API answers every OpenAI path
+        with an OpenAI-shaped 404): before a verdict without a model listing, every dialect's chat path is tried.
+        With --dialect, the server is still asked, and a different answer is a problem (a non-zero exit)."""
         r = self.report
         path, first = self._first
         self._record(f"GET {path}", first)
         listed = _model_cards(first.body) if first.status == 200 else None
-        if self.opts.dialect:
-            r.dialect = self.opts.dialect
-            r.dialect_evidence.append("given with --dialect")
-            if listed is not None:
-                r.models = [c["id"] for c in listed]
-            self._auth_problem(first)
-            return
-        other, plain = None, None
+        if listed is not None:
+            r.models = [c["id"] for c in listed]
+        plain = None
         if path != "/models":
             try:
                 plain, _ = await self._request("GET", "/models")
                 self._record("GET /models", plain)
             except _Failed as f:
-                r.problem(f"GET /models: {f.problem}")
+                r.problem(f"GET /models: {f.problem}", "check the URL (host, port, path prefix)")
         owners = {str(c.get("owned_by")) for c in listed or ()}
-        shape = _error_shape(first.body) if first.status >= 400 else None
-        if listed is not None:
-            r.models = [c["id"] for c in listed]
+        shape = _error_shape(first.body) if first.status >= 400 and first.status not in (404, 405) else None
+        found: str | None = None
+        evidence = ""
         if "MindIE Server" in owners or shape == "mindie":
-            r.dialect = "mindie"
-            r.dialect_evidence.append("MindIE-shaped model list" if listed is not None else "MindIE error shape")
-        elif shape == "siliconstorm":
-            r.dialect = "siliconstorm"
-            r.dialect_evidence.append("Siliconstorm {code, message} error body")
+            found, evidence = "mindie", ("MindIE-shaped model list" if listed is not None else "MindIE error shape")
+        elif shape == "siliconstorm" or (first.status == 200 and _error_shape(first.body) == "siliconstorm"):
+            found, evidence = "siliconstorm", "Siliconstorm {code, message} error body"
         elif plain is not None and plain.status == 200 and _model_cards(plain.body) is not None:
-            r.dialect = "deepseek"
-            r.dialect_evidence.append("serves /models without /v1")
+            found, evidence = "deepseek", "serves /models without /v1"
             if listed is None:
                 r.models = [c["id"] for c in _model_cards(plain.body) or ()]
         elif listed is not None or shape == "openai":
-            r.dialect = "openai"
-            r.dialect_evidence.append("OpenAI model list at /v1/models" if listed is not None else
-                                      "OpenAI error shape")
+            found, evidence = "openai", ("OpenAI model list at /v1/models" if listed is not None else
+                                         "OpenAI error shape")
         else:
-            other = await self._try_engine()
-            if other is not None:
-                r.dialect = "engine"
-                r.dialect_evidence.append(other)
+            found, evidence = await self._try_chat_paths()
         self._auth_problem(first)
-        if r.dialect is None:
-            r.problem("no dialect recognised: no model listing at /v1/models or /models and no engine /chat",
+        given = self.opts.dialect
+        if given:
+            r.dialect = given
+            r.dialect_evidence.append("given with --dialect")
+            if found is not None and _FAMILY.get(found, found) != _FAMILY.get(given, given):
+                r.problem(f"the server answers as the {found} dialect ({evidence}), not {given} (--dialect)",
+                          f"use dialect: {found} (probe: --dialect {found}, or leave --dialect out)")
+            return
+        if found is not None:
+            r.dialect = found
+            r.dialect_evidence.append(evidence)
+        else:
+            r.problem("no dialect recognised: no model listing at /v1/models or /models, and no chat path "
+                      "(/chat, /v1/chat/completions) that takes requests",
                       "check the URL (host, port, path prefix) or give --dialect")
+
+    async def _try_chat_paths(self) -> tuple[str | None, str]:
+        """Without a model listing: the engine API's streamed /chat, then OpenAI's /v1/chat/completions with a body
+        invalid on purpose (its validation error proves the path; nothing is generated)."""
+        engine = await self._try_engine()
+        if engine is not None:
+            return "engine", engine
+        try:
+            answer, _ = await self._request("POST", "/v1/chat/completions", {"model": self._model(),
+                                                                             "messages": "an invalid body on purpose"})
+        except _Failed as f:
+            self.report.problem(f"POST /v1/chat/completions: {f.problem}", "check the URL (host, port, path prefix)")
+            return None, ""
+        self._record("POST /v1/chat/completions", answer)
+        if answer.status in (400, 422) and _error_shape(answer.body) == "openai":
+            return "openai", "POST /v1/chat/completions validates requests (no model listing)"
+        return None, ""
 
     def _auth_problem(self, answer: _Answer) -> None:
         if self.report.api_key_required:
@@ -352,7 +389,7 @@ class Prober:
             self._engine_events = events
             return "POST /chat streams completions; no model listing"
         if answer.status in (400, 422) and _error_shape(answer.body) == "openai":
-            return "POST /chat answers with OpenAI-shaped errors"
+            return "POST /chat answers with OpenAI-shaped validation errors"
         return None
 
     def _chat_body(self, dialect: str, tools: bool = False) -> dict[str, Any]:
@@ -388,9 +425,16 @@ class Prober:
             self._record(f"POST {path}", answer)
             if events is None:
                 r.chat = f"HTTP {answer.status}: {_message(answer.body)}"
-                r.problem(f"the streamed chat request failed: {r.chat}",
-                          "check the model name (--model) and the API key" if answer.status in (401, 403, 404, 422)
-                          else "")
+                if answer.status in (401, 403):
+                    hint = "check the API key (--api-key-env)"
+                elif answer.status == 404:
+                    hint = (f"POST {path} does not exist there: check the URL's path prefix and the dialect, or the "
+                            "model name (--model)")
+                elif answer.status in (400, 422):
+                    hint = "check the model name (--model) and --max-tokens against the server's limits"
+                else:
+                    hint = "the server failed the request: see its message (and its logs); retry when it is up"
+                r.problem(f"the streamed chat request failed: {r.chat}", hint)
                 return
         r.model_used = None if dialect in _NO_MODEL else self._model()
         r.chat = "ok"
@@ -476,6 +520,7 @@ def _analyse(r: Report, events: list[dict[str, Any]], model: str) -> None:
     contents: list[str] = []
     field_reasoning = False
     usage_places: set[str] = set()
+    r.full_text, r.reasoning, r.usage = False, "none", "none"  # measured now (unknown until a stream was read)
     for e in events:
         choices = e.get("choices")
         if "full_text" in e:
@@ -575,9 +620,11 @@ def _reason(e: BaseException) -> str:
 
 
 def config_block(r: Report, opts: ProbeOptions) -> str:
-    """The upstream entry for the proxy's YAML config file, from what the probe found."""
-    dialect = r.dialect or opts.dialect or "openai"
-    unknown = r.dialect is None
+    """The upstream entry for the proxy's YAML config file, from what the probe found; "" when the dialect is unknown
+    (no block is better than one built on a guess)."""
+    if r.dialect is None:
+        return ""
+    dialect = r.dialect
     url = r.url
     if r.problems and r.tls != "none" and url.startswith("http://") and any(
             "https://" in p["hint"] for p in r.problems):
@@ -601,8 +648,10 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
             entry["tls_verify"] = False
     item = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=120, default_flow_style=False)
     lines = ["upstreams:", *("  " + line for line in item.splitlines())]
-    if unknown:
-        lines[2] += "   # the dialect is unknown until the problems above are fixed"
+    if dialect in _FAMILY and _FAMILY[dialect] == "mindie":
+        parts = urlsplit(url)
+        lines.append(f"    # health_url: {parts.scheme}://{parts.hostname}:1026/health   # MindIE's health is on its "
+                     "management port (managementPort, default 1026): set it so that /readyz asks it too")
     if r.models:
         lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
                      "name here)")

@@ -55,8 +55,8 @@ VNODES: Final = 100  # points per replica on the hash ring
 class Replica:
     """One server of an upstream."""
 
-    __slots__ = ("admission", "client", "ejected_until", "ejections", "failures", "healthy", "index", "labels",
-                 "live", "name", "ok", "probation", "settings", "url")
+    __slots__ = ("admission", "checked", "checking", "client", "ejected_until", "ejections", "failures", "healthy",
+                 "index", "labels", "live", "name", "ok", "probation", "settings", "url")
 
     def __init__(self, index: int, settings: ReplicaSettings, client: UpstreamClient, admission: Admission,
                  upstream_label: str) -> None:
@@ -74,6 +74,8 @@ class Replica:
         self.healthy = True  # the last active health check passed (or none ran yet)
         self.live = False  # its in_flight and queue_length series exist (made at its first use)
         self.ok: Any = None  # its upstream_attempts{result="ok"} child, once resolved
+        self.checked: tuple[float, UpstreamCheck] | None = None  # (when, what) of its last readiness check
+        self.checking: asyncio.Future[UpstreamCheck] | None = None  # the check under way: callers share it
 
     @property
     def outstanding(self) -> int:
@@ -293,13 +295,13 @@ class ReplicaSet:
         replica.live = True
         adm.on_change = None
 
-    async def check(self) -> list[tuple[Replica, UpstreamCheck]]:
-        """Probe every replica now. With active health on, the result also takes replicas out and back in (without
-        it, a check made for /readyz or the start-up log line must not leave a replica out for good)."""
-        timeout = self.server.readiness_timeout
+    async def check(self, max_age: float = 0.0) -> list[tuple[Replica, UpstreamCheck]]:
+        """Probe every replica (a result younger than `max_age` seconds is reused; callers at the same time share
+        one check). With active health on, the result also takes replicas out and back in (without it, a check made
+        for /readyz or the start-up log line must not leave a replica out for good)."""
         active = len(self.replicas) > 1 and self.upstream.health_interval > 0
-        results = await asyncio.gather(*(probe(r.client, self.dialect, self.upstream, r.settings, timeout,
-                                               self.redactor) for r in self.replicas))
+        now = time.monotonic()
+        results = await asyncio.gather(*(self._check(r, now, max_age) for r in self.replicas))
         for r, result in zip(self.replicas, results, strict=True):
             if active and r.healthy != result.ready:
                 log.warning(orjson.dumps({"event": "replica_health", "upstream": self.upstream.name,
@@ -308,6 +310,22 @@ class ReplicaSet:
                 r.healthy = result.ready
                 self.gauges(r)
         return list(zip(self.replicas, results, strict=True))
+
+    async def _check(self, replica: Replica, now: float, max_age: float) -> UpstreamCheck:
+        if replica.checked is not None and now - replica.checked[0] < max_age:
+            return replica.checked[1]
+        if replica.checking is None:
+            replica.checking = asyncio.ensure_future(self._probe(replica))
+        return await asyncio.shield(replica.checking)
+
+    async def _probe(self, replica: Replica) -> UpstreamCheck:
+        try:
+            result = await probe(replica.client, self.dialect, self.upstream, replica.settings,
+                                 self.server.readiness_timeout, self.redactor)
+            replica.checked = (time.monotonic(), result)
+            return result
+        finally:
+            replica.checking = None
 
     async def _health_loop(self) -> None:
         while True:

@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import yaml
 
@@ -126,6 +126,8 @@ class ServerSettings:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     max_client_connections: int = 2048
+    ws_idle_timeout: float = 600.0  # a WebSocket with no message either way for this long is closed
+    ws_max_age: float = 3600.0  # a Responses WebSocket ends after this long (the Open Responses spec's 60 minutes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,9 @@ class Settings:
     upstreams: tuple[UpstreamSettings, ...]
     client: ClientSettings = ClientSettings()
     server: ServerSettings = ServerSettings()
+    # The environment's OTEL_* variables, as OpenTelemetry names them (proxy/tracing.py reads them; may hold a
+    # collector's key in OTEL_EXPORTER_OTLP_HEADERS, so kept out of repr).
+    otel: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,6 +213,8 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "header_timeout": (float, None),
     "body_timeout": (float, None),
     "max_client_connections": (int, None),
+    "ws_idle_timeout": (float, None),
+    "ws_max_age": (float, None),
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
@@ -443,8 +450,7 @@ def load_api_keys_file(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(names), tuple(keys)
 
 
-_STORE_SCHEMES = ("redis", "rediss")
-_SECRET_PARAMS = ("password", "username")
+_SECRET_PARAMS = ("password", "username", "sentinel_password", "sentinel_username")
 
 
 def redact_url(url: str) -> str:
@@ -473,26 +479,17 @@ def url_secrets(url: str) -> tuple[str, ...]:
 
 
 def state_store_value(key: str, value: str) -> str:
-    """`memory`, or a redis:// / rediss:// URL with a host, a valid port and an optional /DB number. Messages show
-    the URL without its credentials."""
+    """`memory`, or a Redis URL (proxy/state/urls.py: one server, Sentinel or Cluster) with hosts, valid ports and
+    an optional /DB number. Messages show the URL without its credentials."""
+    from .state.urls import parse_store_url  # proxy.state imports this module
+
     if value.strip().lower() == "memory":
         return "memory"
     url = value.strip()
-    shown = redact_url(url)
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise ConfigError(f"{key}: {shown!r} is not a valid URL (bad host or port)") from None
-    if parts.scheme.lower() not in _STORE_SCHEMES:
-        raise ConfigError(f"{key}: expected memory or a redis:// or rediss:// URL, got {shown!r}")
-    if not parts.hostname:
-        raise ConfigError(f"{key}: {shown!r} names no host (e.g. redis://redis:6379/0)")
-    if port == 0:
-        raise ConfigError(f"{key}: {shown!r}: port 0 is not a TCP port")
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise ConfigError(f"{key}: {shown!r}: the path is the database number (e.g. /0), got {db!r}")
+        parse_store_url(url, redact_url(url))
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
     return url
 
 
@@ -574,7 +571,7 @@ def build_settings(
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout", "keepalive_interval",
                 "readiness_timeout", "max_body_bytes", "workers", "state_max_entries", "state_max_bytes",
                 "state_ttl", "state_timeout", "max_header_bytes", "header_timeout", "body_timeout",
-                "max_client_connections"):
+                "max_client_connections", "ws_idle_timeout", "ws_max_age"):
         _positive(f"server.{key}", getattr(server, key))
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")
@@ -596,4 +593,10 @@ def build_settings(
     for i, n in enumerate(upstream_names):
         if upstream_names.index(n) != i:
             raise ConfigError(f"upstreams[{i}].name: {n!r} is used twice (give each upstream its own name)")
-    return Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server)
+    otel = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("OTEL_")))
+    settings = Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server, otel=otel)
+    if otel:
+        from .tracing import OtelConfig
+
+        OtelConfig.parse(dict(otel))  # a mistake in them stops start-up here, with the variable's name
+    return settings

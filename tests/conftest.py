@@ -190,15 +190,17 @@ EXPECTED_BUILD = os.environ.get("PROXY_EXPECT_BUILD", "python")
 
 
 @contextlib.contextmanager
-def serve_process(args: list[str], environ: dict[str, str] | None = None) -> Iterator[str]:
+def serve_process(args: list[str], environ: dict[str, str] | None = None,
+                  preexec_fn: Callable[[], None] | None = None) -> Iterator[str]:
     """`python -m proxy serve ARGS` in its own process (multiprocess metrics, `--workers`): yields its base URL once
     /healthz answers; afterwards SIGTERM, and its stderr must hold no traceback. `environ` is added to this process's
-    environment without its DIALECT_PROXY_* and PROMETHEUS_MULTIPROC* variables."""
+    environment without its DIALECT_PROXY_* and PROMETHEUS_MULTIPROC* variables; `preexec_fn` runs in the child
+    before it starts (e.g. lowering a resource limit)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIALECT_PROXY_", "PROMETHEUS_MULTIPROC"))}
     env.update(environ or {})
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec_fn)
     url = f"http://127.0.0.1:{port}"
     try:
         assert wait_for(answers(url + "/healthz"), timeout=30), "the proxy did not start"

@@ -21,6 +21,8 @@ from proxy.settings import UpstreamSettings, build_settings
 from proxy.state import StoreUnavailable, open_store
 from tests.hub_harness import request_context
 
+# The documented placeholder for a DeepSeek tool-call turn never seen (docs/deepseek.md).
+PLACEHOLDER = "(reasoning not available)"
 DS = DeepSeekDialect()
 REASONING = "Paris first; 先查天气 🌦 then Rome.\n"
 CALLS = [
@@ -129,7 +131,7 @@ def test_one_known_call_id_is_enough_and_the_content_key_survives_renamed_ids() 
         # without text there is no content key: a bare call is too common to identify a turn
         bare = tool_history(None, [{**c, "id": f"toolu_{i}"} for i, c in enumerate(CALLS)])
         assert await continuity.restore(st, bare, "") == (0, 1)
-        assert bare["messages"][1]["reasoning_content"] == ""
+        assert bare["messages"][1]["reasoning_content"] == ""  # the fallback it was given
 
     asyncio.run(go())
 
@@ -143,7 +145,7 @@ def test_a_turn_never_seen_gets_the_dialects_fallback_and_turns_with_reasoning_a
             "reasoning": "the client's own"})
         body["messages"].append({"role": "assistant", "content": "plain"})
         await continuity.prepare(st, DS, body, ctx(), metrics)
-        assert body["messages"][1]["reasoning_content"] == ""  # DeepSeek's "no reasoning"
+        assert body["messages"][1]["reasoning_content"] == PLACEHOLDER  # fixed, non-empty
         assert "reasoning_content" not in body["messages"][4] and body["messages"][4]["reasoning"] == "the client's own"
         assert "reasoning_content" not in body["messages"][5]  # no tool calls: nothing needed
         assert counts(metrics) == {"fallback": 1}

@@ -18,6 +18,9 @@ from proxy.mock.textgen import REASONING
 from tests import test_e2e_deepseek
 from tests.test_e2e_deepseek import collect
 
+# What a DeepSeek tool-call turn the proxy never saw carries (docs/deepseek.md "Reasoning continuity").
+PLACEHOLDER = "(reasoning not available)"
+
 # The DeepSeek mock fixtures (one strict mock per module, reset for each test) of tests/test_e2e_deepseek.py.
 _deepseek_mock = test_e2e_deepseek._deepseek_mock
 mock = test_e2e_deepseek.mock
@@ -105,16 +108,16 @@ def test_sdk_agent_dropping_reasoning_fails_directly_and_passes_through_the_prox
     assert counts == {"recorded": 2, "restored": 4}
 
 
-def test_a_turn_never_seen_gets_the_empty_reasoning_not_a_400(mock, start_proxy) -> None:
+def test_a_turn_never_seen_gets_the_placeholder_not_a_400(mock, start_proxy) -> None:
     """History from elsewhere — here another proxy whose store this one does not share (a restarted memory store
-    is the same) — gets DeepSeek's "no reasoning" form."""
+    is the same) — gets the fixed, non-empty placeholder (the mock refuses an empty `reasoning_content` there)."""
     first = start_proxy(mock=mock)
     history, _ = sdk_agent(first.client(), "deepseek-v4-pro", stream=True)
     second = start_proxy(mock=mock)
     history.append({"role": "user", "content": "Thanks!"})
     got = second.client().chat.completions.create(model="deepseek-v4-pro", messages=history, tools=TOOLS)
     assert got.choices[0].message.content
-    assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == ["", ""]
+    assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == [PLACEHOLDER] * 2
     assert continuity_counts(second) == {"fallback": 2}
     # while the first proxy still knows them
     first.client().chat.completions.create(model="deepseek-v4-pro", messages=history, tools=TOOLS)

@@ -19,7 +19,7 @@ from agents.models.openai_provider import OpenAIProvider
 
 from proxy.mock.textgen import REASONING
 from tests.conftest import Mock, Proxy, RedisServer
-from tests.test_e2e_continuity import TOOLS, continuity_counts, sdk_agent, tool_turns
+from tests.test_e2e_continuity import PLACEHOLDER, TOOLS, continuity_counts, sdk_agent, tool_turns
 
 set_tracing_disabled(True)
 
@@ -83,11 +83,11 @@ def test_two_proxies_share_reasoning_through_redis_and_a_restart_falls_back(
     second.client().chat.completions.create(model="deepseek-flash", messages=history, tools=TOOLS)  # type: ignore
     assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == [REASONING, REASONING]
     assert continuity_counts(second) == {"restored": 2}
-    # Redis restarts without its data: the turns are unknown now; DeepSeek's "no reasoning" form, no 400
+    # Redis restarts without its data: the turns are unknown now; the placeholder, no 400
     redis.stop()
     redis.start()
     got = second.client().chat.completions.create(model="deepseek-flash", messages=history, tools=TOOLS)  # type: ignore
     assert got.choices[0].message.content
-    assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == ["", ""]
+    assert [t["reasoning_content"] for t in tool_turns(mock.last_request()["body"])] == [PLACEHOLDER] * 2
     assert continuity_counts(second) == {"restored": 2, "fallback": 2}
 

@@ -61,6 +61,27 @@ def test_chat_goes_to_post_chat_without_model_and_is_filled_to_openai(engine, st
     assert body["do_sample"] is False and body["temperature"] == 0
 
 
+@pytest.mark.parametrize("fmt", [{"type": "json_object"}, {"type": "json_schema", "json_schema": {
+    "name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_format_is_a_400_naming_it_unless_dropping_is_configured(engine, start_proxy, fmt, stream) -> None:
+    """The engine cannot honour JSON mode: the client gets a 400 naming `response_format`, before the engine is
+    asked, not prose where it expects JSON. `response_format: drop` on the upstream opts into leaving it out."""
+    mock, proxy = engine
+    with pytest.raises(openai.BadRequestError) as refused:
+        proxy.client().chat.completions.create(model="my-engine", messages=MSG, response_format=fmt, stream=stream)
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "response_format"
+    assert error["type"] == "invalid_request_error" and "response_format: drop" in error["message"]
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert mock.stats()["requests"] == 0
+    dropping = start_proxy([{"name": "npu-engine", "dialect": "engine", "url": mock.url, "models": ["my-engine"],
+                             "response_format": "drop"}])
+    got = dropping.client().chat.completions.create(model="my-engine", messages=MSG, response_format=fmt)
+    assert got.choices[0].message.content.startswith("Hello from the mock engine upstream!")
+    assert "response_format" not in mock.last_request()["body"]
+
+
 def test_do_sample_is_true_unless_temperature_is_zero(engine) -> None:
     mock, proxy = engine
     proxy.client().chat.completions.create(model="my-engine", messages=MSG)

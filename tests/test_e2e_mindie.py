@@ -399,7 +399,8 @@ def test_several_answers_get_openai_default_temperature(stack: Stack) -> None:
 ERRORS = [
     ("[mock:error=422]", openai.BadRequestError, 400, "invalid_request_error", "Input validation error"),
     ("[mock:error=400]", openai.BadRequestError, 400, "invalid_request_error", "Bad Request"),
-    ("[mock:error=404]", openai.NotFoundError, 404, "not_found_error", "Not Found"),
+    # a 404 not about the model: the path is missing there (a wrong URL or dialect), a 502 that says so
+    ("[mock:error=404]", openai.InternalServerError, 502, "upstream_error", "POST /v1/chat/completions"),
     ("[mock:error=413]", openai.APIStatusError, 413, "invalid_request_error", "Request body too large"),
     ("[mock:error=424]", openai.InternalServerError, 502, "upstream_error", "Generation failed"),
     ("[mock:error=500]", openai.InternalServerError, 502, "upstream_error", "Engine callback timeout"),

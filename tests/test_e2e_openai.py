@@ -270,9 +270,12 @@ def test_health_and_readiness(start_mock, start_proxy):
     assert httpx.get(dead.url + "/healthz").status_code == 200
     r = httpx.get(dead.url + "/readyz")
     assert r.status_code == 503 and r.json()["upstreams"]["dead"].startswith("down")
-    custom = start_proxy([{"name": "h", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}",
-                           "health_url": mock.url + "/health"}])
+    custom = start_proxy([{"name": "h", "dialect": "openai", "url": mock.url, "health_url": mock.url + "/health"}])
     assert httpx.get(custom.url + "/readyz").status_code == 200
+    # a health URL that answers does not make an upstream whose inference path cannot be reached ready
+    away = start_proxy([{"name": "h", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}",
+                         "health_url": mock.url + "/health"}])
+    assert httpx.get(away.url + "/readyz").status_code == 503
     two = [{"name": "live", "dialect": "openai", "url": mock.url, "models": ["a"]},
            {"name": "gone", "dialect": "openai", "url": f"http://127.0.0.1:{free_port()}", "models": ["b"]}]
     assert httpx.get(start_proxy(two).url + "/readyz").status_code == 503  # ready_when: all (default)

@@ -79,18 +79,6 @@ def test_response_format_setting_from_the_command_line_form(start_mock) -> None:
     assert up.models == ("Qwen3-32B", "DeepSeek-R1") and dict(up.aliases) == {"gpt-4o": "DeepSeek-R1"}
 
 
-def test_engine_drops_response_format_unless_configured_to_refuse(start_mock, start_proxy) -> None:
-    """DECISIONS.md "The engine dialect": dropped (documented); `response_format: reject` makes it a 400."""
-    mock = start_mock("engine")
-    dropped = start_proxy(mock=mock).client().chat.completions.create(
-        model="m", messages=SAY, response_format={"type": "json_object"})
-    assert dropped.choices[0].message.content and "response_format" not in mock.last_request()["body"]
-    strict = start_proxy(mock=mock, response_format="reject").client()
-    with pytest.raises(openai.BadRequestError) as e:
-        strict.chat.completions.create(model="m", messages=SAY, response_format={"type": "json_object"})
-    assert e.value.body["param"] == "response_format"  # type: ignore[index]
-
-
 def test_deepseek_json_object_passes_and_json_schema_is_refused(start_mock, start_proxy) -> None:
     mock = start_mock("deepseek")
     client = start_proxy(mock=mock).client()

@@ -213,7 +213,8 @@ def test_a_read_of_many_events_reaches_a_real_client_whole(start_proxy: Any) -> 
 
 @pytest.fixture
 def proxy(start_mock: Any, start_proxy: Any) -> Any:
-    return start_proxy(mock=start_mock("mindie", full_text=True), aliases={"m": "mock-model"})
+    # (full_text as the mock streams: without it the stream would end in a full_text_mismatch error)
+    return start_proxy(mock=start_mock("mindie", full_text=True), aliases={"m": "mock-model"}, full_text=True)
 
 
 def test_pipelined_requests_on_one_connection_keep_their_answers(proxy: Any) -> None:

@@ -57,7 +57,7 @@ def _requests(proxy: Proxy) -> None:
 @pytest.mark.parametrize("dialect", ["openai", "mindie"])
 def test_requests_leave_no_cycles_of_ours(start_mock: Any, start_proxy: Any, dialect: str) -> None:
     mock: Mock = start_mock(dialect, full_text=dialect == "mindie")
-    proxy: Proxy = start_proxy(mock=mock, aliases={"m": "mock-model"})
+    proxy: Proxy = start_proxy(mock=mock, aliases={"m": "mock-model"}, full_text=dialect == "mindie")
     _requests(proxy)  # warm: first-use caches, pools
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)

@@ -108,10 +108,44 @@ def test_api_key_needed(start_mock) -> None:
     assert accepted_config(good)["api_key_env"] == "DS_KEY"
 
 
-def test_unreachable() -> None:
+def test_unreachable_says_unknown_and_prints_no_config_block() -> None:
     report = run_probe(f"http://127.0.0.1:{free_port()}")
     assert not report.reachable and report.dialect is None
     assert report.problems and "not reachable" in report.problems[0]["problem"]
+    assert "host and port" in report.problems[0]["hint"]  # each failure names its fix
+    data = report.to_json()
+    for key in ("dialect", "api_key_required", "full_text", "reasoning", "usage", "tool_calls"):
+        assert data[key] is None, key
+    assert report.config == ""
+    table = report.render()
+    assert "api key          unknown" in table and "full text        unknown" in table
+    assert "no config block" in table and "dialect: openai" not in table
+
+
+def test_engine_answering_openai_shaped_404s_is_found_through_chat(start_mock) -> None:
+    """The engine API answers every OpenAI path with an OpenAI-shaped 404 (the mock does too): that shape is no
+    evidence of the OpenAI dialect; /chat is tried before a verdict."""
+    mock = start_mock("engine")
+    report = run_probe(mock.url)
+    assert report.error_shapes["GET /v1/models"] == "openai" and report.paths["GET /v1/models"] == 404
+    assert report.dialect == "engine" and report.chat == "ok"
+
+
+def test_a_given_dialect_the_server_does_not_speak_is_a_problem(start_mock) -> None:
+    mock = start_mock("deepseek")
+    report = run_probe(mock.url, dialect="mindie")
+    assert any("answers as the deepseek dialect" in p["problem"] and "--dialect deepseek" in p["hint"]
+               for p in report.problems), report.problems
+    out = cli(mock.url, "--dialect", "mindie")
+    assert out.returncode == 1 and "answers as the deepseek dialect" in out.stdout
+    same = cli(start_mock("siliconstorm").url, "--dialect", "mindie")  # hosted MindIE: the same wire, no warning
+    assert "answers as" not in same.stdout
+
+
+def test_mindie_block_suggests_health_url_on_the_management_port(start_mock) -> None:
+    report = run_probe(start_mock("mindie").url)
+    assert report.dialect == "mindie"
+    assert "# health_url: http://127.0.0.1:1026/health" in report.config
 
 
 def test_https_to_a_plain_port_says_use_http(start_mock) -> None:
@@ -137,8 +171,8 @@ def test_mutual_tls(mtls_mindie: str, pki: Path) -> None:  # noqa: F811
 
     plain = run_probe(mtls_mindie.replace("https://", "http://"))
     assert not plain.reachable and plain.tls == "tls"
-    assert "https://" in plain.problems[0]["hint"]
-    assert yaml.safe_load(plain.config)["upstreams"][0]["url"] == mtls_mindie
+    assert mtls_mindie in plain.problems[0]["hint"]
+    assert plain.config == ""  # the dialect was not found: no block built on a guess
 
     no_ca = run_probe(mtls_mindie, tls_cert_file=cert, tls_key_file=key)
     assert "tls_ca_file" in no_ca.problems[0]["hint"]

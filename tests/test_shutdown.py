@@ -19,10 +19,13 @@ from tests.conftest import answers, free_port, wait_for
 def start_cli(mock_url: str, grace: float, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
+    # Several workers need a shared state store (a memory one is refused at start-up); these chat streams never
+    # touch it, so a Redis URL that nothing serves is enough.
+    store = ["--state-store", f"redis://127.0.0.1:{free_port()}/0"] if workers > 1 else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream-url", mock_url,
          "--upstream-dialect", "openai", "--shutdown-grace", str(grace), "--log-level", "warning",
-         "--workers", str(workers)],
+         "--workers", str(workers), *store],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     if not wait_for(answers(url + "/healthz"), timeout=15):

@@ -5,12 +5,13 @@ from __future__ import annotations
 from .base import ClientCall, ClientDialect, Encoder
 from .chat import ChatClient, CompletionsClient
 from .messages import MessagesClient
-from .responses import ResponsesClient
+from .responses import CompactClient, ResponsesClient
 
 CLIENT_DIALECTS: dict[str, type[ClientDialect]] = {
     "chat": ChatClient,
     "completions": CompletionsClient,
     "responses": ResponsesClient,
+    "responses_compact": CompactClient,
     "messages": MessagesClient,
 }
 

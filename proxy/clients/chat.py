@@ -457,6 +457,10 @@ class ChatEncoder:
                     message["tool_calls"] = calls
                 for key, value in f.extra.items():
                     message.setdefault(key, value)
+                # Required (nullable) in OpenAI's schema, and always sent by OpenAI: null / [] where the upstream
+                # gave none.
+                message.setdefault("refusal", None)
+                message.setdefault("annotations", [])
                 choice: dict[str, Any] = {"index": index, "message": message}
             else:
                 choice = {"index": index, "text": text}

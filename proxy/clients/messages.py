@@ -583,7 +583,9 @@ def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: 
                     out["parallel_tool_calls"] = False
     elif body.get("tool_choice") is not None:
         _tool_choice(body["tool_choice"], set())
-    options: dict[str, Any] = {"omit_thinking": omit, "stop_sequences": out.get("stop") or ()}
+    thinking = body.get("thinking")
+    options: dict[str, Any] = {"omit_thinking": omit, "stop_sequences": out.get("stop") or (),
+                               "show_thinking": isinstance(thinking, dict) and thinking.get("type") != "disabled"}
     if dec.unverified_thinking:
         options["log"] = {"unverified_thinking": dec.unverified_thinking}  # the access log says how many were left out
     return ClientCall(request=out, kind=CHAT, model=model, stream=stream, options=options, headers=headers)

@@ -42,6 +42,12 @@ _STOP: Final = b"content_block_stop"
 _START: Final = b"content_block_start"
 _END: Final = b"}}\n\n"  # what follows a delta's value
 _DELTA_KINDS: Final = {"text": (b"text_delta", b"text"), "thinking": (b"thinking_delta", b"thinking")}
+# The blocks' fixed parts as Anthropic's schema requires them (anthropic.json in llm-comply's specs: every key
+# present, null where nothing applies): no citations on a text block, a tool_use block called by the model itself.
+_TEXT_START: Final = b'{"type":"text","text":"","citations":null}'
+_DIRECT: Final = {"type": "direct"}
+# A Message's and a message_delta's own nullable fields: no container, no refusal details from any upstream here.
+_STOP_NULLS: Final = {"stop_details": None, "container": None}
 
 
 def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
@@ -74,6 +80,9 @@ class MessagesEncoder:
     def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner) -> None:
         self.stream = call.stream
         self.omit_thinking = bool(call.options.get("omit_thinking"))
+        # Thinking blocks only when the request enabled thinking (DECISIONS.md): otherwise an upstream's reasoning is
+        # left out of the answer (usage still counts it; continuity records it from the hub's events).
+        self.show_thinking = bool(call.options.get("show_thinking"))
         self.stop_sequences = call.options.get("stop_sequences") or ()
         self.ctx = ctx
         self.answer = answer
@@ -108,14 +117,16 @@ class MessagesEncoder:
         if self.stream:
             block.delta_head = _delta_head(block.index, *_DELTA_KINDS[kind])
             if kind == "thinking":
-                body: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+                body = b'{"type":"thinking","thinking":"","signature":""}'
             else:
-                body = {"type": "text", "text": ""}
-            out.append(encode_event(_START, orjson.dumps(
-                {"type": "content_block_start", "index": block.index, "content_block": body})))
+                body = _TEXT_START
+            out.append(encode_event(_START, b'{"type":"content_block_start","index":%d,"content_block":%s}' % (
+                block.index, body)))
         return block
 
     def _reasoning(self, text: str, out: list[bytes]) -> None:
+        if not self.show_thinking:
+            return
         block = self.open
         if block is None or block.kind != "thinking":
             block = self._start("thinking", out)
@@ -151,7 +162,8 @@ class MessagesEncoder:
             if self.stream:
                 out.append(encode_event(_START, orjson.dumps({
                     "type": "content_block_start", "index": block.index,
-                    "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}})))
+                    "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {},
+                                      "caller": _DIRECT}})))
         args = function.get("arguments")
         if args:
             if self.stream:
@@ -206,7 +218,8 @@ class MessagesEncoder:
             return "stop_sequence"
         return STOP_REASONS.get(finish or "stop", "end_turn")
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """A message_delta's usage (MessageDeltaUsage): the upstream's counts."""
         usage = self.answer.usage or {}
         prompt = usage.get("prompt_tokens") or 0
         details = usage.get("prompt_tokens_details") or {}
@@ -214,21 +227,34 @@ class MessagesEncoder:
         if not isinstance(cached, int):
             cached = usage.get("prompt_cache_hit_tokens") or 0
         cached = min(cached, prompt)
-        # Anthropic's input_tokens leave out the cached part; the proxy never writes a prompt cache of its own.
+        completion = usage.get("completion_tokens_details")
+        thinking = completion.get("reasoning_tokens") if isinstance(completion, dict) else None
+        # Anthropic's input_tokens leave out the cached part; the proxy never writes a prompt cache of its own, and
+        # no upstream here runs server tools. The thinking-token count only where the upstream gave one.
         return {"input_tokens": prompt - cached, "output_tokens": usage.get("completion_tokens") or 0,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+                "output_tokens_details": {"thinking_tokens": thinking} if isinstance(thinking, int) else None,
+                "server_tool_use": None}
+
+    def message_usage(self, delta_usage: dict[str, Any]) -> dict[str, Any]:
+        """A Message's usage (Usage): the message_delta's, and what only a whole Message carries — no cache written
+        (zero by TTL), and no service tier or inference region that any upstream here reports."""
+        return {**delta_usage, "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+                "service_tier": None, "inference_geo": None}
 
     def _message(self, content: list[dict[str, Any]], stop_reason: str | None,
-                 usage: dict[str, int]) -> dict[str, Any]:
+                 usage: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.ctx.response_id, "type": "message", "role": "assistant", "model": self.ctx.response_model,
                 "content": content, "stop_reason": stop_reason,
-                "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None, "usage": usage}
+                "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None, **_STOP_NULLS,
+                "usage": self.message_usage(usage)}
 
     # ------------------------------------------------------------------ the Encoder protocol
     def head(self) -> bytes:
         # The upstream's counts arrive with its last chunk: message_delta carries them all (the SDK takes them).
         start = self._message([], None, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                                         "cache_read_input_tokens": 0})
+                                         "cache_read_input_tokens": 0, "output_tokens_details": None,
+                                         "server_tool_use": None})
         return encode_event(b"message_start", orjson.dumps({"type": "message_start", "message": start}))
 
     def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
@@ -243,7 +269,8 @@ class MessagesEncoder:
             out.append(encode_event(b"message_delta", orjson.dumps({
                 "type": "message_delta",
                 "delta": {"stop_reason": stop_reason,
-                          "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None},
+                          "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None,
+                          **_STOP_NULLS},
                 "usage": self.usage()})))
             out.append(encode_event(b"message_stop", b'{"type":"message_stop"}'))
             return b"".join(out)
@@ -252,7 +279,7 @@ class MessagesEncoder:
 
     def _content(self, block: _Block, stop_reason: str) -> dict[str, Any]:
         if block.kind == "text":
-            return {"type": "text", "text": "".join(block.parts)}
+            return {"type": "text", "text": "".join(block.parts), "citations": None}
         if block.kind == "thinking":
             return {"type": "thinking", "thinking": "" if self.omit_thinking else "".join(block.parts),
                     "signature": block.signature}
@@ -269,7 +296,7 @@ class MessagesEncoder:
                     raise UpstreamError(
                         f"The upstream's arguments for tool call {block.name!r} are not a JSON object: {args[:200]!r}")
                 value = {}  # cut off by max_tokens: the call is incomplete, and stop_reason says so
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": value}
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": value, "caller": _DIRECT}
 
     def error(self, err: ProxyError) -> bytes:
         return encode_event(b"error", orjson.dumps(error_body(err)))

@@ -30,7 +30,8 @@ def error_status(err: ProxyError) -> tuple[int, str]:
 
 
 def error_body(err: ProxyError) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": error_status(err)[1], "message": err.message}}
+    # `request_id` is required (nullable) in Anthropic's ErrorResponse; the request's id travels in `x-request-id`.
+    return {"type": "error", "error": {"type": error_status(err)[1], "message": err.message}, "request_id": None}
 
 
 def error_response(err: ProxyError) -> tuple[int, Headers, bytes]:

@@ -34,9 +34,10 @@ from ..validate import (
     compile_table,
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+from .responses_compact import CompactionEncoder, retained_items, summary_request
 from .responses_events import Echo, ResponsesEncoder, item_response_hex
-from .responses_request import Decoded, ToolName, reasoning_of, to_chat
-from .signature import ThinkingSigner
+from .responses_request import COMPACTION_TRIGGER, SUMMARY_PREFIX, Decoded, ToolName, reasoning_of, to_chat
+from .signature import COMPACTION, ThinkingSigner
 
 if TYPE_CHECKING:
     from ..canonical import RequestContext
@@ -95,6 +96,17 @@ class ResponsesClient(ClientDialect):
         super().__init__(settings, store)
         key = settings.client.thinking_key  # the same key signs Anthropic thinking blocks (proxy/clients/messages.py)
         self.signer = ThinkingSigner(key.encode() if key else None)
+        self.sealer = self.signer.for_domain(COMPACTION)  # seals compaction summaries (responses_compact.py)
+        # A WebSocket connection's own copy has its connection-local state here (for_socket): response id -> record
+        self.cache: dict[str, bytes] | None = None
+
+    def for_socket(self, cache: dict[str, bytes]) -> ResponsesClient:
+        """This client for one WebSocket connection (responses_ws.py): `previous_response_id` is looked up in the
+        connection's `cache` first, and every response answered on it is kept there, stored or not (the Open
+        Responses spec's connection-local state: `store: false` continues on the same socket)."""
+        client = ResponsesClient(self.settings, self.store)
+        client.cache = cache
+        return client
 
     async def decode(self, body: dict[str, Any]) -> ClientCall:
         check_types(body, _TABLE)
@@ -116,6 +128,11 @@ class ResponsesClient(ClientDialect):
         headers_out: Headers = []
         options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": Echo(body),
                                    "seal": _ENCRYPTED in include}
+        if isinstance(items, list) and items and isinstance(items[-1], dict) \
+                and items[-1].get("type") == COMPACTION_TRIGGER:
+            # Codex's remote compaction: this turn's answer is the conversation's summary, as a compaction item.
+            decoded.request = summary_request(decoded.request)
+            options["compact"] = True
         if decoded.ignored_tools:
             names = ",".join(dict.fromkeys(decoded.ignored_tools))
             headers_out.append((IGNORED_TOOLS_HEADER, names.encode()))
@@ -125,11 +142,17 @@ class ResponsesClient(ClientDialect):
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         if not isinstance(previous, str) or not previous:
             raise ClientRequestError("`previous_response_id` must be a string.", param="previous_response_id")
-        raw = await self.store.get(NAMESPACE, previous)
+        raw = self.cache.get(previous) if self.cache is not None else None
         if raw is None:
+            raw = await self.store.get(NAMESPACE, previous)
+        if raw is None:
+            where = ""
+            if self.store.describe() == "memory":  # a memory store is per process: name that cause too
+                where = (" This proxy keeps responses in its own process's memory (state_store: memory), so a "
+                         "response stored by another proxy replica or before a restart is not found here either.")
             raise ClientRequestError(
-                f"Previous response with id '{previous}' not found (unknown, expired, or created with store: false).",
-                param="previous_response_id", code="previous_response_not_found")
+                f"Previous response with id '{previous}' not found (unknown, expired, or created with store: false)."
+                + where, param="previous_response_id", code="previous_response_not_found")
         messages: list[dict[str, Any]] = orjson.loads(raw)["messages"]
         return messages
 
@@ -153,23 +176,38 @@ class ResponsesClient(ClientDialect):
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
         decoded: Decoded = call.options["decoded"]
-        return ResponsesEncoder(ctx, answer, call.stream, call.options["echo"], decoded.tools,
-                                self.signer if call.options["seal"] else None)
+        encoder = ResponsesEncoder(ctx, answer, call.stream, call.options["echo"], decoded.tools,
+                                   self.signer if call.options["seal"] else None)
+        if "compact" in call.options:
+            return CompactionEncoder(encoder, self.sealer, call.options.get("retained"))
+        return encoder
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return openai_error_response(err)
 
     async def completed(self, call: ClientCall, encoder: Encoder) -> None:
-        if not call.options["store"]:
+        store = call.options["store"]
+        if not store and self.cache is None:
             return
-        assert isinstance(encoder, ResponsesEncoder)
         decoded: Decoded = call.options["decoded"]
-        status = "incomplete" if encoder.finish_reason in ("length", "content_filter") else "completed"
-        record = {
-            "response": encoder.response(status),
-            "messages": [*decoded.messages, _assistant_turn(encoder.items, decoded.tools)],
-        }
-        await self.store.put(NAMESPACE, encoder.ctx.response_id, orjson.dumps(record))
+        if isinstance(encoder, CompactionEncoder):  # the conversation goes on from its summary
+            summary = {"role": "user", "content": SUMMARY_PREFIX + encoder.summary}
+            messages = [m for m in decoded.messages if m["role"] == "user"
+                        and not (isinstance(m["content"], str) and m["content"].startswith(SUMMARY_PREFIX))]
+            record = {"response": encoder.inner.response("completed"), "messages": [*messages, summary]}
+        else:
+            assert isinstance(encoder, ResponsesEncoder)
+            status = "incomplete" if encoder.finish_reason in ("length", "content_filter") else "completed"
+            record = {
+                "response": encoder.response(status),
+                "messages": [*decoded.messages, _assistant_turn(encoder.items, decoded.tools)],
+            }
+        raw = orjson.dumps(record)
+        if self.cache is not None:  # the connection's most recent response only
+            self.cache.clear()
+            self.cache[encoder.ctx.response_id] = raw
+        if store:
+            await self.store.put(NAMESPACE, encoder.ctx.response_id, raw)
 
     def routes(self) -> list[BaseRoute]:
         return [Route(self.path + "/{response_id}", self._get_or_delete, methods=["GET", "DELETE"])]
@@ -190,6 +228,34 @@ class ResponsesClient(ClientDialect):
             status, headers, payload = openai_error_response(err)
             return Response(payload, status, {k.decode(): v.decode() for k, v in headers},
                             media_type="application/json")
+
+
+class CompactClient(ResponsesClient):
+    """`POST /v1/responses/compact` (responses_compact.py): the conversation of a Responses request body, summarised
+    by the upstream model into one compaction item, after the conversation's user messages."""
+
+    name = "responses_compact"
+    path = "/v1/responses/compact"
+
+    async def decode(self, body: dict[str, Any]) -> ClientCall:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise ClientRequestError("`model` is required and must be a non-empty string.", param="model",
+                                     code="missing_required_parameter")
+        # The compact body's own fields; anything else (sampling, tools, stream ...) has no meaning here.
+        request: dict[str, Any] = {key: body[key] for key in _COMPACT_FIELDS if key in body}
+        call = await super().decode({**request, "store": False})
+        decoded: Decoded = call.options["decoded"]
+        call.options["retained"] = retained_items(decoded.messages)
+        call.request = decoded.request = summary_request(decoded.request)
+        call.options["compact"] = True
+        return call
+
+    def routes(self) -> list[BaseRoute]:
+        return []
+
+
+_COMPACT_FIELDS: Final = ("model", "input", "previous_response_id", "instructions", "prompt_cache_key")
 
 
 def _not_found(response_id: str) -> ProxyError:

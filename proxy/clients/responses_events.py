@@ -16,6 +16,7 @@ Only choice 0 is answered (the Responses API has no `n`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -41,8 +42,10 @@ class Echo:
     """The request fields a response object repeats, with OpenAI's defaults: read from the request once, written
     into the response object in its own literal (no dict merged into another; proxy/clients/responses.py)."""
 
-    __slots__ = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
-                 "reasoning", "store", "temperature", "text", "tool_choice", "tools", "top_p", "truncation", "user")
+    __slots__ = ("frequency_penalty", "instructions", "max_output_tokens", "max_tool_calls", "metadata",
+                 "parallel_tool_calls", "presence_penalty", "previous_response_id", "prompt_cache_key", "reasoning",
+                 "safety_identifier", "service_tier", "store", "temperature", "text", "tool_choice", "tools",
+                 "top_logprobs", "top_p", "truncation", "user")
 
     def __init__(self, body: dict[str, Any]) -> None:
         reasoning = body.get("reasoning")
@@ -59,7 +62,18 @@ class Echo:
         self.text: dict[str, Any] = ({**text, "format": text.get("format") or {"type": "text"}}
                                      if isinstance(text, dict) else {"format": {"type": "text"}})
         self.tool_choice: Any = body.get("tool_choice", "auto")
-        self.tools: Any = body.get("tools") or []
+        self.tools: Any = [_echo_tool(tool) for tool in body.get("tools") or ()]
+        # Required in the response object (Open Responses' ResponseResource): the request's value, else OpenAI's
+        # default — the sampling defaults, no tool-call cap, no key, and "default" for the tier of an `auto` (or
+        # absent) `service_tier`, the one tier there is here.
+        self.presence_penalty: Any = _or(body.get("presence_penalty"), 0.0)
+        self.frequency_penalty: Any = _or(body.get("frequency_penalty"), 0.0)
+        self.top_logprobs: Any = _or(body.get("top_logprobs"), 0)
+        self.max_tool_calls: Any = body.get("max_tool_calls")
+        tier = body.get("service_tier")
+        self.service_tier: Any = tier if isinstance(tier, str) and tier != "auto" else "default"
+        self.safety_identifier: Any = body.get("safety_identifier")
+        self.prompt_cache_key: Any = body.get("prompt_cache_key")
         self.top_p: Any = body.get("top_p", 1.0)
         self.truncation: Any = body.get("truncation", "disabled")
         self.user: Any = body.get("user")
@@ -192,10 +206,32 @@ class ResponsesEncoder:
             "top_p": e.top_p,
             "truncation": e.truncation,
             "user": e.user,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "presence_penalty": e.presence_penalty,
+            "frequency_penalty": e.frequency_penalty,
+            "top_logprobs": e.top_logprobs,
+            "max_tool_calls": e.max_tool_calls,
+            "service_tier": e.service_tier,
+            "safety_identifier": e.safety_identifier,
+            "prompt_cache_key": e.prompt_cache_key,
         }
         if status == "incomplete":
             out["incomplete_details"] = {"reason": _INCOMPLETE.get(self.finish_reason or "", "max_output_tokens")}
         return out
+
+    def add_item(self, prefix: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """A finished output item made whole, not from deltas (a compaction item: responses_compact.py): its id
+        (`<prefix>_...`, carrying the response's), and, streaming, its `output_item.added` and `.done` events."""
+        item = self._new(prefix)
+        done = {"id": item.id, **fields}
+        if self.stream:
+            self._added(done, item.index)
+            self._done(done, item.index)
+        self.items.append(done)
+        return done
+
+    def usage(self) -> dict[str, Any] | None:
+        return self._usage()
 
     def output_text(self) -> str:
         return "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
@@ -405,6 +441,20 @@ class ResponsesEncoder:
         data = b"".join(self._out)
         self._out.clear()
         return data
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _echo_tool(tool: Any) -> Any:
+    """A function tool as the response object repeats it: `description`, `parameters` and `strict` are required
+    there (null when the request left them out; `strict` stays null rather than claim a strictness the proxy does
+    not enforce). Other tools are repeated as sent."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    return {**tool, "description": tool.get("description"), "parameters": tool.get("parameters"),
+            "strict": tool.get("strict")}
 
 
 def _custom_input(arguments: str) -> str:

@@ -9,6 +9,7 @@ of `previous_response_id` and the stored items that `item_reference` items name 
                  function_call_output / custom_…_output ─▶ `tool` messages
                  reasoning (our sealed encrypted_content) ─▶ that assistant turn's `reasoning_content`
                  item_reference (an output item of a response stored here) ─▶ as that item
+                 compaction (our sealed summary: responses_compact.py) ─▶ a `user` message holding the summary
     tools        function ─▶ function; custom (freeform) ─▶ function with one string parameter `input`;
                  namespace ─▶ its functions; hosted tools (web_search, file_search, ...) ─▶ left out, reported
     tool_choice, parallel_tool_calls, max_output_tokens (max_tokens), temperature, top_p, user,
@@ -29,7 +30,7 @@ from typing import Any, Final
 import orjson
 
 from ..errors import ClientRequestError
-from .signature import ThinkingSigner
+from .signature import COMPACTION, ThinkingSigner
 
 # Tool types a hosted OpenAI model runs itself; no upstream here can, so they are left out of the upstream request.
 HOSTED_TOOLS: Final = frozenset({
@@ -44,6 +45,14 @@ _UNSUPPORTED: Final = {
                     "`previous_response_id`",
     "prompt": "prompt templates are not supported by this proxy; send the text in `instructions` and `input`",
 }
+# A compaction item goes upstream as a user message: the summary, introduced as what it is. A user message (not an
+# assistant or system one) because the summary is followed by the work still to do: after a compaction in the middle
+# of a turn the conversation may end with it, and the model must answer it (Codex does the same with its own
+# summaries).
+SUMMARY_PREFIX: Final = ("The conversation so far was compacted; this is the summary the model wrote of it, to carry "
+                         "on from:\n\n")
+# The input item Codex appends to ask for a remote compaction (responses_compact.py).
+COMPACTION_TRIGGER: Final = "compaction_trigger"
 CUSTOM_PARAMETERS: Final = {
     "type": "object",
     "properties": {"input": {"type": "string", "description": "The raw input for this tool, as free text."}},
@@ -97,6 +106,7 @@ def to_chat(body: dict[str, Any], history: list[dict[str, Any]], signer: Thinkin
     messages.extend(_input(body.get("input"), by_client, signer, references or {}))
     if not messages:
         raise ClientRequestError("`input` is required (a string or a non-empty list of items).", param="input")
+    _check_tool_outputs(messages)
     out: dict[str, Any] = {"model": model}
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -186,6 +196,9 @@ def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: Thi
                 raise ClientRequestError(f"`{param}.call_id` must be a string.", param=f"{param}.call_id")
             turn = None
             out.append({"role": "tool", "tool_call_id": call_id, "content": _output(item.get("output"), param)})
+        elif kind == "compaction":
+            turn = None
+            out.append({"role": "user", "content": SUMMARY_PREFIX + _summary(item, signer, param)})
         elif kind == "reasoning":
             sealed = (reasoning_of(item) or None) if own else _reasoning(item, signer)
             if sealed is not None:
@@ -199,6 +212,33 @@ def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: Thi
             # can read; leaving them out keeps the conversation usable.
             continue
     return out
+
+
+def _check_tool_outputs(messages: list[dict[str, Any]]) -> None:
+    """A tool output must answer a call made earlier in the conversation (as OpenAI checks): an output for a call
+    the model never made is a client's mistake (a lost turn, a stale `previous_response_id`), not an upstream's."""
+    calls: set[str] = set()
+    for message in messages:
+        made = message.get("tool_calls")
+        if made:
+            calls.update(call["id"] for call in made)
+        elif message["role"] == "tool" and message["tool_call_id"] not in calls:
+            raise ClientRequestError(
+                f"No tool call found for function call output with call_id {message['tool_call_id']!r}.",
+                param="input", code="tool_call_not_found")
+
+
+def _summary(item: dict[str, Any], signer: ThinkingSigner, param: str) -> str:
+    """The summary a compaction item carries, if this proxy sealed it; else a 400. Not left out as unsealed
+    reasoning is: the item stands for the whole conversation before it, which would be lost without a word."""
+    sealed = item.get("encrypted_content")
+    text, verified = signer.for_domain(COMPACTION).open("", sealed) if isinstance(sealed, str) else ("", None)
+    if not verified or not text:
+        raise ClientRequestError(
+            f"`{param}.encrypted_content` is not a compaction this proxy made (or was made with another key: set "
+            "client.thinking_key_env alike on every replica).", param=f"{param}.encrypted_content",
+            code="invalid_encrypted_content")
+    return text
 
 
 def _namespace(item: dict[str, Any]) -> str | None:

@@ -11,8 +11,9 @@ from text a client made up or got elsewhere:
   the zlib-compressed text, so the reasoning comes back with the next request although the client never saw it (as
   Anthropic's own signatures carry it). Integrity, not secrecy: the client could decompress it.
 
-The key is random per process unless one is configured (`MessagesClient(..., signing_key=...)`): with several
-workers or after a restart, signatures made elsewhere do not verify. See docs/messages.md for what a failed check
+The key is random per process (one for the whole process: the Responses endpoint verifies what the compaction endpoint
+sealed) unless one is configured (`client.thinking_key_env`): with several workers or after a restart, signatures made
+elsewhere do not verify. See docs/messages.md for what a failed check
 changes.
 """
 
@@ -27,22 +28,31 @@ import zlib
 from typing import Final
 
 _DOMAIN: Final = b"thinking\x00"
+# Compaction summaries (proxy/clients/responses_compact.py) are sealed under their own domain: a sealed reasoning text
+# is never accepted as a summary, nor the other way round.
+COMPACTION: Final = b"compaction\x00"
 _MAC_LEN: Final = 16
 SHOWN: Final = 1
 CARRIED: Final = 2
 # A carried text never inflates beyond this (the request body limit bounds the compressed form; this bounds a bomb).
 MAX_CARRIED_BYTES: Final = 16 * 1024 * 1024
+_PROCESS_KEY: Final = secrets.token_bytes(32)  # the key when none is configured
 
 
 class ThinkingSigner:
-    __slots__ = ("_key",)
+    __slots__ = ("_domain", "_key")
 
-    def __init__(self, key: bytes | None = None) -> None:
-        self._key = key or secrets.token_bytes(32)
+    def __init__(self, key: bytes | None = None, domain: bytes = _DOMAIN) -> None:
+        self._key = key or _PROCESS_KEY
+        self._domain = domain
+
+    def for_domain(self, domain: bytes) -> ThinkingSigner:
+        """A signer with the same key for another kind of sealed text."""
+        return ThinkingSigner(self._key, domain)
 
     def mac(self) -> hmac.HMAC:
         """An incremental MAC: `update()` it with each piece of UTF-8 thinking text, then `sign(mac)`."""
-        return hmac.new(self._key, _DOMAIN, hashlib.sha256)
+        return hmac.new(self._key, self._domain, hashlib.sha256)
 
     def sign(self, mac: hmac.HMAC, carried: str | None = None) -> str:
         """The signature for the text fed to `mac`; `carried` (the same text) makes a version-2 signature."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
@@ -23,7 +23,19 @@ from ..events import Timings
 from ..mapping import DialectMapping, load_mapping
 from ..params import apply_response_format, refuse_unsupported
 
+if TYPE_CHECKING:
+    from ..catalog import ModelCatalog
+    from ..settings import UpstreamSettings
+
 MAX_ERROR_TEXT: Final = 500
+
+# An upstream's 404 that is about the model, not the path: OpenAI's code, or words such as "The model `x` does not
+# exist", "Model Not Exist", "model not found" (MindIE's own wording: proxy/dialects/mindie.py).
+_MODEL_MISSING: Final = re.compile(r"(?i)\bmodel\b.{0,120}?(not[ _]?(found|exist)|does not exist|unknown)|"
+                                   r"(unknown|invalid) model")
+# The readiness request's `messages`: not a list, so that every dialect's validation refuses the body before any
+# generation (proxy/health.py).
+READINESS_MESSAGES: Final = "readiness check from dialect-proxy: an invalid body on purpose"
 
 # DECISIONS.md "Reasoning": upstream model names whose template opens the thinking block in the prompt (R1 family).
 THINKING_MODEL_RE: Final = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
@@ -101,8 +113,24 @@ class Dialect:
     # needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
     reasoning_fallback: ClassVar[str | None] = None
 
+    # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
+    prepares: ClassVar[bool] = False
+
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)
+        # The upstream's own model list (proxy/catalog.py), attached by the app (proxy/appstate.py); None: not known.
+        self.catalog: ModelCatalog | None = None
+        # What live traffic showed to be wrong with this upstream's configuration (one Dialect per upstream), e.g. a
+        # stream of the other form than `full_text` says: /readyz reports it until the config is fixed.
+        self.finding: str | None = None
+
+    async def prepare(self, ctx: RequestContext) -> None:
+        """Before the request is built, when `prepares`: learn what the translation needs from the upstream."""
+        return None
+
+    def routable_models(self, listed: tuple[str, ...]) -> list[str]:
+        """The names that route to this upstream's models, given the names it lists itself (`/v1/models`)."""
+        return list(listed)
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """What the hub does with the reasoning on this request's assistant turns (proxy/continuity.py): `strip`,
@@ -140,7 +168,62 @@ class Dialect:
             headers["Authorization"] = f"Bearer {ctx.upstream.api_key}"
         return headers
 
+    # -- readiness (proxy/health.py) ----------------------------------------------------------------------------
+    def readiness_request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
+        """(path, body) of the request that tells whether a request would work, without generating anything: a chat
+        body the upstream must refuse as invalid (`messages` is not a list), on the chat path."""
+        return self.path("chat") or "/v1/chat/completions", {
+            "model": readiness_model(u), "messages": READINESS_MESSAGES, "max_tokens": 1, "stream": False}
+
+    def readiness_headers(self, u: UpstreamSettings) -> dict[str, str]:
+        return {"Authorization": f"Bearer {u.api_key}"} if u.api_key else {}
+
+    def readiness_verdict(self, status: int, raw: bytes, path: str, u: UpstreamSettings) -> tuple[bool, str]:
+        """(ready, why) from the answer to `readiness_request`, read as a client's answer would be (this dialect's
+        error shapes and mapping, errors at HTTP 200 included). Its validation error (or a model the upstream does
+        not know: a per-request matter) is ready; a missing path, a refused key, a 5xx is not."""
+        asked = f"POST {path} (an invalid body on purpose)"
+        err: ProxyError | None
+        if 200 <= status < 300:
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                data = None
+            err = self.error_in_json(data)
+            if err is None:
+                return True, f"{asked} answered HTTP {status}: the path and the key work"
+        else:
+            err = self.error_from_body(status, raw)
+        said = f"{asked} answered HTTP {status}: {_short(err.message)[:160]}"
+        if status in (404, 405) and err.code != "model_not_found":
+            return False, (f"{said} — no such inference path: the URL (host, port, path prefix) or the dialect "
+                           f"({u.dialect}) is wrong; `dialect-proxy probe URL` tells what the upstream speaks")
+        if err.status in (401, 403):
+            fix = "check the variable named by api_key_env" if u.api_key else "set api_key_env"
+            return False, f"{said} — the upstream refused the API key ({fix})"
+        if err.status in (400, 413) or err.code == "model_not_found":
+            return True, f"{said} — the {self.name} dialect's validation error: the path and the key work"
+        if err.status == 429:
+            return True, f"{said} — busy, but the path and the key work"
+        if err.status == 402:
+            return False, f"{said} — the account's balance or quota is exhausted"
+        return False, f"{said} (expected the {self.name} dialect's validation error)"
+
     # -- errors -----------------------------------------------------------------------------------------------
+    def answer_error(self, status: int, raw: bytes, headers: dict[str, str], path: str, upstream: str,
+                     dialect: str) -> ProxyError:
+        """The error of an inference request's answer (`error_from_body`), except that a 404 which is not about the
+        model means the path does not exist there: a 502 naming the path and the configured dialect, never a
+        `model_not_found` for a model that routing found."""
+        err = self.error_from_body(status, raw, headers)
+        if status == 404 and err.code != "model_not_found":
+            return UpstreamError(
+                f"{err.message} — the upstream `{upstream}` answered 404 Not Found on POST {path}: there is no such "
+                f"path for the configured dialect `{dialect}`. Check the upstream's URL (host, port, path prefix) "
+                f"and dialect; `dialect-proxy probe URL` tells which dialect it speaks.",
+                502, code="upstream_path_not_found", upstream_code="404")
+        return err
+
     def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
         """An upstream answer with an error status (or an error body at 2xx) -> our error."""
         message, upstream_code, param = _extract_error_message(raw)
@@ -148,6 +231,8 @@ class Dialect:
             message = f"The upstream returned HTTP {status} with an empty body."
         our_status = self.mapping.error_status.get(status, _default_status(status))
         err_type, code = error_type_for(our_status)
+        if our_status == 404 and upstream_code != "model_not_found" and not _MODEL_MISSING.search(message):
+            code = "not_found"  # (the path, most likely: answer_error)
         out_headers = {}
         if headers and our_status == 429 and headers.get("retry-after"):
             out_headers["Retry-After"] = headers["retry-after"]
@@ -228,11 +313,12 @@ class UpstreamSession:
         """The model's answer starts inside a `<think>` block whose opening tag is in the prompt template."""
         if self.reasoning_source not in ("auto", "tags"):
             return False
+        if self.thinking_off:
+            # The request switched thinking off (MindIE's `chat_template_kwargs.enable_thinking: false`): the
+            # template opens no block, for R1-family names too, and the whole answer is text (docs/mindie.md).
+            return False
         model = self.ctx.upstream_model
-        if is_thinking_model(model):
-            return True  # R1-family templates always open <think>: they have no switch to turn thinking off
-        # A listed (often hybrid) model does not open the block when the request switched thinking off.
-        return model in self.ctx.upstream.thinking_models and not self.thinking_off
+        return is_thinking_model(model) or model in self.ctx.upstream.thinking_models
 
     # -- answers ----------------------------------------------------------------------------------------------
     def response(self, data: Any) -> ChatChunk:
@@ -317,6 +403,14 @@ class UpstreamSession:
 
 
 Dialect.session_class = UpstreamSession
+
+
+def readiness_model(u: UpstreamSettings) -> str:
+    """A model name the upstream serves, as far as the config says (for requests that need one)."""
+    for name in (*u.aliases.values(), *u.models):
+        if name != "*":
+            return name
+    return "readiness-check"
 
 
 def join_text_parts(content: Any) -> Any:

@@ -2,10 +2,14 @@
 WIRE-NOTES.md "DeepSeek API" for the fields they cover).
 
 Models: `deepseek-flash` (V4.1 Flash; `deepseek-v4-flash` still accepted) and `deepseek-v4-pro`, thinking mode on by
-default. The retired names behave as DeepSeek defined them at the end: `deepseek-chat` is `deepseek-v4-flash` with
-thinking disabled, `deepseek-reasoner` the same with thinking enabled (the upstream gets the V4 name). R1-era rules
-apply only to names matching the R1 pattern (`is_r1_era`: a DeepSeek-compatible host serving R1) or where the
-upstream says `reasoning_replay: strip`.
+default. The retired names `deepseek-chat` / `deepseek-reasoner` depend on the upstream's own model list
+(proxy/catalog.py, read once and cached): a name the upstream lists goes through unchanged, under the rules of the
+API that serves it — the seed document's (specs/deepseek-chat-completions-zh.md): `deepseek-chat` without a thinking
+mode, `deepseek-reasoner` an R1-era reasoner. A name it does not list, or any name when the list cannot be read,
+behaves as DeepSeek defined it at the end: `deepseek-chat` is `deepseek-v4-flash` with thinking disabled,
+`deepseek-reasoner` the same with thinking enabled (the upstream gets the V4 name). Otherwise R1-era rules apply only
+to names matching the R1 pattern (`is_r1_era`: a DeepSeek-compatible host serving R1) or where the upstream says
+`reasoning_replay: strip`.
 
 What differs from OpenAI, and where it is handled:
 
@@ -16,10 +20,11 @@ What differs from OpenAI, and where it is handled:
   combination. In thinking mode DeepSeek ignores temperature, top_p and the penalties (sent as given);
 - reasoning replay (`reasoning_replay`, proxy/continuity.py): in thinking mode every assistant turn that made tool
   calls must carry its `reasoning_content` ("The `reasoning_content` in the thinking mode must be passed back to
-  the API."); `auto` is `restore` here — the hub puts back what a client dropped, and the empty reasoning on a turn
-  it never saw (`reasoning_fallback`). Reasoning on turns without tool calls is removed (DeepSeek ignores it there),
-  `reasoning` is renamed `reasoning_content`, and reasoning a `think_tags` client round-trips inside `content`
-  (`<think>…</think>answer`) is taken out of the content first. R1-era models: `auto` is `strip`;
+  the API."); `auto` is `restore` here — the hub puts back what a client dropped, and a fixed non-empty placeholder
+  on a turn it never saw (`reasoning_fallback`, REASONING_PLACEHOLDER). Reasoning on turns without tool calls is
+  removed (DeepSeek ignores it there), `reasoning` is renamed `reasoning_content`, and reasoning a `think_tags`
+  client round-trips inside `content` (`<think>…</think>answer`) is taken out of the content first. R1-era models:
+  `auto` is `strip`;
 - messages: `developer` becomes `system` and text-only content parts one string (DeepSeek's four roles take
   string content);
 - R1-era models: successive same-role messages are merged, `logprobs` / `top_logprobs` are refused by us with a
@@ -45,6 +50,12 @@ EFFORTS: Final = {"minimal": "low", "low": "low", "medium": "high", "high": "hig
 # Retired on 2026-07-24; until then aliases of V4 Flash's two modes. Name -> its thinking type (model: RETIRED_TARGET).
 RETIRED_MODELS: Final = {"deepseek-chat": "disabled", "deepseek-reasoner": "enabled"}
 RETIRED_TARGET: Final = "deepseek-v4-flash"
+# The retired reasoner, where an upstream still lists it, is the seed document's: R1.
+RETIRED_R1: Final = "deepseek-reasoner"
+# The reasoning of a thinking-mode tool-call turn the proxy never saw (docs/deepseek.md "Reasoning continuity"):
+# DeepSeek refuses such a turn without `reasoning_content`, and reports differ on whether an empty string passes its
+# check, so the value is fixed, non-empty and says what it is — never text a client made up (DECISIONS.md).
+REASONING_PLACEHOLDER: Final = "(reasoning not available)"
 BETA: Final = "/beta"
 
 
@@ -53,10 +64,11 @@ def is_r1(model: str) -> bool:
     return is_r1_era(model)
 
 
-def thinking_on(body: dict[str, Any], model: str) -> bool:
+def thinking_on(body: dict[str, Any], model: str, served: bool = False) -> bool:
     """Whether DeepSeek answers this (canonical or built) request in thinking mode, so that tool-call turns in its
-    history need their reasoning back. R1-era models reason but refuse reasoning as input: False."""
-    if is_r1(model):
+    history need their reasoning back. R1-era models reason but refuse reasoning as input: False. `served`: a
+    retired name the upstream lists (the seed document's API has no thinking mode): False."""
+    if served or is_r1(model):
         return False
     kind = _thinking_type(body, model)
     if kind == "enabled" and body.get("tools") and _forced_tool_choice(body.get("tool_choice")):
@@ -91,16 +103,37 @@ class DeepSeekDialect(Dialect):
     session_class = DeepSeekSession
     default_reasoning_source = "field"
     supports_prefix = True
-    reasoning_fallback = ""  # the empty reasoning: DeepSeek's form for "this turn had no reasoning"
+    reasoning_fallback = REASONING_PLACEHOLDER
+    prepares = True
+
+    async def prepare(self, ctx: RequestContext) -> None:
+        """A retired name: whether the upstream still lists it decides its translation (read once, then cached)."""
+        catalog = self.catalog
+        if catalog is not None and ctx.upstream_model in RETIRED_MODELS:
+            await catalog.names()
+
+    def served(self, model: str) -> bool:
+        """A retired name that the upstream lists: sent unchanged, under the seed document's rules."""
+        catalog = self.catalog
+        return catalog is not None and model in RETIRED_MODELS and catalog.lists(model)
+
+    def r1(self, model: str) -> bool:
+        """R1-era rules for this upstream name: the R1 pattern, or the retired reasoner where it is still served."""
+        return is_r1(model) or (model == RETIRED_R1 and self.served(model))
+
+    def routable_models(self, listed: tuple[str, ...]) -> list[str]:
+        """The upstream's names, and the retired ones it does not list: they route too, as V4 Flash's two modes."""
+        return [*listed, *(name for name in RETIRED_MODELS if name not in listed)]
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """`auto`: `strip` for R1-era models, `restore` in thinking mode, else `keep` (nothing needs to come back)."""
         mode = ctx.upstream.reasoning_replay
         if mode in ("strip", "keep"):
             return mode
-        if mode == "auto" and is_r1(ctx.upstream_model):
+        model = ctx.upstream_model
+        if mode == "auto" and self.r1(model):
             return "strip"
-        return "restore" if thinking_on(body, ctx.upstream_model) else "keep"
+        return "restore" if thinking_on(body, model, self.served(model)) else "keep"
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
@@ -108,17 +141,24 @@ class DeepSeekDialect(Dialect):
         out = super().build_request(body, ctx)
         if not ctx.stream:
             out.pop("stream_options", None)  # "只有在 stream 参数为 true 时,才可设置此参数"
+        served = self.served(model)
         if ctx.kind != CHAT:
-            if model in RETIRED_MODELS:  # FIM on /beta/completions: the retired names' model, no thinking there
+            if model in RETIRED_MODELS and not served:  # FIM on /beta/completions: the retired names' model
                 out["model"] = RETIRED_TARGET
             return out
-        r1 = is_r1(model)
+        r1 = self.r1(model)
         _check_n(out)
         _check_response_format(out)
         if r1:
             _refuse_logprobs(out, model)
-        thinking = _map_thinking(out, model, r1)
-        if model in RETIRED_MODELS:
+        if served and not r1:
+            # The seed document's `deepseek-chat`: no thinking mode and no effort; a client's own `thinking` goes as
+            # sent, the proxy adds none.
+            out.pop("reasoning_effort", None)
+            thinking = False
+        else:
+            thinking = _map_thinking(out, model, r1)
+        if model in RETIRED_MODELS and not served:
             out["model"] = RETIRED_TARGET
         policy = ctx.upstream.reasoning_replay
         if policy == "auto" and r1:
@@ -263,12 +303,13 @@ def _replay(message: Any, policy: str, last: bool, thinking: bool) -> Any:
     tool_turn = bool(message.get("tool_calls"))
     # The beta prefix continuation takes the reasoning of the message being continued as input.
     keep = (last and message.get("prefix") is True) or policy == "keep" or (policy != "strip" and tool_turn)
-    if keep and isinstance(reasoning, str):
+    needed = tool_turn and thinking
+    if keep and isinstance(reasoning, str) and (reasoning or not needed):
         out["reasoning_content"] = reasoning
-    elif keep and tool_turn and thinking:
+    elif keep and needed:
         # proxy/continuity.py restores what it stored; should a turn still lack reasoning here (a `keep` upstream,
-        # a client that never received it), thinking mode refuses it without: the empty reasoning is the honest value.
-        out["reasoning_content"] = ""
+        # a client that sent none or an empty one), thinking mode refuses it without: the fixed placeholder.
+        out["reasoning_content"] = REASONING_PLACEHOLDER
     return out
 
 

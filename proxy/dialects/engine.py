@@ -1,7 +1,9 @@
 """The "engine" frontend service API (specs/engine-frontend-api.md, treated as the whole truth).
 
 - Routes `POST /chat` and `POST /completion`, no `/v1` prefix, no model listing (mappings/engine.yaml).
-- Requests: `model` is never sent ("[won't support]"); `response_format`, `user` and `seed` are dropped, and so are
+- Requests: `model` is never sent ("[won't support]"); a `response_format` that asks for JSON is a 400 naming it
+  (left out instead with `response_format: drop` on the upstream; `{"type": "text"}` asks for nothing and is left
+  out); `user` and `seed` are dropped, and so are
   the message `name` fields the document marks "[won't support]" and the reasoning a client round-trips on assistant
   messages (the document's assistant message has no such field). `developer` messages become `system`, and
   text-only content parts one string except in user messages (the only ones whose content may be an array).
@@ -16,10 +18,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from .base import Dialect, UpstreamSession, join_text_parts
+
+if TYPE_CHECKING:
+    from ..settings import UpstreamSettings
 
 _MESSAGE_DROP: Final = ("name", "reasoning_content", "reasoning")
 
@@ -43,7 +48,18 @@ class EngineSession(UpstreamSession):
 class EngineDialect(Dialect):
     name = "engine"
     session_class = EngineSession
-    default_response_format = "drop"  # "[won't support]" (DECISIONS.md "The engine dialect")
+    # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (DECISIONS.md "The engine
+    # dialect"); `response_format: drop` on the upstream opts into leaving it out.
+    default_response_format = "reject"
+    response_format_hint = (
+        "Describe the format in the prompt, or set `response_format: drop` for this upstream to have the field left "
+        "out (the answer then does not follow the format)."
+    )
+
+    def readiness_request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
+        path, body = super().readiness_request(u)
+        body.pop("model", None)  # never sent: the document strikes it through
+        return path, body
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:

@@ -33,13 +33,15 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
+
+import orjson
 
 from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
-from ..errors import ClientRequestError, ProxyError
+from ..errors import ClientRequestError, ProxyError, StreamTruncated
 from ..events import Timings
 from ..readings import Readings, number
-from ..stream.cumulative import CumulativeText
+from ..stream.cumulative import CumulativeText, StreamForm
 from .base import Dialect, NameTest, UpstreamSession
 
 log: Final = logging.getLogger("dialect_proxy")
@@ -117,10 +119,12 @@ class MindIESession(UpstreamSession):
     def __init__(self, dialect: Dialect, ctx: RequestContext) -> None:
         super().__init__(dialect, ctx)
         self._cumulative: dict[int, CumulativeText] | None = {} if ctx.stream and ctx.upstream.full_text else None
-        self.rewrites_text = self._cumulative is not None
         self.rewrites = 0  # cumulative snapshots that revised text already sent
         self.full_text_mismatch = False  # what the client got differs from the upstream's final full_text
-        self._warned = False
+        # The first texts of a stream tell whether it is cumulative: one that does not match `full_text` ends with an
+        # error (proxy/stream/cumulative.py StreamForm). While it watches, the text lane hands it every text.
+        self._form: StreamForm | None = StreamForm() if ctx.stream else None
+        self.rewrites_text = self._cumulative is not None or self._form is not None
 
     def build_request(self, body: ChatRequest) -> dict[str, Any]:
         out = super().build_request(body)
@@ -130,6 +134,9 @@ class MindIESession(UpstreamSession):
 
     def lane_text(self, index: int, text: str, reasoning: bool) -> str:
         """A cumulative snapshot -> its true delta, as `chunk` does for an event without a finish reason."""
+        form = self._form
+        if form is not None and index == 0 and not reasoning:
+            self._watch(form, text)
         cumulative = self._cumulative
         if cumulative is None or reasoning or self.ctx.kind != CHAT:
             return text
@@ -144,18 +151,19 @@ class MindIESession(UpstreamSession):
         self.extras.pop("full_text", None)  # a check, not a metric
         if out is None:
             return None
-        cumulative = self._cumulative
-        if cumulative is None:
-            if full_text is not None and not self._warned:
-                self._warned = True
-                log.warning(
-                    "upstream %s sends full_text (MindIE fullTextEnabled) but is not configured with "
-                    "full_text: true; streamed text will repeat itself",
-                    self.ctx.upstream.name,
-                )
-            return out
         chat = self.ctx.kind == CHAT
         key = "content" if chat else "text"
+        form = self._form
+        if form is not None:
+            for choice in out.get("choices") or ():
+                part = choice.get("delta") if chat else choice
+                if (choice.get("index") or 0) == 0 and isinstance(part, dict) and isinstance(part.get(key), str):
+                    self._watch(form, part[key])
+        cumulative = self._cumulative
+        if cumulative is None:
+            if full_text is not None and self.ctx.stream:  # the upstream's own word: its text was cumulative
+                raise self._mismatch("cumulative")
+            return out
         for choice in out.get("choices") or ():
             index = choice.get("index") or 0
             text = cumulative.get(index)
@@ -182,6 +190,18 @@ class MindIESession(UpstreamSession):
         return out
 
 
+    def _watch(self, form: StreamForm, text: str) -> None:
+        verdict = form.feed(text)
+        if not form.open:
+            self._form = None
+            self.rewrites_text = self._cumulative is not None
+        if verdict and (verdict == "cumulative") != (self._cumulative is not None):
+            raise self._mismatch(verdict)
+
+    def _mismatch(self, form: str) -> StreamTruncated:
+        return cast("MindIEDialect", self.dialect).stream_form_mismatch(self.ctx, form)
+
+
 class MindIEDialect(Dialect):
     name = "mindie"
     session_class = MindIESession
@@ -192,6 +212,26 @@ class MindIEDialect(Dialect):
     response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
+
+    def stream_form_mismatch(self, ctx: RequestContext, form: str) -> StreamTruncated:
+        """The stream turned out `form` ("cumulative" or "deltas") against the upstream's `full_text`: the error that
+        ends it, logged once per upstream and kept as this upstream's finding (/readyz reports it)."""
+        name = ctx.upstream.name
+        if form == "cumulative":
+            text = (f"The upstream `{name}` streams cumulative text (each chunk repeats the text so far: MindIE "
+                    "fullTextEnabled) but is configured without `full_text: true`, so the answer would repeat "
+                    "itself. Set `full_text: true` for it (--full-text), or fullTextEnabled: false in MindIE's "
+                    "config.json.")
+        else:
+            text = (f"The upstream `{name}` streams true deltas but is configured with `full_text: true`, so the "
+                    "answer would lose text. Set `full_text: false` for it, or fullTextEnabled: true in MindIE's "
+                    "config.json.")
+        if self.finding is None:
+            self.finding = text
+            log.warning(orjson.dumps({"event": "stream_form_mismatch", "upstream": name,
+                                      "full_text": ctx.upstream.full_text, "stream": form, "detail": text}).decode())
+        return StreamTruncated(text, reason="full_text_mismatch", status=502, code="full_text_mismatch",
+                               upstream_code="full_text_mismatch")
 
     def timings(self, extras: Mapping[str, Any]) -> Timings | None:
         """`prefill_time` (ms) and `decode_time_arr` (ms per token) at the top level, `queue_wait_time` (µs per token)

@@ -50,6 +50,8 @@ class Stats:
     completed: int = 0
     disconnects: int = 0
     in_flight: int = 0
+    model_lists: int = 0  # GET of the model list (not an inference request)
+    checks: int = 0  # the proxy's readiness checks (common.py CHECK_HEADER), not counted in the others
     seq: int = 0  # request sequence number (ids such as endpoint_common_N); not reset
     last_request: dict[str, Any] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -60,10 +62,10 @@ class Stats:
 
     def snapshot(self) -> dict[str, int]:
         return {"requests": self.requests, "completed": self.completed, "disconnects": self.disconnects,
-                "in_flight": self.in_flight}
+                "in_flight": self.in_flight, "model_lists": self.model_lists, "checks": self.checks}
 
     def reset(self) -> None:
-        self.requests = self.completed = self.disconnects = 0
+        self.requests = self.completed = self.disconnects = self.model_lists = self.checks = 0
         self.last_request = None
         self.prefix = PrefixCache()
 

@@ -24,6 +24,7 @@ class MockConfig:
     full_text: bool = False
     api_key: str | None = None
     served_model: str | None = None
+    flavour: str = ""  # a dialect's variant of its server (proxy/mock/README.md "Flavours"); "" = today's
 
 
 @dataclass
@@ -64,12 +65,24 @@ class Call:
 
 Handler = Callable[[Call], Plan]
 
+# The header the proxy's readiness checks carry (proxy/health.py; the mock shares no code with the proxy).
+CHECK_HEADER = "x-dialect-proxy-check"
+
 
 def inference(cfg: MockConfig, stats: Stats, handler: Handler,
               scenario_of: Callable[[Any], Scenario] = toolcall.chat_scenario) -> Callable[[Request], Any]:
     """A Starlette endpoint that records the request, lets `handler` build the plan, and runs it."""
 
+    counted, aside = stats, Stats()
+
     async def endpoint(request: Request) -> Any:
+        stats = counted
+        if CHECK_HEADER in request.headers:
+            # A readiness check of the proxy's: answered as any request, counted apart (in `checks`), so that the
+            # counters and last_request stay those of the clients' requests. Server-wide directives apply to it.
+            counted.checks += 1
+            aside.directives = counted.directives
+            stats = aside
         stats.requests += 1
         stats.seq += 1
         stats.in_flight += 1
@@ -88,8 +101,10 @@ def inference(cfg: MockConfig, stats: Stats, handler: Handler,
             headers: dict[str, str] = {}
             for name, value in request.headers.items():
                 headers[name] = f"{headers[name]}, {value}" if name in headers else value
+            # The W3C trace context the caller sent (null without one), on its own: a traced proxy's upstream request
+            # carries its attempt's span here (tests/test_tracing.py).
             stats.last_request = {"method": request.method, "path": request.url.path, "headers": headers,
-                                  "body": body}
+                                  "body": body, "traceparent": headers.get("traceparent")}
             sc = scenario_of(body) if ok else scenarios.EMPTY
             if stats.directives:  # server-wide directives win over the request's own
                 sc = Scenario({**sc.flags, **stats.directives}, sc.tool_call, sc.reply)
@@ -249,6 +264,7 @@ def models_routes(stats: Stats, names: list[str], owned_by: str, paths: tuple[st
         return {"id": name, "object": "model", "created": stats.created, "owned_by": owned_by}
 
     async def list_models(request: Request) -> Response:
+        stats.model_lists += 1
         if check_auth is not None and (denied := check_auth(request)) is not None:
             return denied
         return JSONResponse({"object": "list", "data": [card(n) for n in names]})

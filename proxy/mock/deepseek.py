@@ -6,12 +6,16 @@ WIRE-NOTES.md, and strict like the real API:
 * Models: `deepseek-flash`, `deepseek-v4-flash`, `deepseek-v4-pro`. The retired `deepseek-chat` and
   `deepseek-reasoner` -> 400 `Model Not Exist`. Any other name is served too (a DeepSeek-compatible host), R1-era
   when it matches the R1 pattern (`deepseek-r1`, `DeepSeek-R1-Distill-…`).
+* Flavour `legacy` (`create_app("deepseek", flavour="legacy")`): the API of the seed document
+  (specs/deepseek-chat-completions-zh.md) — `GET /models` lists `deepseek-chat` and `deepseek-reasoner`; today's V4
+  names -> `Model Not Exist`; `deepseek-chat` has no thinking mode, `deepseek-reasoner` is R1 (the R1 rules below);
+  `thinking` and `reasoning_effort` are fields that API does not know (ignored).
 * Thinking mode is on by default; `thinking: {"type": "enabled" | "disabled"}` switches it, `reasoning_effort`
   grades it (`low` `high` `max`, and `minimal` `medium` `xhigh` `ultra` which DeepSeek maps; anything else -> 422).
   In thinking mode temperature, top_p and the penalties are ignored without error (not even range-checked), a
-  forced `tool_choice` -> 400, and an assistant message with `tool_calls` but no `reasoning_content` -> 400
-  "The `reasoning_content` in the thinking mode must be passed back to the API." (reasoning on other assistant
-  messages is accepted and ignored).
+  forced `tool_choice` -> 400, and an assistant message with `tool_calls` but no (or an empty: the stricter reading
+  of reports that differ) `reasoning_content` -> 400 "The `reasoning_content` in the thinking mode must be passed
+  back to the API." (reasoning on other assistant messages is accepted and ignored).
 
 * Errors are OpenAI-shaped with DeepSeek's status set: 400 Invalid Format / invalid parameter, 401 Authentication
   Fails, 402 Insufficient Balance, 422 Invalid Parameters (bodies that do not deserialize), 429 Rate Limit Reached
@@ -68,6 +72,11 @@ from .textgen import Generation, Piece, generate, prompt_tokens_chat, structured
 FINGERPRINT = "fp_mock_ds01"
 MODELS = ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"]
 RETIRED = ("deepseek-chat", "deepseek-reasoner")
+LEGACY = "legacy"
+FLAVOURS = {
+    LEGACY: "the API of specs/deepseek-chat-completions-zh.md: deepseek-chat (no thinking mode) and deepseek-reasoner "
+            "(R1); today's V4 names do not exist there",
+}
 EFFORTS = ("low", "high", "max", "minimal", "medium", "xhigh", "ultra")
 R1_MODEL = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
 PASS_BACK = "The `reasoning_content` in the thinking mode must be passed back to the API."
@@ -102,13 +111,15 @@ def _deserialize(message: str) -> Plan:
     return error_plan(422, f"Failed to deserialize the JSON body into the target type: {message}")
 
 
-def is_r1(model: str) -> bool:
-    return bool(R1_MODEL.search(model))
+def is_r1(model: str, legacy: bool = False) -> bool:
+    """R1-era by name; in the legacy flavour `deepseek-reasoner` is R1 too (the seed document's reasoner)."""
+    return bool(R1_MODEL.search(model)) or (legacy and model == "deepseek-reasoner")
 
 
-def thinking_enabled(body: dict[str, Any]) -> bool:
-    """Thinking mode: on by default for every model but R1-era ones (which always reason, with R1's rules)."""
-    if is_r1(str(body.get("model"))):
+def thinking_enabled(body: dict[str, Any], legacy: bool = False) -> bool:
+    """Thinking mode: on by default for every model but R1-era ones (which always reason, with R1's rules). The
+    legacy API has no thinking mode (and no `thinking` parameter: ignored, like any field it does not know)."""
+    if legacy or is_r1(str(body.get("model"))):
         return False
     thinking = body.get("thinking")
     return not (isinstance(thinking, dict) and thinking.get("type") == "disabled")
@@ -116,7 +127,7 @@ def thinking_enabled(body: dict[str, Any]) -> bool:
 
 # ------------------------------------------------------------------------------------------------- validation
 
-def validate(body: Any, served: str | None) -> Plan | None:
+def validate(body: Any, served: str | None, legacy: bool = False) -> Plan | None:
     if not isinstance(body, dict):
         return _deserialize("invalid type: expected struct ChatCompletionRequest")
     if "messages" not in body:
@@ -128,7 +139,7 @@ def validate(body: Any, served: str | None) -> Plan | None:
         return _deserialize("model: invalid type, expected a string")
     if not isinstance(messages, list):
         return _deserialize("messages: invalid type, expected a sequence")
-    if (served is not None and model != served) or (served is None and model in RETIRED):
+    if (served is not None and model != served) or (served is None and model in (MODELS if legacy else RETIRED)):
         return _bad("Model Not Exist")
     if not messages:
         return _bad("Invalid messages: the messages list must not be empty")
@@ -140,9 +151,10 @@ def validate(body: Any, served: str | None) -> Plan | None:
         if message.get("prefix") is True and (role != "assistant" or i != len(messages) - 1):
             return _bad(f"Invalid messages[{i}]: `prefix` is only allowed on the last message, an assistant "
                         "message")
-    if (plan := _validate_params(body, thinking_enabled(body))) is not None:
+    thinking = thinking_enabled(body, legacy)
+    if (plan := _validate_params(body, thinking, legacy)) is not None:
         return plan
-    if is_r1(model):
+    if is_r1(model, legacy):
         if body.get("logprobs") or body.get("top_logprobs") is not None:
             return _bad(f"{model} does not support logprobs or top_logprobs")
         last = len(messages) - 1
@@ -157,19 +169,21 @@ def validate(body: Any, served: str | None) -> Plan | None:
                 return _bad(f"{model} does not support successive user or assistant messages "
                             f"(messages[{i - 1}] and messages[{i}] in your input). You should interleave the "
                             "user/assistant messages in the message sequence.")
-    if thinking_enabled(body):
+    if thinking:
         choice = body.get("tool_choice")
         if choice == "required" or isinstance(choice, dict):
             return _bad("Thinking mode does not support a forced tool_choice (`required` or a named function); "
                         "use `auto` or `none`, or disable thinking")
         for message in messages:
+            # The stricter reading of reports that differ: an empty `reasoning_content` does not count as passed
+            # back (docs/deepseek.md "Reasoning continuity").
             if message["role"] == "assistant" and message.get("tool_calls") and \
-                    not isinstance(message.get("reasoning_content"), str):
+                    not (isinstance(message.get("reasoning_content"), str) and message["reasoning_content"]):
                 return _bad(PASS_BACK)
     return None
 
 
-def _validate_params(body: dict[str, Any], thinking: bool) -> Plan | None:
+def _validate_params(body: dict[str, Any], thinking: bool, legacy: bool = False) -> Plan | None:
     max_tokens = body.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                    or not 1 <= max_tokens <= MAX_TOKENS):
@@ -219,6 +233,8 @@ def _validate_params(body: dict[str, Any], thinking: bool) -> Plan | None:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object")):
         return _bad("Invalid response_format type, must be one of `text` or `json_object`")
+    if legacy:  # the seed document has neither `thinking` nor `reasoning_effort`: unknown fields, ignored
+        return None
     switch = body.get("thinking")
     if switch is not None and (not isinstance(switch, dict) or switch.get("type") not in ("enabled", "disabled")):
         return _deserialize("thinking.type: unknown variant, expected `enabled` or `disabled`")
@@ -343,14 +359,15 @@ def _handle(call: Call) -> Plan:
         return plan
     if not call.json_ok:
         return _bad("Failed to parse the request body as JSON")
-    if (plan := validate(call.body, call.cfg.served_model)) is not None:
+    legacy = call.cfg.flavour == LEGACY
+    if (plan := validate(call.body, call.cfg.served_model, legacy)) is not None:
         return plan
     if not call.path.startswith("/beta/") and any(
             isinstance(m, dict) and m.get("prefix") is True for m in call.body["messages"]):
         return _bad("The chat prefix completion (`prefix: true`) is a beta feature: set base_url to "
                     "https://api.deepseek.com/beta to use it")
     model = call.body["model"]
-    reasoning_mode = is_r1(model) or thinking_enabled(call.body)
+    reasoning_mode = is_r1(model, legacy) or thinking_enabled(call.body, legacy)
     return (chat_stream if call.stream else chat_json)(call, model, reasoning_mode)
 
 
@@ -370,10 +387,12 @@ def _handle_fim(call: Call) -> Plan:
         return _bad("Failed to parse the request body as JSON")
     model = body.get("model")
     served = call.cfg.served_model
-    if not isinstance(model, str) or (served and model != served) or (not served and model in RETIRED):
+    legacy = call.cfg.flavour == LEGACY
+    unknown = MODELS if legacy else RETIRED
+    if not isinstance(model, str) or (served and model != served) or (not served and model in unknown):
         return _bad("Model Not Exist")
-    if is_r1(model):
-        return _bad(f"{model} does not support FIM completion; use {MODELS[0]}")
+    if is_r1(model, legacy):
+        return _bad(f"{model} does not support FIM completion; use {'deepseek-chat' if legacy else MODELS[0]}")
     if not isinstance(body.get("prompt"), str):
         return _bad("Missing or invalid `prompt`: FIM completion takes one prompt string")
     max_tokens = body.get("max_tokens")
@@ -388,7 +407,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     def denied() -> Response:
         return static_response(error_plan(401))
 
-    names = [cfg.served_model] if cfg.served_model else MODELS
+    names = [cfg.served_model] if cfg.served_model else list(RETIRED) if cfg.flavour == LEGACY else MODELS
     check: Callable[..., Response | None] = bearer_checker(cfg, denied)
     return [
         Route("/chat/completions", endpoint, methods=["POST"]),

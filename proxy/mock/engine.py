@@ -2,7 +2,8 @@
 
 Implemented from that document:
 * Endpoints `POST /chat` and `POST /completion` (no `/v1` prefix). No model listing (`/v1/models` is 404); only
-  the mock's own `GET /health`.
+  the mock's own `GET /health`. A path it does not serve is a 404 in its (OpenAI-shaped) error envelope, as such a
+  server answers every OpenAI path (issue 37: a probe must not take that shape for the OpenAI dialect).
 * `model` is struck through as "[won't support]": a request that contains `model` is rejected (400). So are the
   other struck-through fields, `user` and (chat) `response_format`. The document says nothing about errors, so
   errors are OpenAI-shaped: `{"error": {"message", "type", "param", "code"}}`.
@@ -27,9 +28,11 @@ Implemented from that document:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import scenario as scenarios
@@ -189,6 +192,15 @@ def _handler(chat: bool) -> Callable[[Call], Plan]:
         return (completion_stream if call.stream else completion_json)(call, STYLE, model)
 
     return handle
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    body = {"error": {"message": f"Not Found: {request.method} {request.url.path}", "type": "invalid_request_error",
+                      "param": None, "code": "not_found"}}
+    return JSONResponse(body, status_code=404)
+
+
+EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {404: not_found}
 
 
 def routes(cfg: MockConfig, stats: Stats) -> list[Route]:

@@ -10,6 +10,7 @@ Every dialect also serves the introspection endpoints used by the tests:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -28,6 +29,12 @@ DIALECT_ROUTES: dict[str, RouteFactory] = {
     "engine": engine.routes,
 }
 DIALECTS: tuple[str, ...] = tuple(DIALECT_ROUTES)
+# Variants of a dialect's server beyond today's ("" everywhere): name -> what it serves.
+FLAVOURS: dict[str, dict[str, str]] = {
+    "deepseek": deepseek.FLAVOURS,
+}
+# A flavour's own answers to what no route serves (Starlette's plain-text 404 otherwise).
+DIALECT_HANDLERS: dict[str, Any] = {"engine": engine.EXCEPTION_HANDLERS}
 
 
 class MockApp(Starlette):
@@ -41,7 +48,7 @@ class MockApp(Starlette):
 
 
 def create_app(dialect: str, full_text: bool = False, api_key: str | None = None,
-               served_model: str | None = None, directives: str | None = None) -> Starlette:
+               served_model: str | None = None, directives: str | None = None, flavour: str = "") -> Starlette:
     """A fake upstream speaking `dialect` (one of DIALECTS).
 
     full_text: MindIE/Siliconstorm `fullTextEnabled` mode (cumulative stream text, `full_text` on the last chunk).
@@ -49,24 +56,31 @@ def create_app(dialect: str, full_text: bool = False, api_key: str | None = None
     served_model: when set, a request for another model gets the dialect's model-not-found error.
     directives: server-wide directives applied to every inference request (`error=503`, `hang`, `unhealthy`, ...);
     changed at run time with POST /_mock/directives.
+    flavour: a variant of the dialect's server (FLAVOURS), e.g. deepseek `legacy`: the API of the seed document.
     """
     if dialect not in DIALECT_ROUTES:
         raise ValueError(f"unknown mock dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
-    cfg = MockConfig(dialect=dialect, full_text=full_text, api_key=api_key, served_model=served_model)
+    flavours = FLAVOURS.get(dialect, {})
+    if flavour and flavour not in flavours:
+        raise ValueError(f"unknown flavour {flavour!r} of the {dialect} mock; expected one of "
+                         f"{', '.join(flavours) or 'none'}")
+    cfg = MockConfig(dialect=dialect, full_text=full_text, api_key=api_key, served_model=served_model,
+                     flavour=flavour)
     stats = Stats()
     if directives:
         stats.directives = parse_directives(directives)
-    app = MockApp(routes=[*DIALECT_ROUTES[dialect](cfg, stats), *common_routes(stats)])
+    app = MockApp(routes=[*DIALECT_ROUTES[dialect](cfg, stats), *common_routes(stats)],
+                  exception_handlers=DIALECT_HANDLERS.get(dialect))
     app.state.mock_stats = stats
     app.state.mock_config = cfg
     return app
 
 
 def run(host: str, port: int, dialect: str, full_text: bool = False, api_key: str | None = None,
-        served_model: str | None = None) -> None:
+        served_model: str | None = None, flavour: str = "") -> None:
     """Serve the mock until interrupted."""
     import uvicorn
 
-    app = create_app(dialect, full_text=full_text, api_key=api_key, served_model=served_model)
+    app = create_app(dialect, full_text=full_text, api_key=api_key, served_model=served_model, flavour=flavour)
     uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False,
                 log_level="warning")

@@ -28,6 +28,16 @@ def open_store(settings: Settings) -> StateStore:
                           "(pip install 'dialect-proxy[redis]')") from None
 
 
+def check_scale_out(settings: Settings) -> None:
+    """Refuse a memory store shared by nothing: with `--workers` > 1 every worker would have its own, and a
+    `previous_response_id` follow-up that lands on another worker would be refused as unknown (docs/decisions.md)."""
+    s = settings.server
+    if s.state_store == "memory" and s.workers > 1:
+        raise ConfigError(f"server.state_store: memory is per process, so with --workers {s.workers} a follow-up "
+                          "request on another worker finds nothing; use --state-store redis://HOST:6379/0 (shared by "
+                          "every worker and replica) or --workers 1")
+
+
 async def store_check(store: StateStore, timeout: float | None = None) -> dict[str, Any]:
     """For /readyz and the start-up log: which store, and whether it answers (within `timeout` seconds, /readyz's
     readiness_timeout, so that a silent Redis cannot make the readiness probe itself time out)."""
@@ -45,10 +55,8 @@ async def log_store(store: StateStore, settings: Settings) -> None:
     line: dict[str, Any] = {"event": "state_store", **await store_check(store), "ttl": settings.server.state_ttl}
     if isinstance(store, MemoryStore):
         line.update(max_entries=store.max_entries, max_bytes=store.max_bytes)
-        if settings.server.workers > 1:
-            line["note"] = ("each worker process has its own memory store; use a redis:// state store so that "
-                            "follow-up requests find their state on any worker")
-    (log.info if line["reachable"] and "note" not in line else log.warning)(orjson.dumps(line).decode())
+    (log.info if line["reachable"] else log.warning)(orjson.dumps(line).decode())
 
 
-__all__ = ["MemoryStore", "StateStore", "StoreUnavailable", "ValueTooLarge", "log_store", "open_store", "store_check"]
+__all__ = ["MemoryStore", "StateStore", "StoreUnavailable", "ValueTooLarge", "check_scale_out", "log_store",
+           "open_store", "store_check"]

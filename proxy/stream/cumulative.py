@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CumulativeText"]
+__all__ = ["FORM_TEXTS", "CumulativeText", "StreamForm"]
 
 _FFFD: Final = "\ufffd"
 
@@ -100,3 +100,49 @@ def _align(consumed: str, text: str) -> str:
     if at >= 0:
         return text[:at + len(diverged)]
     return consumed  # not found: continue from the same length (only the corrected span differs)
+
+
+# How many non-empty texts of a stream's first choice `StreamForm` reads before it decides (or gives up).
+FORM_TEXTS: Final = 4
+
+
+class StreamForm:
+    """Tells a cumulative stream (each text repeats the text so far, MindIE `fullTextEnabled`) from a delta stream by
+    its first FORM_TEXTS non-empty texts: every one extending the one before is cumulative (delta streams do that by
+    chance for a pair such as " the", " theater", never for three in a row); two of three that do not is deltas. A
+    snapshot that only revises a trailing U+FFFD still extends; a repeated one is skipped. `feed(text)` ->
+    "cumulative", "deltas", or "" (not decided yet, or never: a short or mixed answer). `open` turns False once it
+    has nothing more to say, so the caller stops feeding it (the per-chunk cost after the first few texts is one
+    attribute read)."""
+
+    __slots__ = ("_extended", "_last", "_other", "open")
+
+    def __init__(self) -> None:
+        self._last = ""
+        self._extended = 0
+        self._other = 0
+        self.open = True
+
+    def feed(self, text: str) -> str:
+        if not text:
+            return ""
+        stable = text.rstrip(_FFFD)
+        last = self._last
+        if stable == last:  # a repeated snapshot (MindIE sends some) says nothing
+            return ""
+        self._last = stable
+        if not last:
+            return ""
+        if len(stable) > len(last) and stable.startswith(last):
+            self._extended += 1
+        else:
+            self._other += 1
+        if self._extended == FORM_TEXTS - 1:
+            self.open = False
+            return "cumulative"
+        if self._other >= 2:
+            self.open = False
+            return "deltas"
+        if self._extended + self._other >= FORM_TEXTS - 1:
+            self.open = False
+        return ""

@@ -3,7 +3,7 @@
     python tests/bench/bench.py [--seconds 2] [--rounds 3] [--quick]      the ratio table (`make bench`)
     python tests/bench/bench.py --ref COMMIT [--quick]      ... with another commit's proxy in the same rounds
     python tests/bench/bench.py --compiled [--ref HEAD]     ... the proxy being a compiled copy of this tree (setup.py)
-    python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (README "Speed")
+    python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (docs/speed.md)
 
 Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each, the
 barest aiohttp relay (tests/bench/bare_relay.py) in front of each and nginx (Debian package) as a plain reverse proxy

@@ -1,6 +1,6 @@
 """`--workers 2` against `--workers 1` on this machine's cores, with a load and an upstream as cheap as can be.
 
-    python tests/bench/workers.py [--seconds 4] [--rounds 3] [--compiled]      (`make bench-workers`; README "Speed")
+    python tests/bench/workers.py [--seconds 4] [--rounds 3] [--compiled]      (`make bench-workers`; docs/speed.md)
 
 What a second worker gains can only be seen if the relay's workers get the cores. bench.py's load generator and mock
 upstream are Python (aiohttp, uvicorn): on two cores they take about as much CPU per request as the relay they drive,
@@ -194,7 +194,11 @@ def scale_workers(seconds: int, rounds: int, tree: str | None = None) -> None:
                 relay_port, bare_port = bench.free_port(), bench.free_port()
                 relays[("proxy", workers)] = (bench.start(
                     ["serve", "--port", str(relay_port), "--upstream-url", upstream, "--upstream-dialect", "openai",
-                     "--log-level", "warning", "--workers", str(workers)], None, cwd=tree),
+                     "--log-level", "warning", "--workers", str(workers),
+                     # several workers need a shared state store (a memory one is refused); chat completions never
+                     # touch it, so one that nothing serves is enough here
+                     *(["--state-store", f"redis://127.0.0.1:{bench.free_port()}/0"] if workers > 1 else [])],
+                    None, cwd=tree),
                     f"http://127.0.0.1:{relay_port}")
                 relays[("bare", workers)] = (bench.start(
                     [os.path.join(HERE, "bare_relay.py"), str(bare_port), upstream, str(workers)], None),

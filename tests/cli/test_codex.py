@@ -24,7 +24,7 @@ import pytest
 
 from proxy.mock.textgen import REASONING
 from tests.cli.clis import cli_binary, cli_marks
-from tests.conftest import Mock, Proxy
+from tests.conftest import Mock, Proxy, wait_for
 
 CODEX = cli_binary("codex")
 pytestmark = cli_marks(CODEX, "codex")
@@ -51,15 +51,17 @@ wire_api = "responses"
 env_key = "DIALECT_PROXY_TEST_KEY"
 request_max_retries = 0
 stream_max_retries = 0
+{provider_extra}
 """
 
 
 def run_codex(proxy: Proxy, tmp: Path, prompt: str, model: str = "mock-gpt", options: tuple[str, ...] = (),
-              ) -> tuple[subprocess.CompletedProcess[str], Path]:
+              provider_extra: str = "") -> tuple[subprocess.CompletedProcess[str], Path]:
     home, work = tmp / "codex-home", tmp / "work"
     home.mkdir()
     work.mkdir()
-    (home / "config.toml").write_text(CONFIG.format(base_url=proxy.base_url, model=model))
+    (home / "config.toml").write_text(CONFIG.format(base_url=proxy.base_url, model=model,
+                                                    provider_extra=provider_extra))
     dead = "http://127.0.0.1:9"  # nothing listens there: any request that is not for the proxy fails at once
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(home),
            "DIALECT_PROXY_TEST_KEY": "sk-client-key", "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead,
@@ -155,3 +157,28 @@ def test_codex_keeps_the_reasoning_out_of_view_when_told(start_mock: Callable[..
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert not [e for e in events if e.get("item", {}).get("type") == "reasoning"], report
     assert any(e.get("type") == "turn.completed" for e in events), report
+
+
+def test_codex_runs_a_tool_turn_over_the_websocket_mode(start_mock: Callable[..., Mock],
+                                                        start_proxy: Callable[..., Proxy], tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """`supports_websockets = true` on the provider: Codex speaks the Responses API's WebSocket mode
+    (proxy/clients/responses_ws.py) for the tool call and the answer after it."""
+    mock, proxy = start(start_mock, start_proxy, "mindie+full_text")
+    marker = f"codex-ws-{uuid.uuid4().hex[:12]}"
+    arguments = json.dumps({"cmd": f"echo {marker}"})
+
+    def sockets() -> list[dict[str, Any]]:  # a connection's access log line, written when it ends (Codex's exit)
+        return [json.loads(r.getMessage()) for r in caplog.records if '"websocket":true' in r.getMessage()]
+
+    with caplog.at_level("INFO", logger="dialect_proxy.access"):
+        proc, _ = run_codex(proxy, tmp_path, f"Run it. [mock:call_tool=exec_command {arguments}]",
+                            provider_extra="supports_websockets = true")
+        report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+        assert proc.returncode == 0, report
+        last = (tmp_path / "last-message.txt").read_text()
+        assert last.startswith("Tool exec_command returned:") and marker in last, report
+        # the tool call and the answer (Codex opens with one more, a warm-up `response.create`)
+        assert mock.stats()["completed"] >= 2, report
+        assert wait_for(lambda: bool(sockets()), timeout=10), report
+    assert sum(s["responses"] for s in sockets()) >= 2, report

@@ -118,3 +118,19 @@ def test_a_text_run_gives_the_bytes_of_its_deltas(events: list[Delta | TextRun],
     runs_out, deltas_out = in_batches(events, batch, extras, [run_answer, delta_answer],
                                       [with_runs.feed, lambda group: with_deltas.feed(expand(group))])
     assert runs_out + with_runs.finish() == deltas_out + with_deltas.finish()
+
+
+def test_non_stream_message_has_refusal_and_annotations() -> None:
+    """OpenAI's schema requires `refusal` (nullable) on a message, and OpenAI always sends `annotations`: null and []
+    where the upstream gave none; an upstream's own values are kept."""
+    def message(extra: dict[str, Any] | None) -> dict[str, Any]:
+        enc = encoder(CHAT, False, "reasoning_content", Answer(), False, stream=False)
+        enc.feed([Delta(index=0, content="" if extra else "hi", extra=extra, first=True),
+                  Delta(index=0, finish_reason="stop")])
+        out: dict[str, Any] = orjson.loads(enc.finish())["choices"][0]["message"]
+        return out
+
+    assert message(None) == {"role": "assistant", "content": "hi", "refusal": None, "annotations": []}
+    refused = message({"refusal": "I can't help with that.", "annotations": [{"type": "url_citation"}]})
+    assert refused["refusal"] == "I can't help with that." and refused["content"] is None
+    assert refused["annotations"] == [{"type": "url_citation"}]

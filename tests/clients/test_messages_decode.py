@@ -218,7 +218,10 @@ def test_signer_key_from_settings_verifies_across_instances():
     unset = build_settings(config={"upstreams": [{"name": "u", "dialect": "openai", "url": "http://127.0.0.1:9"}]},
                            environ={})
     c, d = (MessagesClient(unset, open_store(unset)) for _ in range(2))
-    assert c.signer.open("r", d.signer.sign_text("r")) == ("r", False)
+    # without a key: one random key per process (the compaction endpoint's seals verify on /v1/responses), which
+    # another process (another key) does not share
+    assert c.signer.open("r", d.signer.sign_text("r")) == ("r", True)
+    assert c.signer.open("r", ThinkingSigner(b"another process").sign_text("r")) == ("r", False)
 
 
 @given(st.text(min_size=1, max_size=40))

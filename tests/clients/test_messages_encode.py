@@ -52,7 +52,9 @@ AGENT_TURN = sse(
 
 
 def call(stream: bool, **options: Any) -> ClientCall:
-    return ClientCall({"model": "m", "messages": []}, CHAT, "alias", stream, {"stop_sequences": (), **options})
+    """A request that enabled thinking (`show_thinking`, what proxy/clients/messages.py decodes from `thinking`)."""
+    return ClientCall({"model": "m", "messages": []}, CHAT, "alias", stream,
+                      {"stop_sequences": (), "show_thinking": True, **options})
 
 
 def run(pieces: list[bytes], stream: bool = True, **options: Any) -> bytes:
@@ -97,14 +99,17 @@ def test_stream_events_in_anthropic_order():
     assert thinking[2]["type"] == "signature_delta"
     assert SIGNER.open("Need the weather 🌍.", thinking[2]["signature"]) == ("Need the weather 🌍.", True)
     tool = events[10][1]["content_block"]
-    assert tool == {"type": "tool_use", "id": "toolu_call_a", "name": "get_weather", "input": {}}
+    assert tool == {"type": "tool_use", "id": "toolu_call_a", "name": "get_weather", "input": {},
+                    "caller": {"type": "direct"}}
+    assert events[6][1]["content_block"] == {"type": "text", "text": "", "citations": None}
     assert [d["delta"]["partial_json"] for _, d in events[11:13]] == ['{"city": ', '"Paris"}']
     assert events[14][1]["content_block"]["id"] == "toolu_call_b"
     assert [d["index"] for _, d in events if "index" in d] == [0] * 5 + [1] * 4 + [2] * 4 + [3] * 3
     final = events[-2][1]
-    assert final["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert final["delta"] == {"stop_reason": "tool_use", "stop_sequence": None, "stop_details": None,
+                              "container": None}
     assert final["usage"] == {"input_tokens": 18, "output_tokens": 20, "cache_creation_input_tokens": 0,
-                              "cache_read_input_tokens": 32}
+                              "cache_read_input_tokens": 32, "output_tokens_details": None, "server_tool_use": None}
 
 
 def test_non_stream_is_the_same_answer_folded():
@@ -114,14 +119,34 @@ def test_non_stream_is_the_same_answer_folded():
         "id": "msg_x", "type": "message", "role": "assistant", "model": "alias",
         "content": [
             {"type": "thinking", "thinking": "Need the weather 🌍.", "signature": signature},
-            {"type": "text", "text": "Checking now."},
-            {"type": "tool_use", "id": "toolu_call_a", "name": "get_weather", "input": {"city": "Paris"}},
-            {"type": "tool_use", "id": "toolu_call_b", "name": "get_time", "input": {}},
+            {"type": "text", "text": "Checking now.", "citations": None},
+            {"type": "tool_use", "id": "toolu_call_a", "name": "get_weather", "input": {"city": "Paris"},
+             "caller": {"type": "direct"}},
+            {"type": "tool_use", "id": "toolu_call_b", "name": "get_time", "input": {}, "caller": {"type": "direct"}},
         ],
-        "stop_reason": "tool_use", "stop_sequence": None,
+        "stop_reason": "tool_use", "stop_sequence": None, "stop_details": None, "container": None,
         "usage": {"input_tokens": 18, "output_tokens": 20, "cache_creation_input_tokens": 0,
-                  "cache_read_input_tokens": 32},
+                  "cache_read_input_tokens": 32, "output_tokens_details": None, "server_tool_use": None,
+                  "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+                  "service_tier": None, "inference_geo": None},
     }
+
+
+def test_without_thinking_enabled_the_reasoning_is_left_out():
+    """DECISIONS.md: thinking blocks only when the request enabled thinking; code that reads content[0].text works."""
+    body = orjson.loads(run([AGENT_TURN], stream=False, show_thinking=False))
+    assert [b["type"] for b in body["content"]] == ["text", "tool_use", "tool_use"]
+    assert body["content"][0]["text"] == "Checking now." and body["usage"]["output_tokens"] == 20
+    events = events_of(run([AGENT_TURN], show_thinking=False))
+    assert not [d for _, d in events if "thinking" in str(d.get("content_block", d.get("delta", "")))]
+    assert [d["index"] for _, d in events if "index" in d] == [0] * 4 + [1] * 4 + [2] * 3
+
+
+def test_thinking_token_count_where_the_upstream_gives_one():
+    turn = sse(delta(content="x"), {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                                    "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
+                                              "completion_tokens_details": {"reasoning_tokens": 7}}})
+    assert orjson.loads(run([turn], stream=False))["usage"]["output_tokens_details"] == {"thinking_tokens": 7}
 
 
 def test_omitted_thinking_sends_no_text_and_carries_it_in_the_signature():
@@ -173,7 +198,8 @@ def test_error_event_and_ping():
     ctx = request_context(CHAT, "m", UP, stream=True, response_id="msg_x")
     encoder = MessagesEncoder(call(True), ctx, Answer(), SIGNER)
     name, data = events_of(encoder.error(StreamTruncated("upstream cut", status=502)))[0]
-    assert name == "error" and data == {"type": "error", "error": {"type": "api_error", "message": "upstream cut"}}
+    assert name == "error" and data == {"type": "error", "error": {"type": "api_error", "message": "upstream cut"},
+                                        "request_id": None}
     assert events_of(PING) == [("ping", {"type": "ping"})] and encoder.keepalive == PING
 
 

@@ -170,6 +170,7 @@ def test_previous_response_id_continues_the_conversation(stack: Callable[..., tu
         client.responses.create(model="m", previous_response_id=first.id, input="again")
     assert info.value.body["param"] == "previous_response_id"  # type: ignore[index]
     assert info.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
+    assert "own process's memory (state_store: memory)" in info.value.body["message"]  # type: ignore[index]
 
 
 @pytest.mark.parametrize("dialect", ["mindie+full_text", "deepseek"])

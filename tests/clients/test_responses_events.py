@@ -88,7 +88,11 @@ def summary(events: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], dict[s
             if names and names[-1] == name:
                 continue
         names.append(name)
-    return names, streamed, events[-1][1]["response"]
+    final = dict(events[-1][1]["response"])
+    # The clock at the end of the answer: the one field that depends on when the test ran.
+    completed_at = final.pop("completed_at")
+    assert completed_at is None or completed_at >= final["created_at"]
+    return names, streamed, final
 
 
 def test_items_in_order_with_their_done_events() -> None:
@@ -123,6 +127,7 @@ def test_items_in_order_with_their_done_events() -> None:
 def test_non_stream_is_the_same_response() -> None:
     streamed = summary(parse(run([OPENAI_STREAM], "openai")))[2]
     folded = json.loads(run([OPENAI_STREAM], "openai", stream=False))
+    assert folded.pop("completed_at") >= folded["created_at"]
     assert folded == streamed
 
 
@@ -202,3 +207,21 @@ def test_output_item_ids_are_distinct_and_numbered_in_output_order() -> None:
     ids = [item["id"] for item in json.loads(encoder.finish())["output"]]
     assert ids == ["rs_0123456789abcdef00", "msg_0123456789abcdef01",
                    *[f"fc_0123456789abcdef{n:02d}" for n in range(2, 13)]]
+
+
+def test_echo_fills_what_the_response_object_requires() -> None:
+    """Open Responses' ResponseResource requires these: the request's values, else OpenAI's defaults (null where
+    nothing was asked: no invented cap, key or strictness)."""
+    bare = Echo({"tools": [{"type": "function", "name": "f"}, {"type": "custom", "name": "g"}]})
+    assert bare.tools == [{"type": "function", "name": "f", "description": None, "parameters": None, "strict": None},
+                          {"type": "custom", "name": "g"}]
+    assert (bare.presence_penalty, bare.frequency_penalty, bare.top_logprobs) == (0.0, 0.0, 0)
+    assert bare.max_tool_calls is None
+    assert (bare.service_tier, bare.safety_identifier, bare.prompt_cache_key) == ("default", None, None)
+    asked = Echo({"tools": [{"type": "function", "name": "f", "strict": True, "parameters": {"type": "object"}}],
+                  "presence_penalty": 0.5, "top_logprobs": 3, "max_tool_calls": 2, "service_tier": "flex",
+                  "safety_identifier": "u1", "prompt_cache_key": "k"})
+    assert asked.tools[0]["strict"] is True and asked.tools[0]["parameters"] == {"type": "object"}
+    assert (asked.presence_penalty, asked.top_logprobs, asked.max_tool_calls) == (0.5, 3, 2)
+    assert (asked.service_tier, asked.safety_identifier, asked.prompt_cache_key) == ("flex", "u1", "k")
+    assert Echo({"service_tier": "auto"}).service_tier == "default"

@@ -136,9 +136,9 @@ def exercised_metrics():  # type: ignore[no-untyped-def]
     from proxy.dialects.mindie import MindIEDialect
     from proxy.metrics import Metrics
 
-    m = Metrics(["DeepSeek-R1", "deepseek-chat"])
-    for upstream, model, dialect in (("r1", "DeepSeek-R1", "mindie"), ("ds", "deepseek-chat", "deepseek")):
-        ok = m.request("/v1/chat/completions", upstream, model, stream=True)
+    m = Metrics(["DeepSeek-R1", "deepseek-v4-flash"], key_names=["team-a"])  # inbound keys: the key_* families
+    for upstream, model, dialect in (("r1", "DeepSeek-R1", "mindie"), ("ds", "deepseek-v4-flash", "deepseek")):
+        ok = m.request("/v1/chat/completions", upstream, model, stream=True, key="team-a")
         ok.upstream_started()
         ok.upstream_headers()
         ok.chunk(False)
@@ -155,11 +155,13 @@ def exercised_metrics():  # type: ignore[no-untyped-def]
         err = m.request("/v1/chat/completions", upstream, model, stream=False)
         err.upstream_started()
         err.upstream_error(dialect, "500")
-        err.finish(502, False, None)
+        err.finish(502, False, None, "bad_gateway")
+        limited = m.request("/v1/chat/completions", upstream, model, stream=False)
+        limited.finish(429, False, None, "rate_limited")
         cut = m.request("/v1/chat/completions", upstream, model, stream=True)
         cut.chunk(True)
         cut.truncated("upstream_closed")
-        cut.finish(200, False, None)
+        cut.finish(200, False, None, "bad_gateway")
         gone = m.request("/v1/chat/completions", upstream, model, stream=True)
         gone.chunk(True)
         gone.finish(200, True, None)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from deploy_helpers import K8S, PROMETHEUS_DIR, missing, tool
 
-KUSTOMIZATIONS = ("base", "sidecar", "monitoring", "gateway-hpa")
+KUSTOMIZATIONS = ("base", "sidecar", "sidecar-mtls", "monitoring", "gateway-hpa")
 # Oldest Kubernetes minor we promise to work on, and the newest the installed kubernetes-validate knows.
 OLDEST_K8S = "1.27"
 CRD_GROUP = "monitoring.coreos.com/"
@@ -177,7 +177,11 @@ def _prestop_sleep(container: dict[str, Any]) -> float:
     return float(command[1])
 
 
-@pytest.mark.parametrize("name", ["base", "sidecar"])
+def state_store_objects(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "state-store"]
+
+
+@pytest.mark.parametrize("name", ["base", "sidecar", "sidecar-mtls"])
 def test_workloads(name: str) -> None:
     docs = rendered(name)
     deployments = kinds(docs, "Deployment")
@@ -230,6 +234,8 @@ def test_workloads(name: str) -> None:
     # Services select the pods and target a named container port.
     all_ports = {p["name"] for c in pod["containers"] for p in c.get("ports", [])}
     for svc in kinds(docs, "Service"):
+        if svc in state_store_objects(docs):
+            continue  # the gateway's Redis: test_gateway_ships_a_shared_state_store
         assert _selector_matches(svc["spec"]["selector"], template["metadata"]["labels"])
         for p in svc["spec"]["ports"]:
             assert p["targetPort"] in all_ports
@@ -265,6 +271,27 @@ def test_gateway_hpa_scales_on_the_in_flight_gauge() -> None:
     assert any(name in r["seriesQuery"] and r["name"]["as"] == name for r in rules)
 
 
+def test_gateway_ships_a_shared_state_store() -> None:
+    """Several pods x 2 workers: the proxy points at the Redis of the same build, which its Service selects."""
+    docs = rendered("base")
+    (redis,) = kinds(docs, "StatefulSet")
+    (service,) = [d for d in kinds(docs, "Service") if d in state_store_objects(docs)]
+    pod = redis["spec"]["template"]
+    assert _selector_matches(service["spec"]["selector"], pod["metadata"]["labels"])
+    assert _selector_matches(redis["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    (container,) = pod["spec"]["containers"]
+    port = next(p for p in container["ports"] if p["name"] == service["spec"]["ports"][0]["targetPort"])
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data"}
+    _, proxy = proxy_containers(docs)[0]
+    store = _env(proxy)["DIALECT_PROXY_STATE_STORE"]
+    assert store == f"redis://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/0"
+    assert port["containerPort"] == 6379
+    # the ServiceMonitor (gateway Service) must not pick up Redis
+    servicemonitor = kinds(rendered("monitoring"), "ServiceMonitor")[0]
+    assert not _selector_matches(servicemonitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+
+
 def test_gateway_config_has_replicas() -> None:
     from proxy.settings import build_settings
 
@@ -281,10 +308,25 @@ def _cli_env_names() -> set[str]:
     return {_env_name(f) for f, *_ in SERVER_FLAGS + CLIENT_FLAGS + UPSTREAM_FLAGS} | {_env_name("config")}
 
 
-@pytest.mark.parametrize("name", ["base", "sidecar"])
+def _test_pki(directory: Path) -> None:
+    """ca.pem, client.pem, client.key made by openssl: real files for the tls_* keys (the Secret holds placeholders)."""
+    openssl = tool("openssl", "apt-get install -y openssl")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+        "-subj", "/CN=test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=proxy")
+    run("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "client.pem", "-days", "1")
+
+
+@pytest.mark.parametrize("name", ["base", "sidecar", "sidecar-mtls"])
 def test_proxy_configuration_is_accepted_by_the_proxy(name: str, tmp_path: Path) -> None:
     """The container's env and the ConfigMap's config.yaml, fed through the real CLI settings code."""
     from proxy.__main__ import parser, settings_from_args
+    from proxy.state import check_scale_out
 
     docs = rendered(name)
     template, proxy = proxy_containers(docs)[0]
@@ -298,7 +340,18 @@ def test_proxy_configuration_is_accepted_by_the_proxy(name: str, tmp_path: Path)
     volume = next(v for v in template["spec"]["volumes"] if v["name"] == mount["name"])
     cm = next(d for d in kinds(docs, "ConfigMap") if d["metadata"]["name"] == volume["configMap"]["name"])
     local = tmp_path / config_path.name
-    local.write_text(cm["data"][config_path.name])
+    text = cm["data"][config_path.name]
+    # TLS files come from a Secret mounted in the proxy's container: real ones in a temporary directory instead
+    for m in proxy["volumeMounts"]:
+        volume = next(v for v in template["spec"]["volumes"] if v["name"] == m["name"])
+        if "secret" in volume and m["mountPath"] in text:
+            secret = next(d for d in kinds(docs, "Secret") if d["metadata"]["name"] == volume["secret"]["secretName"])
+            files = tmp_path / "secret"
+            files.mkdir()
+            _test_pki(files)
+            assert set(secret["stringData"]) <= {p.name for p in files.iterdir()}
+            text = text.replace(m["mountPath"], str(files))
+    local.write_text(text)
     env["DIALECT_PROXY_CONFIG"] = str(local)
 
     # Secret keys become env vars (envFrom); api_key_env must name one of them.
@@ -312,11 +365,17 @@ def test_proxy_configuration_is_accepted_by_the_proxy(name: str, tmp_path: Path)
     for u in settings.upstreams:
         if u.api_key_env:
             assert u.api_key == "test-key"
-    if name == "sidecar":
+    if name.startswith("sidecar"):
         (u,) = settings.upstreams
-        assert u.url.startswith("http://127.0.0.1:") and u.health_url, "the sidecar talks to MindIE on loopback"
+        assert u.url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")) and u.health_url, \
+            "the sidecar talks to MindIE on loopback"
+        assert u.api_key_env is None, "MindIE has no API keys"
+        assert u.health_url.endswith(":1026/health"), "readiness: MindIE's /health on its management port"
+        if name == "sidecar-mtls":
+            assert u.url.startswith("https://") and u.health_url.startswith("https://") and u.tls_cert_file
     else:
         assert settings.server.workers > 1
+        check_scale_out(settings)  # a memory store with several workers would be refused at start-up
 
 
 def test_monitors_select_the_proxy() -> None:
@@ -333,7 +392,7 @@ def test_monitors_select_the_proxy() -> None:
                                  gateway_template["metadata"]["labels"])
 
     servicemonitor = kinds(monitoring, "ServiceMonitor")[0]
-    service = kinds(rendered("base"), "Service")[0]
+    service = next(d for d in kinds(rendered("base"), "Service") if d["metadata"]["name"] == "dialect-proxy")
     assert _selector_matches(servicemonitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
     service_ports = {p["name"] for p in service["spec"]["ports"]}
     for ep in servicemonitor["spec"]["endpoints"]:

@@ -25,6 +25,8 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "deepseek"
 DS = DeepSeekDialect()
 TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
 MSG = [{"role": "user", "content": "q"}]
+# The documented placeholder for a thinking-mode tool-call turn without reasoning (docs/deepseek.md).
+PLACEHOLDER = "(reasoning not available)"
 
 
 def ctx(
@@ -122,14 +124,18 @@ def test_think_tags_round_tripped_in_content_become_the_reasoning_field() -> Non
     assert out["messages"][3] == {"role": "assistant", "content": "The answer."}
 
 
-def test_thinking_tool_turn_without_any_reasoning_gets_an_empty_one() -> None:
+def test_thinking_tool_turn_without_any_reasoning_gets_the_placeholder() -> None:
     msgs = [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
         {"role": "tool", "tool_call_id": "call_1", "content": "x"},
     ]
     out = build({"model": "deepseek-chat", "messages": msgs, "thinking": {"type": "enabled"}})
-    assert out["messages"][1]["reasoning_content"] == ""
+    assert out["messages"][1]["reasoning_content"] == PLACEHOLDER
+    # an empty reasoning counts as none (reports differ on whether DeepSeek accepts it)
+    empty = [msgs[0], {**msgs[1], "reasoning_content": ""}, msgs[2]]
+    out = build({"model": "deepseek-flash", "messages": empty}, ctx("deepseek-flash", reasoning_replay="keep"))
+    assert out["messages"][1]["reasoning_content"] == PLACEHOLDER
     # Not in non-thinking requests (nothing requires it there).
     out = build({"model": "deepseek-chat", "messages": msgs})
     assert "reasoning_content" not in out["messages"][1]

@@ -60,7 +60,7 @@ def test_model_never_sent_and_documented_drops() -> None:
         {
             "model": "my-engine",
             "messages": MSG,
-            "response_format": {"type": "json_object"},
+            "response_format": {"type": "text"},
             "user": "u1",
             "seed": 42,
             "thinking": {"type": "enabled"},
@@ -173,7 +173,7 @@ def test_document_shaped_chat_object_is_filled_to_openai() -> None:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "Hi there."},
+                "message": {"role": "assistant", "content": "Hi there.", "refusal": None, "annotations": []},
                 "logprobs": None,
                 "finish_reason": "stop",
             }

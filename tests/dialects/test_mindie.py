@@ -260,7 +260,7 @@ def test_explicit_chat_template_kwargs_win_and_disabled_thinking_is_recorded() -
     ("model", "listed", "effort", "reasoning"),
     [
         ("DeepSeek-R1", False, None, "Thinking."),
-        ("DeepSeek-R1", False, "none", "Thinking."),  # R1 templates always open <think>: no switch to honour
+        ("DeepSeek-R1", False, "none", ""),  # switched off: MindIE's template opens no block for R1 either
         ("hybrid-v3", True, None, "Thinking."),
         ("hybrid-v3", True, "none", ""),  # switched off: no block, the text (tag and all) is the answer
         ("qwen", False, None, ""),
@@ -673,6 +673,8 @@ def test_spec_non_stream_answers() -> None:
             "The best city in China is subjective and depends on personal preferences, but **Shanghai** is often "
             "considered one of the most vibrant and dynamic cities in the country."
         ),
+        "refusal": None,  # required (nullable) in OpenAI's schema
+        "annotations": [],
     }  # tool_calls: [] dropped
     assert out["usage"] == {
         "prompt_tokens": 45,
@@ -738,7 +740,8 @@ def test_non_stream_usage_keeps_cached_and_reasoning_tokens() -> None:
     assert out["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
     assert out["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
     assert "batch_size" not in out["usage"] and "queue_wait_time" not in out["usage"]
-    assert out["choices"][0]["message"] == {"role": "assistant", "content": "ok", "reasoning_content": "hmm"}
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": "ok", "reasoning_content": "hmm",
+                                            "refusal": None, "annotations": []}
 
 
 def test_streamed_tool_calls_without_index() -> None:

@@ -35,9 +35,10 @@ def upstream() -> Iterator[raw.RawUpstream]:
 
 
 def posts(upstream: raw.RawUpstream) -> tuple[int, int]:
-    """(POST requests answered or dropped, connections that carried them): the proxy's readiness GET has its own."""
-    gets = sum(head.startswith(b"GET ") for head in upstream.requests)
-    return len(upstream.requests) - gets, upstream.connections - gets
+    """(POST requests answered or dropped, connections that carried them): the proxy's readiness checks (marked
+    x-dialect-proxy-check; answered and closed by the script for no case) have their own."""
+    checks = sum(head.startswith(b"GET ") or b"x-dialect-proxy-check" in head for head in upstream.requests)
+    return len(upstream.requests) - checks, upstream.connections - checks
 
 
 def ask(client: openai.OpenAI, case: str, stream: bool) -> str:

@@ -52,7 +52,8 @@ def test_stats_and_last_request(mock_servers: Any, dialect: str) -> None:
     path, body = request_for(dialect, "hello there")
     resp = srv.post(path, body, headers={"X-Request-ID": "abc", "Authorization": "Bearer k"})
     assert resp.status_code == 200, resp.text
-    assert srv.stats() == {"requests": 1, "completed": 1, "disconnects": 0, "in_flight": 0}
+    assert srv.stats() == {"requests": 1, "completed": 1, "disconnects": 0, "in_flight": 0,
+                           "model_lists": 0, "checks": 0}
     last = srv.last_request()
     assert last["method"] == "POST" and last["path"] == path
     assert last["headers"]["x-request-id"] == "abc" and last["headers"]["authorization"] == "Bearer k"
@@ -60,7 +61,14 @@ def test_stats_and_last_request(mock_servers: Any, dialect: str) -> None:
     srv.post(path, b"{not json")
     assert srv.last_request()["body"] is None
     assert srv.client.post("/_mock/reset").json()["requests"] == 0
-    assert srv.stats() == {"requests": 0, "completed": 0, "disconnects": 0, "in_flight": 0}
+    assert srv.stats() == {"requests": 0, "completed": 0, "disconnects": 0, "in_flight": 0,
+                           "model_lists": 0, "checks": 0}
+    # the proxy's readiness checks (x-dialect-proxy-check) are answered alike and counted apart
+    checked = srv.post(path, body, headers={"x-dialect-proxy-check": "readiness"})
+    assert checked.status_code == 200
+    assert srv.stats() == {"requests": 0, "completed": 0, "disconnects": 0, "in_flight": 0,
+                           "model_lists": 0, "checks": 1}
+    assert srv.last_request() is None
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -87,7 +95,8 @@ def test_disconnect_before_headers_is_counted(mock_servers: Any, directive: str,
     with pytest.raises(httpx.ReadTimeout):
         srv.post("/v1/chat/completions", chat(f"x [mock:{directive}]", stream=stream), timeout=0.3)
     stats = srv.wait_stats(lambda s: s["disconnects"] == 1, timeout=1.0)
-    assert stats == {"requests": 1, "completed": 0, "disconnects": 1, "in_flight": 0}
+    assert stats == {"requests": 1, "completed": 0, "disconnects": 1, "in_flight": 0,
+                           "model_lists": 0, "checks": 0}
 
 
 def test_first_byte_delay(mock_servers: Any) -> None:
@@ -125,7 +134,8 @@ def test_drop_before(mock_servers: Any, dialect: str) -> None:
     with pytest.raises(httpx.RemoteProtocolError):
         srv.post(path, body)
     assert srv.wait_stats(lambda s: s["in_flight"] == 0) == {"requests": 1, "completed": 0, "disconnects": 0,
-                                                             "in_flight": 0}
+                                                             "in_flight": 0,
+                           "model_lists": 0, "checks": 0}
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

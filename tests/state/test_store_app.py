@@ -103,3 +103,4 @@ def test_redis_down_is_a_503_for_responses_and_chat_goes_on(
     with pytest.raises(openai.BadRequestError) as bad:
         client.responses.create(model="m", input="again", previous_response_id=first.id)
     assert bad.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert "process's memory" not in bad.value.body["message"]  # type: ignore[index]  (a shared store: not the cause)

@@ -46,6 +46,29 @@ def test_redis_url_builds_a_redis_store() -> None:
     assert SECRET not in repr(settings(state_store=f"rediss://user:{SECRET}@redis.example:6380/0"))
 
 
+@pytest.mark.parametrize(("url", "kind", "hosts", "extra"), [
+    ("redis://h:6390/2", "redis", (("h", 6390),), {"db": 2, "wait_replicas": 0}),
+    ("redis://h?wait_replicas=2", "redis", (("h", 6379),), {"wait_replicas": 2, "url": "redis://h"}),
+    (f"redis+sentinel://:{SECRET}@s1,s2:26380,[::1]/mymaster/1", "sentinel",
+     (("s1", 26379), ("s2", 26380), ("::1", 26379)), {"service": "mymaster", "db": 1, "wait_replicas": 1,
+                                                       "password": SECRET, "tls": False}),
+    (f"rediss+sentinel://s1/m?wait_replicas=0&sentinel_password={SECRET}", "sentinel", (("s1", 26379),),
+     {"wait_replicas": 0, "sentinel_password": SECRET, "tls": True}),
+    ("redis+cluster://u:p@c1:7000,c2:7001", "cluster", (("c1", 7000), ("c2", 7001)),
+     {"username": "u", "password": "p", "wait_replicas": 0}),
+])
+def test_sentinel_and_cluster_urls(url: str, kind: str, hosts: tuple[tuple[str, int], ...],
+                                   extra: dict[str, object]) -> None:
+    from proxy.state.urls import parse_store_url
+
+    assert settings(state_store=url).server.state_store == url
+    found = parse_store_url(url, redact_url(url))
+    assert (found.kind, found.hosts) == (kind, hosts)
+    for name, value in extra.items():
+        assert getattr(found, name) == value, name
+    assert SECRET not in redact_url(url)
+
+
 def test_flag_over_env_over_file(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("upstreams: [{name: u, dialect: openai, url: 'http://127.0.0.1:9'}]\n"
@@ -59,8 +82,18 @@ def test_flag_over_env_over_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("server", "needle"), [
-    ({"state_store": "redis"}, "server.state_store: expected memory or a redis:// or rediss:// URL, got 'redis'"),
+    ({"state_store": "redis"}, "server.state_store: expected memory or a redis://, rediss://, redis+sentinel:// or "
+                               "redis+cluster:// URL, got 'redis'"),
     ({"state_store": "http://127.0.0.1:6379"}, "server.state_store: expected memory or a redis://"),
+    ({"state_store": "redis+sentinel://s1:26379,s2"}, "the path is the Sentinel service name (e.g. /mymaster)"),
+    ({"state_store": "redis+sentinel://s1,s2:x/m"}, "'redis+sentinel://s1,s2:x/m' is not a valid URL"),
+    ({"state_store": "redis+sentinel://s1,/m"}, "'redis+sentinel://s1,/m' names no host"),
+    ({"state_store": "redis+sentinel://s1/m/db"}, "the path is the database number (e.g. /0), got 'm/db'"),
+    ({"state_store": "redis+sentinel://s1/m?wait_replicas=all"}, "wait_replicas must be a whole number"),
+    ({"state_store": "redis+sentinel://s1/m?timeout=1"}, "unknown query parameter 'timeout'"),
+    ({"state_store": "redis+cluster://c1,c2/3"}, "a Redis Cluster has database 0 only"),
+    ({"state_store": "redis+cluster://c1?wait_replicas=1"}, "wait_replicas is not available with redis+cluster://"),
+    ({"state_store": "redis://h?sentinel_password=x"}, "sentinel_username and sentinel_password go with"),
     ({"state_store": "redis://"}, "server.state_store: 'redis://' names no host"),
     ({"state_store": "redis://h:notaport/0"}, "server.state_store: 'redis://h:notaport/0' is not a valid URL"),
     ({"state_store": "redis://h:6379/zero"}, "the path is the database number (e.g. /0), got 'zero'"),
@@ -147,12 +180,21 @@ def logs() -> Iterator[list[str]]:
 
 
 def test_start_up_line_names_the_store(logs: list[str]) -> None:
-    s = settings(state_max_entries=50, workers=2)
+    s = settings(state_max_entries=50)
     asyncio.run(log_store(open_store(s), s))
     assert len(logs) == 1
     line = logs[0]
     assert '"event":"state_store"' in line and '"store":"memory"' in line and '"max_entries":50' in line
-    assert "each worker process has its own memory store" in line
+
+
+def test_a_memory_store_with_several_workers_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each worker would have its own memory store: follow-ups on the other worker would fail. Exit 2, one line."""
+    code = main(["serve", "--upstream-url", "http://127.0.0.1:9", "--upstream-dialect", "openai", "--workers", "2",
+                 "--port", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "server.state_store: memory is per process, so with --workers 2" in err
+    assert "use --state-store redis://HOST:6379/0" in err and "or --workers 1" in err
 
 
 def test_start_up_line_for_an_unreachable_redis_hides_the_password(logs: list[str]) -> None:

@@ -1,0 +1,211 @@
+"""The Responses API's WebSocket mode on `/v1/responses` (the Open Responses spec, "WebSocket Transport"): an ASGI
+`websocket` app (the front end: proxy/websocket.py).
+
+Each text message `{"type": "response.create", ...rest of a Responses request body}` is one response, answered with
+the same events as the SSE stream, each event's JSON one text message. Responses are made one at a time, in the
+order asked (a message that arrives while one is in flight waits). Each goes through the inference endpoint
+(proxy/handlers.py) as a streamed `POST /v1/responses` would: routing, retries, the upstream request, metrics, the
+access log line, cancellation — the endpoint's SSE bytes are read back into events here (proxy/sse.py).
+
+- Continuation: `previous_response_id` is looked up in the connection's own state first (the most recent response
+  answered on it, `store: false` too), then in the state store (`store: true` responses of any connection);
+  proxy/clients/responses.py `for_socket`. A `store: false` response is known to its connection only: after a
+  reconnect, continuing from it is `previous_response_not_found`.
+- A turn that continues from a response and fails (an error status, `response.failed`) evicts that response from
+  the connection's state: continuing from it again (`store: false`) is `previous_response_not_found`.
+- Errors before a response starts are `{"type": "error", "status": <HTTP status>, "error": {code, message, param,
+  type}}`; errors after it started are the stream's `response.failed`. The connection stays open after either.
+- A message that is not JSON, not an object or not a `response.create` is an `error` (400); the connection stays.
+- The connection ends after `ws_max_age` seconds (the spec's 60 minutes): `error` with code
+  `websocket_connection_limit_reached` (status 400), then a close (1000) — at once when idle, else after the response
+  in flight.
+- The client leaving mid-response cancels it (the upstream request is closed at once, as for HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from ..frontend import DISCONNECT_HOOK
+from ..handlers import KEY_NAME_SCOPE, InferenceEndpoint
+from ..sse import SSEDecoder
+from .responses import ResponsesClient
+
+if TYPE_CHECKING:
+    from ..appstate import AppState
+
+access_log: Final = logging.getLogger("dialect_proxy.access")
+_TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def error_event(status: int, error: dict[str, Any]) -> str:
+    """The spec's WebSocket error envelope (`code` a string: our envelopes always carry one)."""
+    payload = {"type": error.get("type"), "code": error.get("code") or error.get("type") or "error",
+               "message": error.get("message") or "", "param": error.get("param")}
+    return orjson.dumps({"type": "error", "status": status, "error": payload}).decode()
+
+
+class ResponsesSocket:
+    """The ASGI `websocket` endpoint of `/v1/responses`."""
+
+    def __init__(self, state: AppState, client: ResponsesClient) -> None:
+        self.state = state
+        self.client = client
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        if self.state.shutting_down:
+            body = orjson.dumps({"error": {"message": "The proxy is shutting down.", "type": "service_unavailable",
+                                           "param": None, "code": "shutting_down"}})
+            await send({"type": "websocket.http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
+            await send({"type": "websocket.http.response.body", "body": body})
+            return
+        await send({"type": "websocket.accept"})
+        await _Connection(self, scope, receive, send).run()
+
+
+class _Connection:
+    """One WebSocket connection's turns."""
+
+    def __init__(self, socket: ResponsesSocket, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.state = socket.state
+        self.cache: dict[str, bytes] = {}
+        self.endpoint = InferenceEndpoint(socket.state, socket.client.for_socket(self.cache))
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.hook: dict[str, Any] | None = None  # the scope of the response in flight (its disconnect hook)
+        self.gone = False
+        self.responses = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        opened = loop.time()
+        started = time.perf_counter()
+        reader = asyncio.ensure_future(self._read())
+        close_code = 1000
+        try:
+            while True:
+                left = opened + self.state.settings.server.ws_max_age - loop.time()
+                try:
+                    message = await asyncio.wait_for(self.inbox.get(), timeout=max(left, 0.0))
+                except TimeoutError:
+                    await self._text(error_event(400, {
+                        "type": "invalid_request_error", "code": "websocket_connection_limit_reached",
+                        "message": f"This WebSocket has been open for {self.state.settings.server.ws_max_age:g} s, "
+                                   "its limit: open a new one."}))
+                    await self.send({"type": "websocket.close", "code": 1000, "reason": "connection limit"})
+                    break
+                if message["type"] == "websocket.disconnect":
+                    close_code = int(message.get("code") or 1005)
+                    break
+                await self._turn(message)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            if access_log.isEnabledFor(logging.INFO):
+                access_log.info(orjson.dumps({
+                    "route": "/v1/responses", "websocket": True, "responses": self.responses,
+                    "close_code": close_code, "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                }).decode())
+
+    async def _read(self) -> None:
+        """Every message of the client, in order; a disconnect also cancels the response in flight."""
+        while True:
+            message = await self.receive()
+            self.inbox.put_nowait(message)
+            if message["type"] == "websocket.disconnect":
+                self.gone = True
+                scope = self.hook
+                hook = scope.get(DISCONNECT_HOOK) if scope is not None else None
+                if hook is not None:
+                    hook()
+                return
+
+    async def _text(self, text: str) -> None:
+        if not self.gone:
+            await self.send({"type": "websocket.send", "text": text})
+
+    async def _turn(self, message: dict[str, Any]) -> None:
+        raw = message.get("text")
+        if raw is None:
+            raw = (message.get("bytes") or b"").decode("utf-8", "replace")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            await self._text(error_event(400, {"type": "invalid_request_error", "code": "invalid_json",
+                                               "message": f"The message is not valid JSON ({e})."}))
+            return
+        if not isinstance(body, dict) or body.get("type") != "response.create":
+            await self._text(error_event(400, {
+                "type": "invalid_request_error", "code": "invalid_event_type", "param": "type",
+                "message": "Send `response.create` messages: {\"type\": \"response.create\", \"model\": ..., "
+                           "\"input\": ...}."}))
+            return
+        body.pop("type")
+        body.pop("stream_options", None)  # HTTP transport fields (the spec: not sent on a WebSocket)
+        body["stream"] = True
+        previous = body.get("previous_response_id")
+        failed = await self._respond(orjson.dumps(body))
+        self.responses += 1
+        if failed and isinstance(previous, str):
+            self.cache.pop(previous, None)
+
+    async def _respond(self, payload: bytes) -> bool:
+        """One response through the inference endpoint; True when it failed (an error or `response.failed`)."""
+        scope: dict[str, Any] = {
+            "type": "http", "method": "POST", "path": "/v1/responses",
+            "headers": [(b"content-length", str(len(payload)).encode())],
+            DISCONNECT_HOOK: None,
+        }
+        key_name = self.scope.get(KEY_NAME_SCOPE)
+        if key_name:
+            scope[KEY_NAME_SCOPE] = key_name
+        delivered = False
+        status = 0
+        decoder = SSEDecoder()
+        last = ""
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await asyncio.Event().wait()  # the connection's reader reports a disconnect (through the hook)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, last
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                return
+            body = message.get("body", b"")
+            if status != 200:
+                try:
+                    error = orjson.loads(body)["error"]
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    error = {"type": "server_error", "code": "internal_error", "message": "Internal error."}
+                await self._text(error_event(status, error))
+                return
+            for event in decoder.feed(bytes(body)):
+                if event.data:
+                    last = event.event or last
+                    await self._text(event.data)
+
+        self.hook = scope
+        try:
+            await self.endpoint(scope, receive, send)
+        finally:
+            self.hook = None
+        return status != 200 or last not in _TERMINAL or last == "response.failed"
