@@ -229,7 +229,7 @@ http {{
 """
 
 
-NGINX_DIRS: list[str] = []  # the nginx relays' working directories, removed at exit
+TEMP_DIRS: list[str] = []  # the nginx relays' working directories and the OTLP sink's, removed at exit
 
 
 def nginx_binary() -> str | None:
@@ -243,7 +243,7 @@ def start_nginx(port: int, upstream: int, cpu: int) -> subprocess.Popen[bytes] |
     if binary is None:
         return None
     workdir = tempfile.mkdtemp(prefix="bench-nginx-")
-    NGINX_DIRS.append(workdir)
+    TEMP_DIRS.append(workdir)
     os.chmod(workdir, 0o755)  # nginx's worker process runs as another user when started by root
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(os.path.join(workdir, sub), exist_ok=True)
@@ -265,6 +265,36 @@ def start_nginx(port: int, upstream: int, cpu: int) -> subprocess.Popen[bytes] |
 def tree_rss_kib(pid: int) -> int:
     """Resident memory of a process and its children (nginx's master and worker; a relay's workers)."""
     return sum(rss_kib(p) for p in [pid, *children(pid)])
+
+
+# --otel: an OTLP/HTTP receiver that takes every export and keeps nothing (the proxy's exporters only read the status).
+OTLP_SINK = """import sys
+from aiohttp import web
+
+async def take(request):
+    await request.read()
+    return web.Response(body=b"", content_type="application/x-protobuf")
+
+app = web.Application()
+app.router.add_post("/v1/traces", take)
+app.router.add_post("/v1/metrics", take)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
+async def start_otlp_sink() -> subprocess.Popen[bytes]:
+    """An OTLP receiver on CPU 1 (with the mocks), and the standard OTEL_* variables that point every proxy started
+    after it at it (docs/observability.md): tracing and the GenAI metrics on, all spans sampled."""
+    path = os.path.join(tempfile.mkdtemp(prefix="bench-otlp-"), "otlp_sink.py")
+    TEMP_DIRS.append(os.path.dirname(path))
+    with open(path, "w") as f:  # noqa: ASYNC230 (before any load: nothing waits on this loop)
+        f.write(OTLP_SINK)
+    port = free_port()
+    proc = start([path, str(port)], 1)
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "dialect-proxy-bench"})
+    await wait_up(f"http://127.0.0.1:{port}/")
+    return proc
 
 
 @dataclass
@@ -606,6 +636,9 @@ async def main() -> None:
                     help="ratio table: pin the load generator to CPU 1 with the mocks (relays not saturated)")
     ap.add_argument("--ref", help="also measure the proxy of this commit (git archive), in the same rounds: the "
                                   "ratio table gets its CPU, its ratio to bare, and this tree's CPU / its CPU")
+    ap.add_argument("--otel", action="store_true",
+                    help="the proxy (and --ref's, if it has tracing) exports traces and metrics over OTLP to a "
+                         "receiver on the mocks' CPU: tracing's cost")
     ap.add_argument("--compiled", action="store_true",
                     help="measure a compiled copy of this tree (setup.py, mypyc; needs a C compiler) as the proxy; "
                          "with --ref HEAD, proxy/ref is compiled / pure Python")
@@ -617,13 +650,25 @@ async def main() -> None:
         PROXY_TREE = compiled_copy()
     seconds, rounds = (1.0, 2) if args.quick else (args.seconds, args.rounds)
     raise_fd_limit()
+    sink = await start_otlp_sink() if args.otel else None
     if args.pin_load or args.scale in ("streams", "memory", "fulltext", "all"):
         pin_self({1})  # with the mocks (see the docstring); `--scale workers` unpins
     print(f"dialect-proxy bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}\n")
-    if args.scale is None:
-        await ratio_table(seconds, rounds)
-        return
+    if sink is not None:
+        endpoint = os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        print(f"OpenTelemetry on: OTLP/HTTP export to {endpoint} (a receiver on CPU 1)\n")
+    try:
+        if args.scale is None:
+            await ratio_table(seconds, rounds)
+            return
+        await scale(args, seconds, rounds)
+    finally:
+        if sink is not None:
+            stop(sink)
+
+
+async def scale(args: argparse.Namespace, seconds: float, rounds: int) -> None:
     if args.scale in ("streams", "all"):
         await scale_streams(args.streams, max(seconds, 3.0))
     if args.scale in ("memory", "all"):
@@ -640,6 +685,6 @@ if __name__ == "__main__":
     try:
         asyncio.run(main())
     finally:
-        for tree in (REF_TREE, PROXY_TREE, *NGINX_DIRS):  # the temporary trees of --ref and --compiled, nginx's
+        for tree in (REF_TREE, PROXY_TREE, *TEMP_DIRS):  # the temporary trees of --ref and --compiled, and the rest
             if tree is not None:
                 shutil.rmtree(tree, ignore_errors=True)
