@@ -217,7 +217,9 @@ def parser() -> argparse.ArgumentParser:
         epilog="example: dialect-proxy probe https://10.0.0.5:1025 --tls-ca-file ca.pem --tls-cert-file client.pem "
                "--tls-key-file client.key")
     probe.add_argument("url", help="the upstream's base URL (with or without /v1)")
-    probe.add_argument("--dialect", default=None, help="skip detection: the upstream speaks this dialect "
+    probe.add_argument("--dialect", default=None,
+                       help="the dialect you expect the upstream to speak, checked against its answers (another "
+                       "dialect: a warning and exit 1) "
                        f"({', '.join(DIALECT_NAMES)})")
     probe.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     probe.add_argument("--api-key-env", default=None,

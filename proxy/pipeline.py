@@ -72,7 +72,7 @@ class Pipeline:
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            try:  # invalid UTF-8 inside the JSON: U+FFFD, as the stream decoder does (README "Streams")
+            try:  # invalid UTF-8 inside the JSON: U+FFFD, as the stream decoder does (docs/behaviour.md "Streams")
                 data = orjson.loads(raw.decode("utf-8", "replace"))
             except orjson.JSONDecodeError:
                 raise UpstreamError(

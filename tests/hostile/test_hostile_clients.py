@@ -362,4 +362,4 @@ def test_a_request_id_that_is_not_utf8_is_returned_as_sent(proxy_for):
 
     assert asyncio.run(main())["x-request-id"].encode("latin-1") == sent
     upstream = mock.last_request()["headers"]["x-request-id"].encode("latin-1")
-    assert upstream == "caf\ufffd-1".encode()  # U+FFFD for the byte that is no UTF-8 (README "Requests")
+    assert upstream == "caf\ufffd-1".encode()  # U+FFFD for the byte that is no UTF-8 (docs/behaviour.md "Requests")
