@@ -12,7 +12,7 @@ Subclasses override only what differs; the data that differs lives in mappings/<
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
@@ -115,6 +115,17 @@ class Dialect:
 
     # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
     prepares: ClassVar[bool] = False
+
+    # The upstream has a mode that streams cumulative text (MindIE's fullTextEnabled): `full_text: true` says it is on.
+    full_text_mode: ClassVar[bool] = False
+
+    # `client.usage_fields: <name>` (proxy/clients/chat.py): chat clients may ask for this dialect's usage fields.
+    offers_usage_fields: ClassVar[bool] = False
+
+    @classmethod
+    def client_usage_fields(cls) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        """What turns an OpenAI usage into this dialect's own for chat clients that ask (None: it is OpenAI's)."""
+        return None
 
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)

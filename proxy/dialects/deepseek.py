@@ -38,10 +38,12 @@ Responses are OpenAI-shaped already (`reasoning_content`, usage cache fields han
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from ..canonical import CHAT, ChatRequest, RequestContext
 from ..errors import ClientRequestError
+from ..stream.usage import deepseek_usage_fields
 from .base import Dialect, UpstreamSession, is_r1_era, join_text_parts
 
 RESPONSE_FORMATS: Final = ("text", "json_object")
@@ -105,6 +107,11 @@ class DeepSeekDialect(Dialect):
     supports_prefix = True
     reasoning_fallback = REASONING_PLACEHOLDER
     prepares = True
+    offers_usage_fields = True  # `client.usage_fields: deepseek`: prompt_cache_hit/miss_tokens for chat clients
+
+    @classmethod
+    def client_usage_fields(cls) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        return deepseek_usage_fields
 
     async def prepare(self, ctx: RequestContext) -> None:
         """A retired name: whether the upstream still lists it decides its translation (read once, then cached)."""

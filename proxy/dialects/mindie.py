@@ -207,6 +207,7 @@ class MindIEDialect(Dialect):
     session_class = MindIESession
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
     stream_usage_option = False
+    full_text_mode = True
     # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
     default_response_format = "reject"
     response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."

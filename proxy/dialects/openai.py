@@ -11,3 +11,4 @@ from .base import Dialect
 
 class OpenAIDialect(Dialect):
     name = "openai"
+    offers_usage_fields = True  # the default: OpenAI's usage fields as they are
