@@ -195,6 +195,9 @@ class Dialect:
         self.mapping: DialectMapping = load_mapping(self.name)
         # The upstream's own model list (proxy/catalog.py), attached by the app (proxy/appstate.py); None: not known.
         self.catalog: ModelCatalog | None = None
+        # What live traffic showed to be wrong with this upstream's configuration (one Dialect per upstream), e.g. a
+        # stream of the other form than `full_text` says: /readyz reports it until the config is fixed.
+        self.finding: str | None = None
 
     async def prepare(self, ctx: RequestContext) -> None:
         """Before the request is built, when `prepares`: learn what the translation needs from the upstream."""
@@ -203,9 +206,6 @@ class Dialect:
     def routable_models(self, listed: tuple[str, ...]) -> list[str]:
         """The names that route to this upstream's models, given the names it lists itself (`/v1/models`)."""
         return list(listed)
-        # What live traffic showed to be wrong with this upstream's configuration (one Dialect per upstream), e.g. a
-        # stream of the other form than `full_text` says: /readyz reports it until the config is fixed.
-        self.finding: str | None = None
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """What the hub does with the reasoning on this request's assistant turns (proxy/continuity.py): `strip`,
