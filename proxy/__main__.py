@@ -20,17 +20,17 @@ from . import __version__
 from .build import BUILD
 from .settings import (
     CLIENT_REASONING,
-    DIALECT_NAMES,
     LOG_LEVELS,
     REASONING_SOURCES,
     RESPONSE_FORMAT,
-    USAGE_FIELDS,
     ConfigError,
     Settings,
     build_settings,
     dialect_name,
+    dialect_names,
     env_var_name,
     load_config_file,
+    usage_field_names,
 )
 
 ENV_PREFIX = "DIALECT_PROXY_"
@@ -81,12 +81,12 @@ CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("client-reasoning", "how clients receive reasoning: reasoning_content (default), reasoning, think_tags, none",
      "str", CLIENT_REASONING),
     ("client-usage-fields", "openai (default), or deepseek to add prompt_cache_hit/miss_tokens to usage", "str",
-     USAGE_FIELDS),
+     usage_field_names()),
 ]
 UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("upstream-url", "the upstream server's base URL, with or without /v1 (single-upstream form; every model "
      "name routes there unchanged). Several replicas: repeat the flag or separate URLs with commas", "str", None),
-    ("upstream-dialect", f"the upstream's dialect: {', '.join(DIALECT_NAMES)} (any case)", "str", None),
+    ("upstream-dialect", f"the upstream's dialect: {', '.join(dialect_names())} (any case)", "str", None),
     ("upstream-name", "a name for the upstream in logs and metrics (default: the dialect)", "str", None),
     ("full-text", "the MindIE upstream runs with fullTextEnabled (cumulative stream text)", "bool", None),
     ("upstream-api-key-env", "name of the environment variable holding the upstream's API key", "str", None),
@@ -149,6 +149,8 @@ def _value(args: argparse.Namespace, flag: str, environ: dict[str, str] | os._En
 
 
 def parser() -> argparse.ArgumentParser:
+    from .mock.server import DEFAULT_DIALECT
+
     p = argparse.ArgumentParser(
         prog="dialect-proxy",
         description="An OpenAI Chat Completions proxy for MindIE, Siliconstorm, DeepSeek and engine upstreams.",
@@ -184,7 +186,7 @@ def parser() -> argparse.ArgumentParser:
     mock.add_argument("--host", default=None, help=f"(default 127.0.0.1) [env {_mock_env('host')}]")
     mock.add_argument("--port", default=None, help=f"(default 1025) [env {_mock_env('port')}]")
     mock.add_argument("--dialect", default=None,
-                      help=f"dialect to speak: {', '.join(DIALECT_NAMES)} (default mindie) "
+                      help=f"dialect to speak: {', '.join(dialect_names())} (default {DEFAULT_DIALECT}) "
                       f"[env {_mock_env('dialect')}]")
     mock.add_argument("--full-text", nargs="?", const="true", default=None, metavar="BOOL",
                       help=f"MindIE fullTextEnabled mode (cumulative text) [env {_mock_env('full-text')}]")
@@ -207,7 +209,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--mock-port", default=None,
                       help=f"mock upstream port (default: a free port) [env {_env_name('mock-port')}]")
     demo.add_argument("--dialect", default=None,
-                      help=f"mock dialect: {', '.join(DIALECT_NAMES)} (default mindie) [env {_mock_env('dialect')}]")
+                      help=f"mock dialect: {', '.join(dialect_names())} (default {DEFAULT_DIALECT}) "
+                      f"[env {_mock_env('dialect')}]")
     probe = sub.add_parser("probe", help="find out what an upstream speaks and print the config block for it",
                            description=(
         "Talk to an upstream the way the proxy would (a few tiny requests, each bounded in time) and report: "
@@ -220,7 +223,7 @@ def parser() -> argparse.ArgumentParser:
     probe.add_argument("--dialect", default=None,
                        help="the dialect you expect the upstream to speak, checked against its answers (another "
                        "dialect: a warning and exit 1) "
-                       f"({', '.join(DIALECT_NAMES)})")
+                       f"({', '.join(dialect_names())})")
     probe.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     probe.add_argument("--api-key-env", default=None,
                        help="name of the environment variable holding the upstream's API key")
@@ -308,7 +311,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
         dialect = _value(args, "upstream-dialect", environ)
         if not dialect:
             raise ConfigError("--upstream-dialect: required with --upstream-url "
-                              f"(one of {', '.join(DIALECT_NAMES)})")
+                              f"(one of {', '.join(dialect_names())})")
         single = {"url": url, "dialect": dialect}
         for flag, key in (("upstream-name", "name"), ("full-text", "full_text"),
                           ("upstream-api-key-env", "api_key_env"), ("upstream-health-url", "health_url"),
@@ -425,8 +428,10 @@ def demo(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .app import create_app
+    from .dialects import DIALECTS
     from .frontend import frontend_options
     from .mock import create_app as create_mock
+    from .mock.server import DEFAULT_DIALECT
     from .settings import coerce_value
 
     environ = os.environ
@@ -434,10 +439,10 @@ def demo(args: argparse.Namespace) -> None:
     mock_port_value = args.mock_port or environ.get(_env_name("mock-port"))
     proxy_port = coerce_value("--port", port, int) if port else _free_port()
     mock_port = coerce_value("--mock-port", mock_port_value, int) if mock_port_value else _free_port()
-    args.dialect = dialect_name("--dialect", args.dialect or environ.get(_mock_env("dialect")) or "mindie")
+    args.dialect = dialect_name("--dialect", args.dialect or environ.get(_mock_env("dialect")) or DEFAULT_DIALECT)
     check_port("127.0.0.1", mock_port, "--mock-port")
     check_port("127.0.0.1", proxy_port, "--port")
-    full_text = args.dialect in ("mindie", "siliconstorm")
+    full_text = DIALECTS[args.dialect].full_text_mode  # the mode worth seeing where the dialect has one
     settings = build_settings(single_upstream={
         "url": f"http://127.0.0.1:{mock_port}", "dialect": args.dialect, "full_text": full_text,
         "name": f"mock-{args.dialect}",
@@ -502,20 +507,19 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
 
 def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
     from .mock import run
+    from .mock.server import DEFAULT_DIALECT, flavours
     from .settings import coerce_value
 
     host = args.host or environ.get(_mock_env("host")) or "127.0.0.1"
     port = coerce_value("--port", args.port or environ.get(_mock_env("port")) or 1025, int)
-    dialect = dialect_name("--dialect", args.dialect or environ.get(_mock_env("dialect")) or "mindie")
+    dialect = dialect_name("--dialect", args.dialect or environ.get(_mock_env("dialect")) or DEFAULT_DIALECT)
     full_text = coerce_value("--full-text", args.full_text or environ.get(_mock_env("full-text")) or "false", bool)
     api_key = args.api_key or environ.get(_mock_env("api-key")) or None
     served = args.served_model or environ.get(_mock_env("served-model")) or None
     flavour = args.flavour or environ.get(_mock_env("flavour")) or ""
-    from .mock.server import FLAVOURS
-
-    if flavour and flavour not in FLAVOURS.get(dialect, {}):
+    if flavour and flavour not in flavours(dialect):
         raise ConfigError(f"--flavour: the {dialect} mock has no flavour {flavour!r} "
-                          f"(flavours: {', '.join(FLAVOURS.get(dialect, {})) or 'none'})")
+                          f"(flavours: {', '.join(flavours(dialect)) or 'none'})")
     check_port(host, port, "--port")
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''}{f' ({flavour})' if flavour else ''} on "
           f"http://{host}:{port}", flush=True)

@@ -122,9 +122,9 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
     app.router.redirect_slashes = False
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
-    responses = state.client_dialects["responses"]
-    assert isinstance(responses, ResponsesClient)
-    sockets = {responses.path: ResponsesSocket(state, responses)}  # the Responses API's WebSocket mode
+    # The Responses API's WebSocket mode, on the Responses client's path.
+    sockets = {c.path: ResponsesSocket(state, c) for c in state.client_dialects.values()
+               if type(c) is ResponsesClient}
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
                     list(state.client_dialects.values()), sockets)
 

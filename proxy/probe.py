@@ -5,12 +5,16 @@ path, so a probe works even where that path has a bug):
 
 1. `GET /v1/models` (and `GET /models`): is it reachable, does it need TLS / a client certificate / a CA file / an
    API key, which paths answer, in which error shape, which models it serves;
-2. only when neither answered: `POST /chat` (the engine API has no model listing);
+2. only when neither answered: the chat paths of the dialects without a model listing;
 3. one small streamed chat request: cumulative text (MindIE `fullTextEnabled`), reasoning as a field, as `<think>`
    tags or as R1's lone `</think>`, where usage comes;
 4. one small streamed request with a tool and `tool_choice: required`: are tool calls streamed, with `index`?
-5. MindIE / Siliconstorm only: one small `response_format` json_schema request: is structured output honoured
+5. where the dialect asks for it: one small `response_format` json_schema request: is structured output honoured
    (MindIE 2.3 and later), so the config block says `response_format: pass`?
+
+What is dialect-specific — how each dialect's servers are recognised, what its chat body carries, what its config
+block notes — each spoke declares (the `probe_*` members of proxy/dialects/base.py `Dialect`); this module runs
+those steps for every spoke in the registry.
 
 The result is a `Report`: a short table for people, one JSON object for scripts (`--json`), and the config block
 to paste into the proxy's YAML file.
@@ -22,29 +26,21 @@ import asyncio
 import ssl
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 import yaml
 
-from .dialects.base import THINKING_MODEL_RE
+from .dialects import DIALECTS, family
+from .dialects.base import THINKING_MODEL_RE, Dialect, ProbeListing
 from .mapping import load_mapping
 from .sse import SSEDecoder
 from .upstream import connection_hint
 
-DIALECT_GUESS_ORDER = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
-# Dialects that one detection cannot tell apart before a chat answer (hosted MindIE is MindIE's wire): a --dialect of
-# the same family is no mismatch.
-_FAMILY = {"mindie": "mindie", "siliconstorm": "mindie"}
 # DECISIONS.md "Reasoning": these upstream names start inside the thinking block.
 R1_NAME = THINKING_MODEL_RE
-# Dialects that read `stream_options` (MindIE does not; it sends usage on its finish chunk anyway).
-_STREAM_OPTIONS = ("openai", "deepseek", "engine")
-_NO_MODEL = ("engine",)  # the engine API never takes `model`
 _BODY_LIMIT = 2**20
 _MAX_EVENTS = 2000
-_STRUCTURED_CHECK = ("mindie", "siliconstorm")  # dialects whose default is `response_format: reject`
 _SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
            "additionalProperties": False}
 TOOL = {"type": "function", "function": {
@@ -172,7 +168,7 @@ class Prober:
         self.report = Report(url=self.base)
         self._session: aiohttp.ClientSession | None = None
         self._first: tuple[str, _Answer] = ("", _Answer(0, "", b""))
-        self._engine_events: list[dict[str, Any]] | None = None
+        self._chat_events: list[dict[str, Any]] | None = None  # a streamed answer detection already read
         self._untrusted = False
 
     # -- plumbing -------------------------------------------------------------------------------------------------
@@ -214,9 +210,11 @@ class Prober:
 
     def _record(self, label: str, answer: _Answer) -> None:
         self.report.paths[label] = answer.status
-        if answer.status >= 400 or _error_shape(answer.body) in ("siliconstorm",):
-            self.report.error_shapes[label] = _error_shape(answer.body)
-        if answer.status in (401, 403) or _error_shape(answer.body) == "siliconstorm" and b"801" in answer.body:
+        shape = _error_shape(answer.body)
+        owner = DIALECTS.get(shape)
+        if answer.status >= 400 or owner is not None and owner.probe_error_at_200:
+            self.report.error_shapes[label] = shape
+        if answer.status in (401, 403) or owner is not None and owner.probe_refused_key(answer.body):
             self.report.api_key_required = True
         elif 200 <= answer.status < 300 and self.report.api_key_required is None and label.startswith("GET"):
             self.report.api_key_required = False
@@ -250,7 +248,7 @@ class Prober:
             await self._chat()
             if r.chat == "ok":
                 await self._tools()
-                if r.dialect in _STRUCTURED_CHECK:
+                if DIALECTS[r.dialect].probe_structured_output:
                     await self._structured()
 
     async def _connect(self) -> bool:
@@ -320,21 +318,20 @@ class Prober:
                 self._record("GET /models", plain)
             except _Failed as f:
                 r.problem(f"GET /models: {f.problem}", "check the URL (host, port, path prefix)")
-        owners = {str(c.get("owned_by")) for c in listed or ()}
-        shape = _error_shape(first.body) if first.status >= 400 and first.status not in (404, 405) else None
+        plain_cards = _model_cards(plain.body) if plain is not None and plain.status == 200 else None
+        listing = ProbeListing(
+            first.status, _error_shape(first.body),
+            _error_shape(first.body) if first.status >= 400 and first.status not in (404, 405) else None,
+            {str(c.get("owned_by")) for c in listed or ()}, listed is not None, plain_cards is not None)
         found: str | None = None
         evidence = ""
-        if "MindIE Server" in owners or shape == "mindie":
-            found, evidence = "mindie", ("MindIE-shaped model list" if listed is not None else "MindIE error shape")
-        elif shape == "siliconstorm" or (first.status == 200 and _error_shape(first.body) == "siliconstorm"):
-            found, evidence = "siliconstorm", "Siliconstorm {code, message} error body"
-        elif plain is not None and plain.status == 200 and _model_cards(plain.body) is not None:
-            found, evidence = "deepseek", "serves /models without /v1"
-            if listed is None:
-                r.models = [c["id"] for c in _model_cards(plain.body) or ()]
-        elif listed is not None or shape == "openai":
-            found, evidence = "openai", ("OpenAI model list at /v1/models" if listed is not None else
-                                         "OpenAI error shape")
+        for spoke in _detection_order():
+            recognised = spoke.probe_listing(listing)
+            if recognised is not None:
+                found, evidence = spoke.name, recognised
+                if listed is None and plain_cards is not None:  # listed at /models only
+                    r.models = [c["id"] for c in plain_cards]
+                break
         else:
             found, evidence = await self._try_chat_paths()
         self._auth_problem(first)
@@ -342,7 +339,7 @@ class Prober:
         if given:
             r.dialect = given
             r.dialect_evidence.append("given with --dialect")
-            if found is not None and _FAMILY.get(found, found) != _FAMILY.get(given, given):
+            if found is not None and family(found) != family(given):
                 r.problem(f"the server answers as the {found} dialect ({evidence}), not {given} (--dialect)",
                           f"use dialect: {found} (probe: --dialect {found}, or leave --dialect out)")
             return
@@ -355,21 +352,36 @@ class Prober:
                       "check the URL (host, port, path prefix) or give --dialect")
 
     async def _try_chat_paths(self) -> tuple[str | None, str]:
-        """Without a model listing: the engine API's streamed /chat, then OpenAI's /v1/chat/completions with a body
-        invalid on purpose (its validation error proves the path; nothing is generated)."""
-        engine = await self._try_engine()
-        if engine is not None:
-            return "engine", engine
-        try:
-            answer, _ = await self._request("POST", "/v1/chat/completions", {"model": self._model(),
-                                                                             "messages": "an invalid body on purpose"})
-        except _Failed as f:
-            self.report.problem(f"POST /v1/chat/completions: {f.problem}", "check the URL (host, port, path prefix)")
-            return None, ""
-        self._record("POST /v1/chat/completions", answer)
-        if answer.status in (400, 422) and _error_shape(answer.body) == "openai":
-            return "openai", "POST /v1/chat/completions validates requests (no model listing)"
+        """Without a model listing: the chat paths of the dialects recognised there — a small streamed request
+        (`probe_chat_path = "stream"`), then a body invalid on purpose (`"invalid"`: its validation error proves the
+        path; nothing is generated)."""
+        for spoke in _detection_order():
+            evidence: str | None
+            if spoke.probe_chat_path == "stream":
+                evidence = await self._try_streamed_chat(spoke)
+            elif spoke.probe_chat_path == "invalid":
+                evidence = await self._try_invalid_chat(spoke)
+                if evidence is None:
+                    return None, ""
+            else:
+                continue
+            if evidence:
+                return spoke.name, evidence
         return None, ""
+
+    async def _try_invalid_chat(self, spoke: type[Dialect]) -> str | None:
+        """The evidence ("" if none), or None when the path could not be asked at all."""
+        path = _chat_path(spoke.name)
+        try:
+            answer, _ = await self._request("POST", path, {"model": self._model(),
+                                                           "messages": "an invalid body on purpose"})
+        except _Failed as f:
+            self.report.problem(f"POST {path}: {f.problem}", "check the URL (host, port, path prefix)")
+            return None
+        self._record(f"POST {path}", answer)
+        if answer.status in (400, 422) and _error_shape(answer.body) == _generic().name:
+            return f"POST {path} validates requests (no model listing)"
+        return ""
 
     def _auth_problem(self, answer: _Answer) -> None:
         if self.report.api_key_required:
@@ -378,32 +390,34 @@ class Prober:
                                 "put the key in an environment variable and name it in api_key_env "
                                 "(probe: --api-key-env)")
 
-    async def _try_engine(self) -> str | None:
+    async def _try_streamed_chat(self, spoke: type[Dialect]) -> str:
+        path = _chat_path(spoke.name)
         try:
-            answer, events = await self._request("POST", "/chat", self._chat_body("engine"), stream=True)
+            answer, events = await self._request("POST", path, self._chat_body(spoke.name), stream=True)
         except _Failed as f:
-            self.report.problem(f"POST /chat: {f.problem}")
-            return None
-        self._record("POST /chat", answer)
+            self.report.problem(f"POST {path}: {f.problem}")
+            return ""
+        self._record(f"POST {path}", answer)
         if events is not None:
-            self._engine_events = events
-            return "POST /chat streams completions; no model listing"
-        if answer.status in (400, 422) and _error_shape(answer.body) == "openai":
-            return "POST /chat answers with OpenAI-shaped validation errors"
-        return None
+            self._chat_events = events
+            return f"POST {path} streams completions; no model listing"
+        if answer.status in (400, 422) and _error_shape(answer.body) == _generic().name:
+            return f"POST {path} answers with OpenAI-shaped validation errors"
+        return ""
 
     def _chat_body(self, dialect: str, tools: bool = False) -> dict[str, Any]:
+        spoke = DIALECTS[dialect]
         body: dict[str, Any] = {"messages": [{"role": "user", "content": self.opts.prompt}], "stream": True,
                                 "max_tokens": self.opts.max_tokens}
-        if dialect not in _NO_MODEL:
+        if spoke.sends_model:
             body["model"] = self._model()
-        if dialect in _STREAM_OPTIONS:
+        if spoke.stream_usage_option:  # (MindIE does not read stream_options; it sends usage on its finish chunk)
             body["stream_options"] = {"include_usage": True}
         if tools:
             body["tools"] = [TOOL]
             body["tool_choice"] = "required"
-            if dialect == "deepseek":  # thinking mode (DeepSeek's default) refuses a forced tool_choice
-                body["thinking"] = {"type": "disabled"}
+        spoke.probe_chat_body(body, tools)
+        if tools:
             body["messages"] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
         return body
 
@@ -414,8 +428,8 @@ class Prober:
         r = self.report
         dialect = r.dialect
         assert dialect is not None
-        path = load_mapping(dialect).paths.get("chat") or "/v1/chat/completions"
-        events = self._engine_events
+        path = _chat_path(dialect)
+        events = self._chat_events
         if events is None:
             try:
                 answer, events = await self._request("POST", path, self._chat_body(dialect), stream=True)
@@ -436,18 +450,22 @@ class Prober:
                     hint = "the server failed the request: see its message (and its logs); retry when it is up"
                 r.problem(f"the streamed chat request failed: {r.chat}", hint)
                 return
-        r.model_used = None if dialect in _NO_MODEL else self._model()
+        r.model_used = self._model() if DIALECTS[dialect].sends_model else None
         r.chat = "ok"
         _analyse(r, events, r.model_used or "")
-        if dialect == "mindie" and not any(_usage_has(e, "batch_size") for e in events) and r.usage != "none" \
-                and not self.opts.dialect:
-            r.dialect = "siliconstorm"
-            r.dialect_evidence.append("MindIE wire without MindIE's batch_size usage (hosted MindIE)")
+        if not self.opts.dialect and family(dialect) == dialect:
+            for spoke in DIALECTS.values():
+                if spoke.name != dialect and family(spoke.name) == dialect:
+                    evidence = spoke.probe_after_chat(events, r.usage != "none")
+                    if evidence is not None:
+                        r.dialect = spoke.name
+                        r.dialect_evidence.append(evidence)
+                        break
 
     async def _tools(self) -> None:
         r = self.report
         assert r.dialect is not None
-        path = load_mapping(r.dialect).paths.get("chat") or "/v1/chat/completions"
+        path = _chat_path(r.dialect)
         try:
             answer, events = await self._request("POST", path, self._chat_body(r.dialect, tools=True), stream=True)
         except _Failed as f:
@@ -471,7 +489,7 @@ class Prober:
         """Does the server honour `response_format` (MindIE 2.3 and later do)? One small json_schema request."""
         r = self.report
         assert r.dialect is not None
-        path = load_mapping(r.dialect).paths.get("chat") or "/v1/chat/completions"
+        path = _chat_path(r.dialect)
         body = {"model": self._model(), "max_tokens": self.opts.max_tokens, "stream": False,
                 "messages": [{"role": "user", "content": "Is water wet? Answer in JSON."}],
                 "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": _SCHEMA}}}
@@ -555,15 +573,23 @@ def _analyse(r: Report, events: list[dict[str, Any]], model: str) -> None:
             break
 
 
+def _detection_order() -> list[type[Dialect]]:
+    """The spokes in the order their evidence is asked for: the generic one last."""
+    return sorted(DIALECTS.values(), key=lambda spoke: spoke.probe_generic)
+
+
+def _generic() -> type[Dialect]:
+    return next(spoke for spoke in DIALECTS.values() if spoke.probe_generic)
+
+
+def _chat_path(dialect: str) -> str:
+    return load_mapping(dialect).paths.get("chat") or "/v1/chat/completions"
+
+
 def _reset(exc: BaseException) -> bool:
     """The connection was made and then closed or reset (not refused, not a failed handshake)."""
     return isinstance(exc, aiohttp.ClientOSError | aiohttp.ServerDisconnectedError) and \
         not isinstance(exc, aiohttp.ClientConnectorError)
-
-
-def _usage_has(event: dict[str, Any], key: str) -> bool:
-    usage = event.get("usage")
-    return isinstance(usage, dict) and key in usage
 
 
 def _model_cards(raw: bytes) -> list[dict[str, Any]] | None:
@@ -584,12 +610,9 @@ def _error_shape(raw: bytes) -> str:
     except orjson.JSONDecodeError:
         return "text"
     if isinstance(data, dict):
-        if isinstance(data.get("error"), dict):
-            return "openai"
-        if isinstance(data.get("error"), str):
-            return "mindie"
-        if "code" in data and ("message" in data or "result" in data) and "choices" not in data:
-            return "siliconstorm"
+        for spoke in DIALECTS.values():
+            if spoke.probe_error_shape(data):
+                return spoke.name
         if "detail" in data:
             return "fastapi"
         if "message" in data:
@@ -630,11 +653,12 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
             "https://" in p["hint"] for p in r.problems):
         url = "https://" + url[len("http://"):]
     entry: dict[str, Any] = {"name": dialect, "dialect": dialect, "url": url}
-    if r.full_text and dialect in ("mindie", "siliconstorm"):
+    spoke = DIALECTS[dialect]
+    if r.full_text and spoke.full_text_mode:
         entry["full_text"] = True
     if opts.api_key_env or r.api_key_required:
         entry["api_key_env"] = opts.api_key_env or "UPSTREAM_API_KEY"
-    if r.response_format == "honoured" and dialect in _STRUCTURED_CHECK:
+    if r.response_format == "honoured" and spoke.probe_structured_output:
         entry["response_format"] = "pass"  # structured output (MindIE >= 2.3): let clients' response_format through
     if r.reasoning == "close_only" and r.model_used and not R1_NAME.search(r.model_used):
         entry["thinking_models"] = [r.model_used]
@@ -648,10 +672,7 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
             entry["tls_verify"] = False
     item = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=120, default_flow_style=False)
     lines = ["upstreams:", *("  " + line for line in item.splitlines())]
-    if dialect in _FAMILY and _FAMILY[dialect] == "mindie":
-        parts = urlsplit(url)
-        lines.append(f"    # health_url: {parts.scheme}://{parts.hostname}:1026/health   # MindIE's health is on its "
-                     "management port (managementPort, default 1026): set it so that /readyz asks it too")
+    lines.extend(spoke.probe_config_notes(url))
     if r.models:
         lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
                      "name here)")

@@ -1,7 +1,7 @@
 """Settings: one frozen object built from CLI flags, DIALECT_PROXY_* environment variables and the YAML file.
 
 Precedence: flag > environment > config file > default (DECISIONS.md). Every problem is a `ConfigError` whose
-message names the key, e.g. ``upstreams[0].dialect: 'mindy' is not one of openai, deepseek, ...``; the CLI prints
+message names the key, e.g. ``upstreams[0].dialect: 'mindy' is not one of deepseek, engine, ...``; the CLI prints
 that one line and exits 2. No stack trace.
 """
 
@@ -18,11 +18,9 @@ from urllib.parse import unquote
 
 import yaml
 
-DIALECT_NAMES = ("openai", "deepseek", "mindie", "siliconstorm", "engine")
 CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
 REASONING_SOURCES = ("auto", "field", "tags", "off")
 REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
-USAGE_FIELDS = ("openai", "deepseek")
 RESPONSE_MODEL = ("client", "upstream")
 RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -88,7 +86,7 @@ class UpstreamSettings:
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
     reasoning: str = "reasoning_content"
-    usage_fields: str = "openai"
+    usage_fields: str | None = None  # a dialect whose usage fields chat clients get too; None: OpenAI's alone
     # env var with the secret that signs Anthropic `thinking` blocks (proxy/clients/signature.py); none: a random
     # key per process, so signatures do not verify across workers, replicas or restarts (docs/messages.md)
     thinking_key_env: str | None = None
@@ -218,7 +216,7 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 }
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
-    "usage_fields": (str, USAGE_FIELDS),
+    "usage_fields": (str, None),  # one of usage_field_names(), checked in build_settings
     "thinking_key_env": (str, None),
 }
 _UPSTREAM_KEYS = (
@@ -245,14 +243,30 @@ def env_var_name(key: str, value: Any) -> str:
     return name
 
 
+def dialect_names() -> tuple[str, ...]:
+    """The upstream dialects' names, from their spokes' registry (proxy/dialects/__init__.py: imported when first
+    asked, as the spokes import this module's types)."""
+    from .dialects import DIALECTS
+
+    return tuple(DIALECTS)
+
+
+def usage_field_names() -> tuple[str, ...]:
+    """The values of `client.usage_fields`: the dialects whose spokes offer their usage fields to chat clients."""
+    from .dialects import DIALECTS
+
+    return tuple(name for name, spoke in DIALECTS.items() if spoke.offers_usage_fields)
+
+
 def dialect_name(key: str, value: Any) -> str:
     """A dialect name, case-insensitive; a near miss gets a "did you mean"."""
     name: str = coerce_value(key, value, str).strip().lower()
-    if name in DIALECT_NAMES:
+    names = dialect_names()
+    if name in names:
         return name
-    close = difflib.get_close_matches(name, DIALECT_NAMES, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ConfigError(f"{key}: {value!r} is not one of {', '.join(DIALECT_NAMES)}{hint}")
+    raise ConfigError(f"{key}: {value!r} is not one of {', '.join(names)}{hint}")
 
 
 def _unknown(prefix: str, data: Mapping[str, Any], known: tuple[str, ...] | Mapping[str, Any]) -> None:
@@ -537,10 +551,11 @@ def build_settings(
     for k, v in (server_overrides or {}).items():
         if v is not None:
             server_values[k] = coerce_value(k.replace("_", "-"), v, *_SERVER_KINDS[k])
-    client_values = _section(config, "client", _CLIENT_KINDS)
+    client_kinds = {**_CLIENT_KINDS, "usage_fields": (str, usage_field_names())}
+    client_values = _section(config, "client", client_kinds)
     for k, v in (client_overrides or {}).items():
         if v is not None:
-            client_values[k] = coerce_value(k.replace("_", "-"), v, *_CLIENT_KINDS[k])
+            client_values[k] = coerce_value(k.replace("_", "-"), v, *client_kinds[k])
     keys_env = server_values.get("api_keys_env")
     if keys_env:
         keys_env = env_var_name("server.api_keys_env", keys_env)

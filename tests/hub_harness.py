@@ -10,6 +10,7 @@ import orjson
 from proxy.canonical import RequestContext
 from proxy.clients.base import Encoder
 from proxy.clients.chat import ChatEncoder
+from proxy.dialects import dialect_usage_fields
 from proxy.dialects.base import Dialect, UpstreamSession
 from proxy.events import Answer, Delta
 from proxy.pipeline import Pipeline
@@ -84,7 +85,7 @@ def _encoder(c: RequestContext, answer: Answer, client: ClientSettings | None, s
         stream,
         include_usage(c),
         client.reasoning,
-        client.usage_fields == "deepseek",
+        dialect_usage_fields(client.usage_fields),
         c.kind == "chat",
     )
 

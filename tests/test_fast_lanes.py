@@ -92,7 +92,7 @@ def mindie_full_text_stream(draw: st.DrawFn) -> list[bytes]:
 
 
 def chat(ctx: Any, answer: Answer) -> Encoder:
-    return ChatEncoder(ctx, answer, True, True, "reasoning_content", False, True)
+    return ChatEncoder(ctx, answer, True, True, "reasoning_content", None, True)
 
 
 def responses(ctx: Any, answer: Answer) -> Encoder:

@@ -1,18 +1,32 @@
-"""Client-dialect registry: name -> implementation (the APIs clients speak to us; proxy/clients/base.py)."""
+"""Client-dialect registry: name -> implementation (the APIs clients speak to us; proxy/clients/base.py), found by
+declaration: every `ClientDialect` subclass with a `name` that a module of this package defines is one (a new client
+spoke is its module(s) and its test file)."""
 
 from __future__ import annotations
 
-from .base import ClientCall, ClientDialect, Encoder
-from .chat import ChatClient, CompletionsClient
-from .messages import MessagesClient
-from .responses import CompactClient, ResponsesClient
+import importlib
+import pkgutil
+from typing import Final
 
-CLIENT_DIALECTS: dict[str, type[ClientDialect]] = {
-    "chat": ChatClient,
-    "completions": CompletionsClient,
-    "responses": ResponsesClient,
-    "responses_compact": CompactClient,
-    "messages": MessagesClient,
-}
+from .base import ClientCall, ClientDialect, Encoder
+
+
+def _discover() -> dict[str, type[ClientDialect]]:
+    found: dict[str, type[ClientDialect]] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.ispkg or info.name == "base" or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, ClientDialect) and value.__module__ == module.__name__:
+                name = getattr(value, "name", None)
+                if isinstance(name, str):
+                    if name in found:
+                        raise ImportError(f"two client dialects are named {name!r}: {found[name]} and {value}")
+                    found[name] = value
+    return found
+
+
+CLIENT_DIALECTS: Final[dict[str, type[ClientDialect]]] = _discover()
 
 __all__ = ["CLIENT_DIALECTS", "ClientCall", "ClientDialect", "Encoder"]

@@ -6,24 +6,24 @@ closest to the hub. The request already is the canonical form; the encoder puts 
   nowhere (DECISIONS.md "Reasoning");
 - usage follows `stream_options.include_usage` (the one place that knows it): `usage: null` on every chunk and a
   final `choices: []` chunk with the usage — zeros if the upstream reported none; no `usage` key without it;
-  `client.usage_fields: deepseek` adds DeepSeek's cache fields;
+  `client.usage_fields: <dialect>` adds that upstream dialect's own usage fields (its spoke's `client_usage_fields`);
 - fields the hub does not know pass through (lossless for an OpenAI upstream);
 - non-streaming, the same events are folded into one `chat.completion` / `text_completion`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from ..canonical import CHAT, COMPLETIONS, RequestContext
+from ..dialects import dialect_usage_fields
 from ..errors import ClientRequestError, ProxyError
 from ..events import Answer, Delta, TextRun
 from ..jsontext import dumps_joined, dumps_text
 from ..sse import DONE, KEEPALIVE, encode_data
-from ..stream.usage import deepseek_usage_fields
 from ..validate import (
     ARRAY,
     BOOLEAN,
@@ -37,6 +37,10 @@ from ..validate import (
     compile_table,
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..state.base import StateStore
 
 _ZERO_USAGE: Final = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
@@ -130,6 +134,11 @@ class ChatClient(ClientDialect):
     kind = CHAT
     fields = _CHAT_TABLE
 
+    def __init__(self, settings: Settings, store: StateStore) -> None:
+        super().__init__(settings, store)
+        # `client.usage_fields`, looked up once: what the usage chat clients get goes through (None: as it is).
+        self.usage_fields = dialect_usage_fields(settings.client.usage_fields)
+
     async def decode(self, body: dict[str, Any]) -> ClientCall:
         model = body.get("model")
         if not isinstance(model, str) or not model:
@@ -154,7 +163,7 @@ class ChatClient(ClientDialect):
             call.stream,
             call.options["include_usage"],
             client.reasoning,
-            client.usage_fields == "deepseek",
+            self.usage_fields,
             self.kind == CHAT,
         )
 
@@ -199,7 +208,7 @@ class ChatEncoder:
         stream: bool,
         include_usage: bool,
         reasoning: str,
-        deepseek_usage: bool,
+        usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None,
         chat: bool,
     ) -> None:
         self.ctx = ctx
@@ -207,7 +216,7 @@ class ChatEncoder:
         self.stream = stream
         self.include_usage = include_usage
         self.reasoning = reasoning
-        self.deepseek_usage = deepseek_usage
+        self.usage_fields = usage_fields
         self.chat = chat
         self._object = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
         self._id: str | None = None
@@ -402,8 +411,8 @@ class ChatEncoder:
 
     def _usage(self) -> dict[str, Any] | None:
         usage = self.answer.usage
-        if usage is not None and self.deepseek_usage:
-            return deepseek_usage_fields(usage)
+        if usage is not None and self.usage_fields is not None:
+            return self.usage_fields(usage)
         return usage
 
     # -- non-stream: the same events, folded --------------------------------------------------------------------

@@ -1,25 +1,54 @@
-"""Dialect registry: name -> implementation (uvicorn's explicit-registry style)."""
+"""The upstream-dialect registry: name -> spoke class, found by declaration.
+
+Every module `proxy/dialects/<name>.py` but `base` is one upstream spoke and defines the `Dialect` subclass whose
+`name` is `<name>`: that class is the registry entry. Whatever lists the upstream dialects — the names the settings
+accept, the probe's steps, the metrics' `dialect` label, the compiled build (setup.py) — reads them from here, so a
+new spoke is its mapping, its module and its test file (docs/dialects.md "Declared once").
+"""
 
 from __future__ import annotations
 
-from .base import Dialect
-from .deepseek import DeepSeekDialect
-from .engine import EngineDialect
-from .mindie import MindIEDialect
-from .openai import OpenAIDialect
-from .siliconstorm import SiliconstormDialect
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any, Final
 
-DIALECTS: dict[str, type[Dialect]] = {
-    "openai": OpenAIDialect,
-    "deepseek": DeepSeekDialect,
-    "mindie": MindIEDialect,
-    "siliconstorm": SiliconstormDialect,
-    "engine": EngineDialect,
-}
+from .base import Dialect
+
+
+def _discover() -> dict[str, type[Dialect]]:
+    found: dict[str, type[Dialect]] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.ispkg or info.name == "base" or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        spokes = [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, Dialect)
+                  and value.__module__ == module.__name__ and value.name == info.name]
+        if len(spokes) != 1:
+            raise ImportError(f"proxy/dialects/{info.name}.py must define one Dialect subclass with name = "
+                              f"{info.name!r} (found {len(spokes)})")
+        found[info.name] = spokes[0]
+    return found
+
+
+DIALECTS: Final[dict[str, type[Dialect]]] = _discover()
 
 
 def get_dialect(name: str) -> Dialect:
     return DIALECTS[name]()
 
 
-__all__ = ["DIALECTS", "Dialect", "get_dialect"]
+def dialect_usage_fields(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """What `client.usage_fields: <name>` does to the usage chat clients get (None: nothing, OpenAI's fields)."""
+    return DIALECTS[name].client_usage_fields() if name else None
+
+
+def family(name: str) -> str:
+    """The registered spoke a dialect derives from, itself if none (hosted MindIE is MindIE's wire): one detection
+    cannot tell a family's members apart before a chat answer."""
+    own = DIALECTS[name]
+    ancestors = [cls for cls in DIALECTS.values() if cls is not own and issubclass(own, cls)]
+    return min(ancestors, key=lambda cls: len(cls.__mro__)).name if ancestors else name
+
+
+__all__ = ["DIALECTS", "Dialect", "dialect_usage_fields", "family", "get_dialect"]

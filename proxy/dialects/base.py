@@ -12,7 +12,7 @@ Subclasses override only what differs; the data that differs lives in mappings/<
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
@@ -96,6 +96,23 @@ def finish_error(finish: str, stream: bool) -> UpstreamError:
     )
 
 
+class ProbeListing:
+    """What `dialect-proxy probe` (proxy/probe.py) learnt from a server's model-listing paths, for each spoke to
+    recognise its own servers by (`Dialect.probe_listing`). Shapes are error-body shapes, named after the dialect
+    whose servers answer with them (`Dialect.probe_error_shape`), or generic ones (`json`, `text`, ...)."""
+
+    __slots__ = ("body_shape", "error_shape", "listed", "owners", "plain_listed", "status")
+
+    def __init__(self, status: int, body_shape: str, error_shape: str | None, owners: set[str], listed: bool,
+                 plain_listed: bool) -> None:
+        self.status = status  # of the first listing path asked (the dialect's own, or /v1/models)
+        self.body_shape = body_shape  # its body's shape, whatever the status
+        self.error_shape = error_shape  # its body's shape when it is an error other than 404/405, else None
+        self.owners = owners  # the `owned_by` of the models it listed
+        self.listed = listed  # it listed models (OpenAI's list shape)
+        self.plain_listed = plain_listed  # `GET /models` (no /v1) listed models too
+
+
 class Dialect:
     name: ClassVar[str] = "openai"
     session_class: ClassVar[type[UpstreamSession]]
@@ -115,6 +132,64 @@ class Dialect:
 
     # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
     prepares: ClassVar[bool] = False
+
+    # The upstream has a mode that streams cumulative text (MindIE's fullTextEnabled): `full_text: true` says it is on.
+    full_text_mode: ClassVar[bool] = False
+
+    # -- `dialect-proxy probe` (proxy/probe.py asks every spoke; none of this runs on requests) ----------------------
+    # Recognised only when no other spoke is: the OpenAI-compatible server every detection falls back to.
+    probe_generic: ClassVar[bool] = False
+    # Chat requests carry `model` (the probe's too).
+    sends_model: ClassVar[bool] = True
+    # A server of this dialect without a model listing is recognised on its chat path: "stream" (a small streamed
+    # request, kept as the probe's chat answer), "invalid" (a body invalid on purpose, whose validation error in the
+    # generic spoke's shape proves the path) or None (not tried).
+    probe_chat_path: ClassVar[str | None] = None
+    # The probe asks whether the server honours `response_format` (servers of some versions do; the config block
+    # then says `response_format: pass`).
+    probe_structured_output: ClassVar[bool] = False
+    # This dialect's error shape is an error even in a 2xx answer.
+    probe_error_at_200: ClassVar[bool] = False
+
+    @classmethod
+    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
+        """The error body is in the shape this dialect's own servers answer with (one spoke per shape; a dialect
+        whose errors look like another's claims none)."""
+        return False
+
+    @classmethod
+    def probe_refused_key(cls, raw: bytes) -> bool:
+        """An error body of this dialect's shape says the API key was refused (whatever the HTTP status)."""
+        return False
+
+    @classmethod
+    def probe_listing(cls, listing: ProbeListing) -> str | None:
+        """The evidence that the server speaks this dialect, from its model-listing paths; None: no such evidence."""
+        return None
+
+    @classmethod
+    def probe_after_chat(cls, events: list[dict[str, Any]], usage_seen: bool) -> str | None:
+        """The evidence, from a streamed chat answer, that a server found to speak another member of this dialect's
+        family (proxy/dialects/__init__.py `family`) is this one; None: no such evidence."""
+        return None
+
+    @classmethod
+    def probe_chat_body(cls, body: dict[str, Any], tools: bool) -> None:
+        """What this dialect adds to the probe's small chat request (`tools`: the one that forces a tool call)."""
+        return None
+
+    @classmethod
+    def probe_config_notes(cls, url: str) -> list[str]:
+        """Comment lines for the config block the probe suggests for a server at `url` (indented as its entry)."""
+        return []
+
+    # `client.usage_fields: <name>` (proxy/clients/chat.py): chat clients may ask for this dialect's usage fields.
+    offers_usage_fields: ClassVar[bool] = False
+
+    @classmethod
+    def client_usage_fields(cls) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        """What turns an OpenAI usage into this dialect's own for chat clients that ask (None: it is OpenAI's)."""
+        return None
 
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)

@@ -38,11 +38,13 @@ Responses are OpenAI-shaped already (`reasoning_content`, usage cache fields han
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from ..canonical import CHAT, ChatRequest, RequestContext
 from ..errors import ClientRequestError
-from .base import Dialect, UpstreamSession, is_r1_era, join_text_parts
+from ..stream.usage import deepseek_usage_fields
+from .base import Dialect, ProbeListing, UpstreamSession, is_r1_era, join_text_parts
 
 RESPONSE_FORMATS: Final = ("text", "json_object")
 # OpenAI `reasoning_effort` -> DeepSeek's effort (low / high / max), as DeepSeek maps them; `none` disables thinking.
@@ -105,6 +107,20 @@ class DeepSeekDialect(Dialect):
     supports_prefix = True
     reasoning_fallback = REASONING_PLACEHOLDER
     prepares = True
+    offers_usage_fields = True  # `client.usage_fields: deepseek`: prompt_cache_hit/miss_tokens for chat clients
+
+    @classmethod
+    def client_usage_fields(cls) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        return deepseek_usage_fields
+
+    @classmethod
+    def probe_listing(cls, listing: ProbeListing) -> str | None:
+        return "serves /models without /v1" if listing.plain_listed else None
+
+    @classmethod
+    def probe_chat_body(cls, body: dict[str, Any], tools: bool) -> None:
+        if tools:  # thinking mode (DeepSeek's default) refuses a forced tool_choice
+            body["thinking"] = {"type": "disabled"}
 
     async def prepare(self, ctx: RequestContext) -> None:
         """A retired name: whether the upstream still lists it decides its translation (read once, then cached)."""

@@ -51,6 +51,8 @@ class EngineDialect(Dialect):
     # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (DECISIONS.md "The engine
     # dialect"); `response_format: drop` on the upstream opts into leaving it out.
     default_response_format = "reject"
+    sends_model = False  # the document strikes `model` through
+    probe_chat_path = "stream"  # no model listing: a small streamed request on /chat tells
     response_format_hint = (
         "Describe the format in the prompt, or set `response_format: drop` for this upstream to have the field left "
         "out (the answer then does not follow the format)."

@@ -34,6 +34,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final, cast
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -42,7 +43,7 @@ from ..errors import ClientRequestError, ProxyError, StreamTruncated
 from ..events import Timings
 from ..readings import Readings, number
 from ..stream.cumulative import CumulativeText, StreamForm
-from .base import Dialect, NameTest, UpstreamSession
+from .base import Dialect, NameTest, ProbeListing, UpstreamSession
 
 log: Final = logging.getLogger("dialect_proxy")
 
@@ -207,11 +208,29 @@ class MindIEDialect(Dialect):
     session_class = MindIESession
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
     stream_usage_option = False
+    full_text_mode = True
+    probe_structured_output = True
     # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
     default_response_format = "reject"
     response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
+
+    @classmethod
+    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
+        return isinstance(data.get("error"), str)  # {"error": "...", "error_type": "..."}
+
+    @classmethod
+    def probe_listing(cls, listing: ProbeListing) -> str | None:
+        if "MindIE Server" in listing.owners or listing.error_shape == cls.name:
+            return "MindIE-shaped model list" if listing.listed else "MindIE error shape"
+        return None
+
+    @classmethod
+    def probe_config_notes(cls, url: str) -> list[str]:
+        parts = urlsplit(url)
+        return [f"    # health_url: {parts.scheme}://{parts.hostname}:1026/health   # MindIE's health is on its "
+                "management port (managementPort, default 1026): set it so that /readyz asks it too"]
 
     def stream_form_mismatch(self, ctx: RequestContext, form: str) -> StreamTruncated:
         """The stream turned out `form` ("cumulative" or "deltas") against the upstream's `full_text`: the error that

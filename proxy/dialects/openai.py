@@ -6,8 +6,23 @@ stream usage (metrics need tokens even when the client did not ask for them).
 
 from __future__ import annotations
 
-from .base import Dialect
+from typing import Any
+
+from .base import Dialect, ProbeListing
 
 
 class OpenAIDialect(Dialect):
     name = "openai"
+    offers_usage_fields = True  # the default: OpenAI's usage fields as they are
+    probe_generic = True
+    probe_chat_path = "invalid"
+
+    @classmethod
+    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
+        return isinstance(data.get("error"), dict)  # {"error": {"message", "type", "param", "code"}}
+
+    @classmethod
+    def probe_listing(cls, listing: ProbeListing) -> str | None:
+        if listing.listed:
+            return "OpenAI model list at /v1/models"
+        return "OpenAI error shape" if listing.error_shape == cls.name else None

@@ -15,6 +15,7 @@ from typing import Any, Final
 import orjson
 
 from ..errors import ProxyError, UpstreamError, error_type_for
+from .base import ProbeListing
 from .mindie import MindIEDialect
 
 # The document's own descriptions, used when a body carries a code without a message.
@@ -56,6 +57,27 @@ def _code(data: Any) -> int | None:
 class SiliconstormDialect(MindIEDialect):
     name = "siliconstorm"
     top_k_zero_ok = True
+    probe_error_at_200 = True
+
+    @classmethod
+    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
+        return "code" in data and ("message" in data or "result" in data) and "choices" not in data and \
+            not isinstance(data.get("error"), dict | str)
+
+    @classmethod
+    def probe_refused_key(cls, raw: bytes) -> bool:
+        return b"801" in raw  # Apikey error
+
+    @classmethod
+    def probe_listing(cls, listing: ProbeListing) -> str | None:
+        if listing.error_shape == cls.name or (listing.status == 200 and listing.body_shape == cls.name):
+            return "Siliconstorm {code, message} error body"
+        return None
+
+    @classmethod
+    def probe_after_chat(cls, events: list[dict[str, Any]], usage_seen: bool) -> str | None:
+        batch_size = any(isinstance(e.get("usage"), dict) and "batch_size" in e["usage"] for e in events)
+        return None if batch_size or not usage_seen else "MindIE wire without MindIE's batch_size usage (hosted MindIE)"
 
     def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
         try:

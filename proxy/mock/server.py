@@ -5,36 +5,46 @@ Every dialect also serves the introspection endpoints used by the tests:
     GET  /_mock/last_request   {"method", "path", "headers", "body"} of the last inference request
     POST /_mock/reset          zero the counters
     GET  /health               200, empty body
+
+A dialect's mock is the module proxy/mock/<dialect>.py that defines `routes(cfg, stats)`; it may declare `FLAVOURS`
+(variants of its server: name -> what it serves) and `EXCEPTION_HANDLERS` (its own answers to what no route
+serves). They are found here by that declaration: adding a dialect's mock is adding its module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import os
+import pkgutil
+from types import ModuleType
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.routing import Route
 
-from . import deepseek, engine, mindie, openai, siliconstorm
 from .asgi import SEND_KEY, Receive, Scope, Send, Stats
 from .common import MockConfig, common_routes, parse_directives
 
-RouteFactory = Callable[[MockConfig, Stats], list[Route]]
 
-DIALECT_ROUTES: dict[str, RouteFactory] = {
-    "openai": openai.routes,
-    "mindie": mindie.routes,
-    "siliconstorm": siliconstorm.routes,
-    "deepseek": deepseek.routes,
-    "engine": engine.routes,
-}
-DIALECTS: tuple[str, ...] = tuple(DIALECT_ROUTES)
-# Variants of a dialect's server beyond today's ("" everywhere): name -> what it serves.
-FLAVOURS: dict[str, dict[str, str]] = {
-    "deepseek": deepseek.FLAVOURS,
-}
-# A flavour's own answers to what no route serves (Starlette's plain-text 404 otherwise).
-DIALECT_HANDLERS: dict[str, Any] = {"engine": engine.EXCEPTION_HANDLERS}
+def _dialect_mocks() -> dict[str, ModuleType]:
+    found: dict[str, ModuleType] = {}
+    for info in sorted(pkgutil.iter_modules([os.path.dirname(__file__)]), key=lambda i: i.name):
+        module = importlib.import_module(f"{__package__}.{info.name}")
+        if callable(getattr(module, "routes", None)):
+            found[info.name] = module
+    return found
+
+
+MOCKS: dict[str, ModuleType] = _dialect_mocks()
+DIALECTS: tuple[str, ...] = tuple(MOCKS)
+# The dialect `dialect-proxy mock` and `dialect-proxy demo` serve unless told otherwise: the upstream this project
+# was first written for.
+DEFAULT_DIALECT = "mindie"
+
+
+def flavours(dialect: str) -> dict[str, str]:
+    """Variants of a dialect's server beyond today's (""): name -> what it serves."""
+    declared: dict[str, str] = getattr(MOCKS[dialect], "FLAVOURS", {})
+    return declared
 
 
 class MockApp(Starlette):
@@ -58,19 +68,21 @@ def create_app(dialect: str, full_text: bool = False, api_key: str | None = None
     changed at run time with POST /_mock/directives.
     flavour: a variant of the dialect's server (FLAVOURS), e.g. deepseek `legacy`: the API of the seed document.
     """
-    if dialect not in DIALECT_ROUTES:
+    if dialect not in MOCKS:
         raise ValueError(f"unknown mock dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
-    flavours = FLAVOURS.get(dialect, {})
-    if flavour and flavour not in flavours:
+    known = flavours(dialect)
+    if flavour and flavour not in known:
         raise ValueError(f"unknown flavour {flavour!r} of the {dialect} mock; expected one of "
-                         f"{', '.join(flavours) or 'none'}")
+                         f"{', '.join(known) or 'none'}")
     cfg = MockConfig(dialect=dialect, full_text=full_text, api_key=api_key, served_model=served_model,
                      flavour=flavour)
     stats = Stats()
     if directives:
         stats.directives = parse_directives(directives)
-    app = MockApp(routes=[*DIALECT_ROUTES[dialect](cfg, stats), *common_routes(stats)],
-                  exception_handlers=DIALECT_HANDLERS.get(dialect))
+    mock = MOCKS[dialect]
+    # A mock's own answers to what no route serves (Starlette's plain-text 404 otherwise).
+    handlers: dict[Any, Any] | None = getattr(mock, "EXCEPTION_HANDLERS", None)
+    app = MockApp(routes=[*mock.routes(cfg, stats), *common_routes(stats)], exception_handlers=handlers)
     app.state.mock_stats = stats
     app.state.mock_config = cfg
     return app

@@ -103,7 +103,7 @@ Encoderish = Any
 
 
 def chat_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
-    return ChatEncoder(ctx, answer, ctx.stream, False, "reasoning_content", False, True)
+    return ChatEncoder(ctx, answer, ctx.stream, False, "reasoning_content", None, True)
 
 
 def responses_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:

@@ -45,7 +45,7 @@ def encoder(kind: str, include_usage: bool, reasoning: str, answer: Answer, keep
     upstream = UpstreamSettings(name="u", dialect="openai", url="http://127.0.0.1:1", keep_upstream_id=keep_upstream_id)
     ctx = RequestContext(kind=kind, request_id="r", client_model="alias", upstream_model="m", upstream=upstream,
                          stream=stream, response_id="chatcmpl-ours", created=7)
-    return ChatEncoder(ctx, answer, stream, include_usage, reasoning, False, kind == CHAT)
+    return ChatEncoder(ctx, answer, stream, include_usage, reasoning, None, kind == CHAT)
 
 
 def in_batches(events: list[Any], batch: int, extras: list[tuple[int, dict[str, Any]]], answers: list[Answer],

@@ -416,7 +416,7 @@ def test_insufficient_system_resource_stream_is_an_error_after_the_partial_conte
     session = DS.session(c)
     answer = Answer()
     normalizer = Normalizer(c.kind, session.reasoning_source, session.starts_in_reasoning, answer)
-    encoder = ChatEncoder(c, answer, True, False, "reasoning_content", False, True)
+    encoder = ChatEncoder(c, answer, True, False, "reasoning_content", None, True)
     sent = b""
     for event in SSEDecoder().feed(raw):
         if event.data != "[DONE]":
