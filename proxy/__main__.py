@@ -24,6 +24,7 @@ from .settings import (
     LOG_LEVELS,
     REASONING_SOURCES,
     RESPONSE_FORMAT,
+    RESPONSES_SPECS,
     USAGE_FIELDS,
     ConfigError,
     Settings,
@@ -82,6 +83,9 @@ CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "str", CLIENT_REASONING),
     ("client-usage-fields", "openai (default), or deepseek to add prompt_cache_hit/miss_tokens to usage", "str",
      USAGE_FIELDS),
+    ("client-responses-spec", "the Responses specification /v1/responses follows where the two differ (the "
+     "raw-reasoning event names): openai (default; response.reasoning_text.*) or open_responses "
+     "(response.reasoning.*)", "str", RESPONSES_SPECS),
 ]
 UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("upstream-url", "the upstream server's base URL, with or without /v1 (single-upstream form; every model "
