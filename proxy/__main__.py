@@ -199,6 +199,10 @@ def parser() -> argparse.ArgumentParser:
     mock.add_argument("--flavour", default=None,
                       help="a variant of the dialect's server: deepseek `legacy` (the seed document's API: "
                            f"deepseek-chat, deepseek-reasoner as R1) [env {_mock_env('flavour')}]")
+    mock.add_argument("--directives", default=None,
+                      help="server-wide directives for every inference request, e.g. call_tool (an agent turn "
+                           "wherever the request offers tools) or error=503 (proxy/mock/README.md) "
+                           f"[env {_mock_env('directives')}]")
 
     demo = sub.add_parser("demo", help="run a mock MindIE upstream (full-text mode) and the proxy in front of it",
                           description=(
@@ -513,6 +517,7 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     api_key = args.api_key or environ.get(_mock_env("api-key")) or None
     served = args.served_model or environ.get(_mock_env("served-model")) or None
     flavour = args.flavour or environ.get(_mock_env("flavour")) or ""
+    directives = args.directives or environ.get(_mock_env("directives")) or None
     from .mock.server import FLAVOURS
 
     if flavour and flavour not in FLAVOURS.get(dialect, {}):
@@ -521,7 +526,8 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     check_port(host, port, "--port")
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''}{f' ({flavour})' if flavour else ''} on "
           f"http://{host}:{port}", flush=True)
-    run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served, flavour=flavour)
+    run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served, flavour=flavour,
+        directives=directives)
 
 
 def main(argv: list[str] | None = None) -> int:
