@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _OPEN = re.compile(r"\[mock:", re.IGNORECASE)
@@ -204,4 +204,4 @@ def r1_thinking(body: Any, sc: Scenario) -> Scenario:
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False and not any(map(sc.has, _THINK_FLAGS)):
         return sc
-    return Scenario({**sc.flags, "think_close_only": ""})
+    return replace(sc, flags={**sc.flags, "think_close_only": ""})  # a resolved call_tool (toolcall.py) kept

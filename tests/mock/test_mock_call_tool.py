@@ -215,6 +215,16 @@ def test_a_request_without_tools_is_never_answered_with_a_tool_call(mock_servers
     assert [c["name"] for c in calls] == ["shell"] and finish == "tool_calls"
 
 
+@pytest.mark.parametrize("dialect", ["openai", "mindie", "mindie+full_text", "siliconstorm"])
+def test_call_tool_on_an_r1_named_model_reasons_then_calls(mock_servers: Any, dialect: str) -> None:
+    """An R1-named model (whose template opens `<think>`: scenario.r1_thinking) makes the call asked for too."""
+    srv, name = _server(mock_servers, dialect)
+    path, body = _tool_request(name, "list files [mock:call_tool]", model="DeepSeek-R1")
+    message = srv.post(path, body).json()["choices"][0]["message"]
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "shell" and orjson.loads(call["function"]["arguments"])["command"]
+
+
 def test_server_wide_call_tool_calls_only_where_tools_are_offered(mock_servers: Any) -> None:
     """`call_tool` set server-wide (POST /_mock/directives, `dialect-proxy mock --directives`): an agent turn for a
     request that offers tools, resolved against that request; the default reply for one that offers none."""
