@@ -23,6 +23,7 @@ from .settings import (
     LOG_LEVELS,
     REASONING_SOURCES,
     RESPONSE_FORMAT,
+    RESPONSES_SPECS,
     ConfigError,
     Settings,
     build_settings,
@@ -82,6 +83,9 @@ CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
      "str", CLIENT_REASONING),
     ("client-usage-fields", "openai (default), or deepseek to add prompt_cache_hit/miss_tokens to usage", "str",
      usage_field_names()),
+    ("client-responses-spec", "the Responses specification /v1/responses follows where the two differ (the "
+     "raw-reasoning event names): openai (default; response.reasoning_text.*) or open_responses "
+     "(response.reasoning.*)", "str", RESPONSES_SPECS),
 ]
 UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("upstream-url", "the upstream server's base URL, with or without /v1 (single-upstream form; every model "
@@ -197,6 +201,10 @@ def parser() -> argparse.ArgumentParser:
     mock.add_argument("--flavour", default=None,
                       help="a variant of the dialect's server: deepseek `legacy` (the seed document's API: "
                            f"deepseek-chat, deepseek-reasoner as R1) [env {_mock_env('flavour')}]")
+    mock.add_argument("--directives", default=None,
+                      help="server-wide directives for every inference request, e.g. call_tool (an agent turn "
+                           "wherever the request offers tools) or error=503 (proxy/mock/README.md) "
+                           f"[env {_mock_env('directives')}]")
 
     demo = sub.add_parser("demo", help="run a mock MindIE upstream (full-text mode) and the proxy in front of it",
                           description=(
@@ -517,13 +525,15 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     api_key = args.api_key or environ.get(_mock_env("api-key")) or None
     served = args.served_model or environ.get(_mock_env("served-model")) or None
     flavour = args.flavour or environ.get(_mock_env("flavour")) or ""
+    directives = args.directives or environ.get(_mock_env("directives")) or None
     if flavour and flavour not in flavours(dialect):
         raise ConfigError(f"--flavour: the {dialect} mock has no flavour {flavour!r} "
                           f"(flavours: {', '.join(flavours(dialect)) or 'none'})")
     check_port(host, port, "--port")
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''}{f' ({flavour})' if flavour else ''} on "
           f"http://{host}:{port}", flush=True)
-    run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served, flavour=flavour)
+    run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served, flavour=flavour,
+        directives=directives)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import yaml
 CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
 REASONING_SOURCES = ("auto", "field", "tags", "off")
 REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
+RESPONSES_SPECS = ("openai", "open_responses")  # proxy/clients/responses_events.py `reasoning_events`
 RESPONSE_MODEL = ("client", "upstream")
 RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -87,6 +88,8 @@ class UpstreamSettings:
 class ClientSettings:
     reasoning: str = "reasoning_content"
     usage_fields: str | None = None  # a dialect whose usage fields chat clients get too; None: OpenAI's alone
+    # which of the two Responses specifications /v1/responses follows where they differ (docs/responses.md)
+    responses_spec: str = "openai"
     # env var with the secret that signs Anthropic `thinking` blocks (proxy/clients/signature.py); none: a random
     # key per process, so signatures do not verify across workers, replicas or restarts (docs/messages.md)
     thinking_key_env: str | None = None
@@ -217,6 +220,7 @@ _SERVER_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "reasoning": (str, CLIENT_REASONING),
     "usage_fields": (str, None),  # one of usage_field_names(), checked in build_settings
+    "responses_spec": (str, RESPONSES_SPECS),
     "thinking_key_env": (str, None),
 }
 _UPSTREAM_KEYS = (

@@ -15,7 +15,10 @@ The front end's limits, for WebSocket connections:
 - `keepalive_interval`: after this long without a frame sent, a ping goes out (load balancers and NATs see traffic
   during a long prefill, as an SSE stream's `: keep-alive`); pings and pongs do not count as activity;
 - graceful shutdown: an idle connection is closed at once with 1001 (going away); one whose app is busy (a response
-  in flight) when its app next waits for a message. The app sees `websocket.disconnect` either way;
+  in flight) when its app next waits for a message. The app sees `websocket.disconnect` either way. An app that
+  always waits for messages (to learn at once that the client left) cannot be told busy from idle that way: it puts
+  a callback under `SHUTDOWN_HOOK` in the scope, and shutting down calls it instead — the app then closes with
+  1001 itself once its work in flight is done (proxy/clients/responses_ws.py);
 - a client that goes away: the app gets `websocket.disconnect` at once (it cancels the upstream request).
 """
 
@@ -39,6 +42,9 @@ _CLOSE_TIMEOUT: Final = 5.0  # seconds the client has to answer our close frame 
 _GOING_AWAY: Final = 1001
 _NORMAL: Final = 1000
 _ABNORMAL: Final = 1006
+# The scope key of the app's shutdown callback (None until the app sets it): set, the app closes the connection itself
+# when the server shuts down (the module docstring).
+SHUTDOWN_HOOK: Final = "dialect_proxy.on_shutdown"
 
 
 class WebSocketLimits(NamedTuple):  # (a tuple: pickled to each worker with the front end's limits)
@@ -152,10 +158,14 @@ class WebSocketConnection:
             self._writable.set()
 
     def shutdown(self) -> None:
-        """uvicorn's server, shutting down: close now if the app waits for a message, else when it next does."""
+        """uvicorn's server, shutting down: close now if the app waits for a message, else when it next does; or
+        tell the app, if it asked to close by itself (SHUTDOWN_HOOK)."""
         self.shutting_down = True
+        hook = self.scope.get(SHUTDOWN_HOOK)
         if not self.accepted:
             self.transport.close()
+        elif hook is not None:
+            hook()
         elif self._waiter is not None and not self._messages:
             self._close(_GOING_AWAY, "server shutting down")
 
@@ -165,7 +175,7 @@ class WebSocketConnection:
             self._connect_sent = True
             return {"type": "websocket.connect"}
         while not self._messages:
-            if self.shutting_down and self.accepted and not self.closed:
+            if self.shutting_down and self.accepted and not self.closed and self.scope.get(SHUTDOWN_HOOK) is None:
                 self._close(_GOING_AWAY, "server shutting down")
                 continue
             if self.closed:

@@ -94,6 +94,11 @@ class Mock:
         data: dict[str, Any] = httpx.get(self.url + "/_mock/last_request", timeout=5).json()
         return data
 
+    def requests(self) -> list[dict[str, Any]]:
+        """The mock's most recent inference requests, oldest first (as last_request shows one)."""
+        data: list[dict[str, Any]] = httpx.get(self.url + "/_mock/requests", timeout=5).json()
+        return data
+
     def reset(self) -> None:
         httpx.post(self.url + "/_mock/reset", timeout=5)
 

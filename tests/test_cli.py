@@ -73,16 +73,20 @@ def test_dialect_names_are_case_insensitive_with_did_you_mean() -> None:
 
 def test_mock_reads_its_own_variables_not_the_proxys(taken_port: int) -> None:
     """In a container where DIALECT_PROXY_PORT is the proxy's port, `dialect-proxy mock` keeps to
-    DIALECT_PROXY_MOCK_PORT (and takes its dialect in any case)."""
+    DIALECT_PROXY_MOCK_PORT (and takes its dialect in any case); DIALECT_PROXY_MOCK_DIRECTIVES (`--directives`)
+    sets its server-wide directives."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
     env.update({"DIALECT_PROXY_PORT": str(taken_port), "DIALECT_PROXY_DIALECT": "engine",
-                "DIALECT_PROXY_MOCK_PORT": str(port), "DIALECT_PROXY_MOCK_DIALECT": "DeepSeek"})
+                "DIALECT_PROXY_MOCK_PORT": str(port), "DIALECT_PROXY_MOCK_DIALECT": "DeepSeek",
+                "DIALECT_PROXY_MOCK_DIRECTIVES": "call_tool,delay_ms=1"})
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "mock"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
     try:
         assert wait_for(answers(f"http://127.0.0.1:{port}/models"), timeout=20), \
             "the mock did not answer on DIALECT_PROXY_MOCK_PORT as deepseek"
+        directives = httpx.get(f"http://127.0.0.1:{port}/_mock/directives", timeout=10).json()
+        assert directives == {"call_tool": "", "delay_ms": "1"}
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=20)

@@ -97,6 +97,26 @@ def test_precedence_flag_over_env_over_file(tmp_path):
     assert s.server.port == 7001 and s.client.reasoning == "none"
 
 
+def test_client_responses_spec_from_file_env_and_flag(tmp_path):
+    """client.responses_spec: openai by default; open_responses from the file, the environment or the flag; any other
+    value stops start-up naming the key and the choices."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('upstreams: [{dialect: openai, url: "http://127.0.0.1:9"}]\n'
+                   'client: {responses_spec: open_responses}\n')
+    assert build_settings(config={"upstreams": GOOD["upstreams"]}, environ={"MINDIE_KEY": "k"}
+                          ).client.responses_spec == "openai"
+    assert settings_from_args(parser().parse_args(["serve", "--config", str(cfg)]), {}
+                              ).client.responses_spec == "open_responses"
+    flagged = parser().parse_args(["serve", "--upstream-url", "http://127.0.0.1:9", "--upstream-dialect", "openai",
+                                   "--client-responses-spec", "open_responses"])
+    assert settings_from_args(flagged, {}).client.responses_spec == "open_responses"
+    env = {"DIALECT_PROXY_UPSTREAM_URL": "http://127.0.0.1:9", "DIALECT_PROXY_UPSTREAM_DIALECT": "openai",
+           "DIALECT_PROXY_CLIENT_RESPONSES_SPEC": "open_responses"}
+    assert settings_from_args(parser().parse_args(["serve"]), env).client.responses_spec == "open_responses"
+    with pytest.raises(ConfigError, match="responses_spec.*'vllm' is not one of"):
+        build_settings(config={**GOOD, "client": {"responses_spec": "vllm"}}, environ={"MINDIE_KEY": "k"})
+
+
 def test_single_upstream_from_environment_only():
     args = parser().parse_args(["serve"])
     s = settings_from_args(args, {"DIALECT_PROXY_UPSTREAM_URL": "http://127.0.0.1:1025",

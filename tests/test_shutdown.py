@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 import orjson
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from tests.conftest import answers, free_port, wait_for
 
@@ -76,6 +79,79 @@ def test_sigterm_grace_over_ends_stream_with_error_event(start_mock, workers):
         assert events[-1] != "[DONE]"
         last = orjson.loads(events[-1])
         assert last["error"]["code"] == "shutting_down"
+        assert time.monotonic() - t0 < 8  # 400 x 25 ms would take 10 s: it was cut at the grace period
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode in (0, -signal.SIGTERM)
+        assert "Traceback" not in err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def _ws_events(ws: ClientConnection, deadline: float) -> list[dict[str, Any]]:
+    """The events of one response, up to its terminal event (bounded by `deadline`)."""
+    events: list[dict[str, Any]] = []
+    while not events or events[-1]["type"] not in ("response.completed", "response.failed", "error"):
+        events.append(orjson.loads(ws.recv(timeout=max(deadline - time.monotonic(), 0.01))))
+    return events
+
+
+def test_sigterm_during_a_websocket_response_lets_it_finish_then_closes_1001(start_mock):
+    """The Responses WebSocket mode (docs/responses.md "WebSocket mode"): SIGTERM while a response streams on an open
+    WebSocket lets that response finish within shutdown_grace, then the proxy closes the connection with 1001
+    (going away). An idle WebSocket is closed with 1001 at once."""
+    mock = start_mock("openai")
+    proc, url = start_cli(mock.url, 10.0)
+    t0 = time.monotonic()
+    ws_url = url.replace("http://", "ws://") + "/v1/responses"
+    try:
+        with connect(ws_url, open_timeout=10) as ws, connect(ws_url, open_timeout=10) as idle:
+            ws.send(orjson.dumps({"type": "response.create", "model": "m",
+                                  "input": "[mock:chunks=30][mock:delay_ms=40]"}).decode())
+            first = orjson.loads(ws.recv(timeout=10))
+            assert first["type"] == "response.created"
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            with pytest.raises(ConnectionClosed) as idle_closed:
+                idle.recv(timeout=10)
+            assert idle_closed.value.rcvd is not None and idle_closed.value.rcvd.code == 1001
+            assert time.monotonic() - signalled < 1.0  # at once: the other's response takes 30 x 40 ms
+            events = [first, *_ws_events(ws, t0 + 20)]
+            assert events[-1]["type"] == "response.completed", events[-1]
+            text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+            assert text == " ".join(f"tok{i}" for i in range(30))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001, closed.value
+        assert time.monotonic() - t0 < 10  # 30 x 40 ms: finished well within the grace, not cut at its end
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode in (0, -signal.SIGTERM)
+        assert "Traceback" not in err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_sigterm_grace_over_fails_the_websocket_response_then_closes_1001(start_mock):
+    """A WebSocket response still running when shutdown_grace is over ends with `response.failed` (`shutting_down`),
+    as an SSE stream ends with its error event; then the connection closes with 1001."""
+    mock = start_mock("openai")
+    proc, url = start_cli(mock.url, 0.5)
+    t0 = time.monotonic()
+    try:
+        with connect(url.replace("http://", "ws://") + "/v1/responses", open_timeout=10) as ws:
+            ws.send(orjson.dumps({"type": "response.create", "model": "m",
+                                  "input": "[mock:chunks=400][mock:delay_ms=25]"}).decode())
+            first = orjson.loads(ws.recv(timeout=10))
+            proc.send_signal(signal.SIGTERM)
+            events = [first, *_ws_events(ws, t0 + 20)]
+            assert events[-1]["type"] == "response.failed", events[-1]
+            assert events[-1]["response"]["error"]["code"] == "shutting_down"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001, closed.value
         assert time.monotonic() - t0 < 8  # 400 x 25 ms would take 10 s: it was cut at the grace period
         _, err = proc.communicate(timeout=15)
         assert proc.returncode in (0, -signal.SIGTERM)

@@ -35,7 +35,7 @@ from ..validate import (
 )
 from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 from .responses_compact import CompactionEncoder, retained_items, summary_request
-from .responses_events import Echo, ResponsesEncoder, item_response_hex
+from .responses_events import REASONING_EVENTS, Echo, ResponsesEncoder, item_response_hex
 from .responses_request import COMPACTION_TRIGGER, SUMMARY_PREFIX, Decoded, ToolName, reasoning_of, to_chat
 from .signature import COMPACTION, ThinkingSigner
 
@@ -97,6 +97,8 @@ class ResponsesClient(ClientDialect):
         key = settings.client.thinking_key  # the same key signs Anthropic thinking blocks (proxy/clients/messages.py)
         self.signer = ThinkingSigner(key.encode() if key else None)
         self.sealer = self.signer.for_domain(COMPACTION)  # seals compaction summaries (responses_compact.py)
+        # where the two Responses specifications differ, the one this endpoint follows (client.responses_spec)
+        self.reasoning_events = REASONING_EVENTS[settings.client.responses_spec]
         # A WebSocket connection's own copy has its connection-local state here (for_socket): response id -> record
         self.cache: dict[str, bytes] | None = None
 
@@ -177,7 +179,7 @@ class ResponsesClient(ClientDialect):
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
         decoded: Decoded = call.options["decoded"]
         encoder = ResponsesEncoder(ctx, answer, call.stream, call.options["echo"], decoded.tools,
-                                   self.signer if call.options["seal"] else None)
+                                   self.signer if call.options["seal"] else None, self.reasoning_events)
         if "compact" in call.options:
             return CompactionEncoder(encoder, self.sealer, call.options.get("retained"))
         return encoder

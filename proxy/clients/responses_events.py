@@ -36,6 +36,16 @@ _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_
 _SUMMARY: Final = frozenset({"auto", "concise", "detailed"})
 _HEX: Final = 24  # a response id's hex digits (12 random bytes: proxy/handlers.py), which its items' ids carry
 _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
+# The raw-reasoning stream events (a reasoning item's `reasoning_text` part), which the two Responses specifications
+# name differently, by `client.responses_spec`: OpenAI's API reference and SDK types (as vLLM and Codex) say
+# `response.reasoning_text.delta`/`.done`, Open Responses (its ResponseReasoningDeltaStreamingEvent) says
+# `response.reasoning.delta`/`.done`, with the same fields. The summary events' names are the same in both.
+# The pair is chosen once per client (proxy/clients/responses.py); the delta's bytes go into each item's delta_head.
+REASONING_EVENTS: Final[dict[str, tuple[bytes, str]]] = {
+    "openai": (b"response.reasoning_text.delta", "response.reasoning_text.done"),
+    "open_responses": (b"response.reasoning.delta", "response.reasoning.done"),
+}
+_OPENAI_REASONING: Final = REASONING_EVENTS["openai"]
 
 
 class Echo:
@@ -97,13 +107,15 @@ class ResponsesEncoder:
     keepalive = KEEPALIVE
 
     def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: Echo,
-                 tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:
+                 tools: dict[str, ToolName], signer: ThinkingSigner | None,
+                 reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> None:
         self.ctx = ctx
         self.answer = answer
         self.stream = stream
         self.echo = echo  # request fields the response object repeats (instructions, tools, temperature ...)
         self.tools = tools
         self.signer = signer  # set when the client asked for reasoning.encrypted_content
+        self.reasoning_events = reasoning_events  # (delta, done) event names: REASONING_EVENTS
         self.items: list[dict[str, Any]] = []  # finished output items, in output order
         self.finish_reason: str | None = None
         self._seq = 2  # 0 and 1 are the head's (sent when the handler commits the stream, after the first feed)
@@ -275,7 +287,7 @@ class ResponsesEncoder:
                 item.delta_head = self._delta_head(b"response.reasoning_summary_text.delta", item, summary_index=True)
             elif self.stream:
                 self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
-                item.delta_head = self._delta_head(b"response.reasoning_text.delta", item, content_index=True)
+                item.delta_head = self._delta_head(self.reasoning_events[0], item, content_index=True)
         item.parts.append(text)
         if self.stream:
             self._delta(item, text)
@@ -360,7 +372,7 @@ class ResponsesEncoder:
         else:
             done = {"id": item.id, "type": "reasoning", "summary": [],
                     "content": [{"type": "reasoning_text", "text": text}]}
-            ends = (("response.reasoning_text.done", {"content_index": 0, "text": text}),)
+            ends = ((self.reasoning_events[1], {"content_index": 0, "text": text}),)
         if self.signer is not None:
             done["encrypted_content"] = self.signer.sign_text(text, carry=True)
         if self.stream:

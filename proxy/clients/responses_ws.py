@@ -20,6 +20,11 @@ access log line, cancellation — the endpoint's SSE bytes are read back into ev
   `websocket_connection_limit_reached` (status 400), then a close (1000) — at once when idle, else after the response
   in flight.
 - The client leaving mid-response cancels it (the upstream request is closed at once, as for HTTP).
+- Graceful shutdown (SIGTERM): the connection closes with 1001 (going away) at once when no response is in flight,
+  else as soon as the one in flight has finished (within `shutdown_grace`; at its end the response gets the
+  `shutting_down` failure, as on HTTP); messages still queued are not answered. The connection reads the client's
+  messages all the time (to learn at once that the client left), so the front end cannot see when it is idle: it
+  calls the connection's `shutdown` instead (SHUTDOWN_HOOK, proxy/websocket.py).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import orjson
 from ..frontend import DISCONNECT_HOOK
 from ..handlers import KEY_NAME_SCOPE, InferenceEndpoint
 from ..sse import SSEDecoder
+from ..websocket import SHUTDOWN_HOOK
 from .responses import ResponsesClient
 
 if TYPE_CHECKING:
@@ -42,6 +48,8 @@ if TYPE_CHECKING:
 
 access_log: Final = logging.getLogger("dialect_proxy.access")
 _TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_STOP: Final = {"type": "dialect_proxy.shutdown"}  # queued for the connection's loop when the server shuts down
+_GOING_AWAY: Final = 1001
 
 
 def error_event(status: int, error: dict[str, Any]) -> str:
@@ -69,8 +77,10 @@ class ResponsesSocket:
                         "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
             await send({"type": "websocket.http.response.body", "body": body})
             return
+        connection = _Connection(self, scope, receive, send)
+        scope[SHUTDOWN_HOOK] = connection.shutdown
         await send({"type": "websocket.accept"})
-        await _Connection(self, scope, receive, send).run()
+        await connection.run()
 
 
 class _Connection:
@@ -87,6 +97,8 @@ class _Connection:
         self.hook: dict[str, Any] | None = None  # the scope of the response in flight (its disconnect hook)
         self.gone = False
         self.responses = 0
+        self.busy = False  # a response is in flight
+        self.stopping = False  # the server is shutting down: close after the response in flight
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -109,7 +121,12 @@ class _Connection:
                 if message["type"] == "websocket.disconnect":
                     close_code = int(message.get("code") or 1005)
                     break
-                await self._turn(message)
+                if message is not _STOP:
+                    await self._turn(message)
+                if self.stopping:
+                    close_code = _GOING_AWAY
+                    await self.send({"type": "websocket.close", "code": _GOING_AWAY, "reason": "server shutting down"})
+                    break
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -119,6 +136,13 @@ class _Connection:
                     "route": "/v1/responses", "websocket": True, "responses": self.responses,
                     "close_code": close_code, "duration_ms": round((time.perf_counter() - started) * 1000, 2),
                 }).decode())
+
+    def shutdown(self) -> None:
+        """The server shuts down (proxy/websocket.py calls this): close now when idle, else after the response in
+        flight."""
+        self.stopping = True
+        if not self.busy:
+            self.inbox.put_nowait(_STOP)
 
     async def _read(self) -> None:
         """Every message of the client, in order; a disconnect also cancels the response in flight."""
@@ -157,7 +181,11 @@ class _Connection:
         body.pop("stream_options", None)  # HTTP transport fields (the spec: not sent on a WebSocket)
         body["stream"] = True
         previous = body.get("previous_response_id")
-        failed = await self._respond(orjson.dumps(body))
+        self.busy = True
+        try:
+            failed = await self._respond(orjson.dumps(body))
+        finally:
+            self.busy = False
         self.responses += 1
         if failed and isinstance(previous, str):
             self.cache.pop(previous, None)

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +44,9 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 TEXT_HEADERS = [(b"content-type", b"text/plain; charset=utf-8")]
 
 
+RECENT_REQUESTS = 32
+
+
 @dataclass
 class Stats:
     requests: int = 0
@@ -54,6 +57,9 @@ class Stats:
     checks: int = 0  # the proxy's readiness checks (common.py CHECK_HEADER), not counted in the others
     seq: int = 0  # request sequence number (ids such as endpoint_common_N); not reset
     last_request: dict[str, Any] | None = None
+    # the most recent inference requests, oldest first (GET /_mock/requests): what a client sent in a whole
+    # conversation (tests/cli/test_codex.py reads Codex's compaction turn from it); bounded
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
     created: int = field(default_factory=lambda: int(time.time()))
     # Server-wide directives (create_app(directives=...), POST /_mock/directives): applied to every inference
     # request on top of its own, to make one replica of several misbehave (common.py).
@@ -67,6 +73,7 @@ class Stats:
     def reset(self) -> None:
         self.requests = self.completed = self.disconnects = self.model_lists = self.checks = 0
         self.last_request = None
+        self.recent.clear()
         self.prefix = PrefixCache()
 
 

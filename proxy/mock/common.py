@@ -105,9 +105,13 @@ def inference(cfg: MockConfig, stats: Stats, handler: Handler,
             # carries its attempt's span here (tests/test_tracing.py).
             stats.last_request = {"method": request.method, "path": request.url.path, "headers": headers,
                                   "body": body, "traceparent": headers.get("traceparent")}
+            stats.recent.append(stats.last_request)
             sc = scenario_of(body) if ok else scenarios.EMPTY
             if stats.directives:  # server-wide directives win over the request's own
                 sc = Scenario({**sc.flags, **stats.directives}, sc.tool_call, sc.reply)
+                if "call_tool" in stats.directives:  # resolved against this request, as the request's own is
+                    sc = toolcall.resolve(body, Scenario(sc.flags))
+            sc = scenarios.no_tools_no_calls(body, sc)
             if ok and isinstance(body, dict) and isinstance(body.get("messages"), list):
                 stats.prefix.observe(body["messages"])
             call = Call(cfg, stats, request.method, request.url.path, headers, raw, body, ok, sc, stats.seq,
@@ -223,6 +227,9 @@ def common_routes(stats: Stats) -> list[Route]:
     async def last_request(request: Request) -> Response:
         return JSONResponse(stats.last_request)
 
+    async def recent(request: Request) -> Response:
+        return JSONResponse(list(stats.recent))
+
     async def reset(request: Request) -> Response:
         stats.reset()
         return JSONResponse(stats.snapshot())
@@ -250,6 +257,7 @@ def common_routes(stats: Stats) -> list[Route]:
         Route("/_mock/prefix_cache", prefix_cache, methods=["GET"]),
         Route("/_mock/stats", get_stats, methods=["GET"]),
         Route("/_mock/last_request", last_request, methods=["GET"]),
+        Route("/_mock/requests", recent, methods=["GET"]),
         Route("/_mock/reset", reset, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 _OPEN = re.compile(r"\[mock:", re.IGNORECASE)
@@ -160,6 +160,29 @@ def _forced_tool_choice(body: dict[str, Any], sc: Scenario) -> Scenario:
     return Scenario({**sc.flags, "tool_calls": ""})
 
 
+def offers_tools(body: dict[str, Any]) -> bool:
+    """Whether a chat request lets the model call a tool: a non-empty `tools`, and a `tool_choice` other than `none`
+    (OpenAI's Chat Completions reference, which every chat dialect here follows: with `none` "the model will not call
+    any tool")."""
+    tools = body.get("tools")
+    return isinstance(tools, list) and bool(tools) and body.get("tool_choice") != "none"
+
+
+def no_tools_no_calls(body: Any, sc: Scenario) -> Scenario:
+    """A chat request that offers no tools is never answered with a tool call, whatever the directives say: a model
+    can only call a tool it was given. The tool-call directives (`tool_calls`, `tool_calls_noindex`, a `call_tool`
+    resolved to a call) then count for nothing and the answer is text. This matters where a directive of an earlier
+    user message of the turn still counts (from_chat) but the request is one without tools, such as a client's own
+    summary request (Codex's remote compaction), or for server-wide directives. A `call_tool` that quotes tool results
+    (toolcall.py) is text and stays."""
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or offers_tools(body):
+        return sc
+    if sc.tool_call is None and not sc.has("tool_calls") and not sc.has("tool_calls_noindex"):
+        return sc
+    flags = {key: value for key, value in sc.flags.items() if key not in ("tool_calls", "tool_calls_noindex")}
+    return Scenario(flags, None, sc.reply)
+
+
 def from_prompt(body: Any) -> Scenario:
     """Directives of a completion request: its `prompt` (a string or a list whose strings are joined)."""
     if not isinstance(body, dict):
@@ -181,4 +204,4 @@ def r1_thinking(body: Any, sc: Scenario) -> Scenario:
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False and not any(map(sc.has, _THINK_FLAGS)):
         return sc
-    return Scenario({**sc.flags, "think_close_only": ""})
+    return replace(sc, flags={**sc.flags, "think_close_only": ""})  # a resolved call_tool (toolcall.py) kept

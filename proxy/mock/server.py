@@ -89,10 +89,11 @@ def create_app(dialect: str, full_text: bool = False, api_key: str | None = None
 
 
 def run(host: str, port: int, dialect: str, full_text: bool = False, api_key: str | None = None,
-        served_model: str | None = None, flavour: str = "") -> None:
+        served_model: str | None = None, flavour: str = "", directives: str | None = None) -> None:
     """Serve the mock until interrupted."""
     import uvicorn
 
-    app = create_app(dialect, full_text=full_text, api_key=api_key, served_model=served_model, flavour=flavour)
+    app = create_app(dialect, full_text=full_text, api_key=api_key, served_model=served_model, flavour=flavour,
+                     directives=directives)
     uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False,
                 log_level="warning")

@@ -2,7 +2,8 @@
 
 `[mock:call_tool]`, `[mock:call_tool=NAME]` or `[mock:call_tool=NAME {"json": "arguments"}]` resolves, against the
 chat request that carries it, into what the generation says (`Scenario.tool_call` / `Scenario.reply`):
-  * the last message is a user message: one call to NAME (default: the first tool in `tools`, else `get_weather`)
+  * the last message is a user message: one call to NAME (default: the first tool in `tools`; a request that offers
+    no tools gets no call at all: scenario.no_tools_no_calls)
     with the given arguments, or arguments made up from the tool's JSON schema (`example`);
   * the last message is a tool result: a text answer that quotes the result(s) after the last assistant message,
     so that a test sees the tool really ran and the client's agent loop ends;

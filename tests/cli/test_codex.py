@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 
+from proxy.clients.responses_compact import SUMMARY_PROMPT
+from proxy.clients.responses_request import SUMMARY_PREFIX
 from proxy.mock.textgen import REASONING
 from tests.cli.clis import cli_binary, cli_marks
+from tests.clients.test_responses_e2e import greeting
 from tests.conftest import Mock, Proxy, wait_for
 
 CODEX = cli_binary("codex")
@@ -33,6 +36,7 @@ CONFIG = """\
 model = "{model}"
 model_provider = "proxy"
 check_for_update_on_startup = false
+{top_extra}
 
 [analytics]
 enabled = false
@@ -45,7 +49,7 @@ exporter = "none"
 trace_exporter = "none"
 
 [model_providers.proxy]
-name = "dialect-proxy"
+name = "{provider_name}"
 base_url = "{base_url}"
 wire_api = "responses"
 env_key = "DIALECT_PROXY_TEST_KEY"
@@ -56,12 +60,13 @@ stream_max_retries = 0
 
 
 def run_codex(proxy: Proxy, tmp: Path, prompt: str, model: str = "mock-gpt", options: tuple[str, ...] = (),
-              provider_extra: str = "") -> tuple[subprocess.CompletedProcess[str], Path]:
-    home, work = tmp / "codex-home", tmp / "work"
-    home.mkdir()
-    work.mkdir()
-    (home / "config.toml").write_text(CONFIG.format(base_url=proxy.base_url, model=model,
-                                                    provider_extra=provider_extra))
+              provider_extra: str = "", provider_name: str = "dialect-proxy",
+              top_extra: str = "") -> tuple[subprocess.CompletedProcess[str], Path]:
+    home, work = tmp / "codex-home", tmp / "work"  # kept between runs: a second one may resume the session
+    home.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(CONFIG.format(base_url=proxy.base_url, model=model, top_extra=top_extra,
+                                                    provider_name=provider_name, provider_extra=provider_extra))
     dead = "http://127.0.0.1:9"  # nothing listens there: any request that is not for the proxy fails at once
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(home),
            "DIALECT_PROXY_TEST_KEY": "sk-client-key", "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead,
@@ -182,3 +187,48 @@ def test_codex_runs_a_tool_turn_over_the_websocket_mode(start_mock: Callable[...
         assert mock.stats()["completed"] >= 2, report
         assert wait_for(lambda: bool(sockets()), timeout=10), report
     assert sum(s["responses"] for s in sockets()) >= 2, report
+
+
+def test_codex_compacts_remotely_through_the_proxy(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy],
+                                                   tmp_path: Path) -> None:
+    """Codex's remote compaction (docs/responses.md "Compaction"). A provider named `OpenAI` (Codex 0.169.0 compacts
+    remotely only for that name or an Azure one); a first turn with a shell-tool call; then the session resumed with a
+    small `model_auto_compact_token_limit`, which the conversation so far is over (Codex's instructions alone are
+    thousands of tokens, and the mock counts them). Before the new turn Codex compacts: a normal `/v1/responses`
+    request ending in a `compaction_trigger` item, which must be answered with exactly one `compaction` item. Then
+    it goes on from that item, and the turn completes.
+
+    Upstream, in order: the summary request (the conversation, no tools, the summary prompt), then the new turn's
+    request with the summary as input in place of the conversation it replaces (no earlier assistant turn or tool
+    output is sent again). The limit is set only for the second run: compacting in the middle of the tool turn would
+    resend the prompt whose `call_tool` directive the mock obeys again after every compaction (a model would read the
+    summary; the mock cannot)."""
+    mock, proxy = start(start_mock, start_proxy, "mindie+full_text")
+    marker = f"codex-compact-{uuid.uuid4().hex[:12]}"
+    arguments = json.dumps({"cmd": f"echo {marker}"})
+    proc, _ = run_codex(proxy, tmp_path, f"Run it. [mock:call_tool=exec_command {arguments}]", provider_name="OpenAI")
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0 and marker in (tmp_path / "last-message.txt").read_text(), report
+    first = len(mock.requests())
+    assert first == 2, report  # the tool call and the answer quoting its output: no compaction yet
+
+    proc, _ = run_codex(proxy, tmp_path, "Is it done? [mock:chunks=3]", provider_name="OpenAI",
+                        options=("-c", "model_auto_compact_token_limit=500", "resume", "--last"))
+    requests = [r["body"] for r in mock.requests()][first:]
+    report = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}\nupstream:\n" + \
+        "\n".join(json.dumps([(m["role"], str(m.get("content"))[:60]) for m in b["messages"]])[-800:] for b in requests)
+    assert proc.returncode == 0, report
+    assert "context compacted" in proc.stderr + proc.stdout, report
+    assert (tmp_path / "last-message.txt").read_text().strip() == "tok0 tok1 tok2", report  # the turn completed
+    assert len(requests) == 2, report
+    asked, then = requests
+    # the summary request: the conversation so far (the tool turn included), no tools, the summary prompt last
+    assert asked["messages"][-1] == {"role": "user", "content": SUMMARY_PROMPT} and not asked.get("tools"), report
+    assert marker in json.dumps(asked["messages"]) and any(m["role"] == "tool" for m in asked["messages"]), report
+    # the new turn: the summary (the mock's answer to the summary request) as a user message, then the new prompt
+    summaries = [m["content"] for m in then["messages"] if m["role"] == "user"
+                 and str(m["content"]).startswith(SUMMARY_PREFIX)]
+    assert summaries == [SUMMARY_PREFIX + greeting("mindie")], report
+    assert then["messages"][-1] == {"role": "user", "content": "Is it done? [mock:chunks=3]"}, report
+    assert not [m for m in then["messages"] if m["role"] in ("assistant", "tool")], report
+    assert then.get("tools"), report  # a normal turn again: Codex's tools are offered

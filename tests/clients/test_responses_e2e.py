@@ -118,6 +118,45 @@ def test_event_sequence_is_complete_and_numbered(stack: Callable[..., tuple[Mock
     assert "<think>" not in final["output"][1]["content"][0]["text"]
 
 
+def test_raw_reasoning_events_follow_the_responses_spec(start_mock: Callable[..., Mock],
+                                                        start_proxy: Callable[..., Proxy]) -> None:
+    """Where the two Responses specifications name the raw-reasoning events differently (client.responses_spec):
+    OpenAI's `response.reasoning_text.*` by default, which the openai SDK types; Open Responses'
+    `response.reasoning.*` (same fields) with `open_responses`. Everything else in the stream is the same, and the
+    summary events (one name in both specifications) do not change."""
+    mock = start_mock("mindie", full_text=True)
+    default = start_proxy(mock=mock, full_text=True)
+    spec = start_proxy(mock=mock, full_text=True, client={"responses_spec": "open_responses"})
+    body = {"model": "m", "input": "Hi [mock:think]"}
+    with default.client().responses.stream(**body) as stream:  # type: ignore[call-overload]
+        typed = [e for e in stream if e.type.startswith("response.reasoning")]
+        final = stream.get_final_response()
+    reasoning = final.output[0].content[0].text  # type: ignore[union-attr,index]
+    assert reasoning and [type(e).__name__ for e in typed] == [
+        *["ResponseReasoningTextDeltaEvent"] * (len(typed) - 1), "ResponseReasoningTextDoneEvent"]
+    assert "".join(e.delta for e in typed[:-1]) == reasoning == typed[-1].text  # type: ignore[union-attr]
+
+    openai_events = raw_events(default, body)
+    spec_events = raw_events(spec, body)
+    renamed = {"response.reasoning_text.delta": "response.reasoning.delta",
+               "response.reasoning_text.done": "response.reasoning.done"}
+    names = [name for name, _ in spec_events]
+    assert names == [renamed.get(name, name) for name, _ in openai_events]
+    assert names.count("response.reasoning.done") == 1 and "response.reasoning.delta" in names
+    assert not [name for name in names if name.startswith("response.reasoning_text")]
+    deltas = [d for n, d in spec_events if n == "response.reasoning.delta"]
+    done = next(d for n, d in spec_events if n == "response.reasoning.done")
+    item_id = spec_events[-1][1]["response"]["output"][0]["id"]
+    # Open Responses' ResponseReasoningDeltaStreamingEvent / ...DoneStreamingEvent fields, and nothing else
+    assert all(set(d) == {"type", "sequence_number", "item_id", "output_index", "content_index", "delta"}
+               and d["type"] == "response.reasoning.delta" and d["item_id"] == item_id for d in deltas)
+    assert set(done) == {"type", "sequence_number", "item_id", "output_index", "content_index", "text"}
+    assert "".join(d["delta"] for d in deltas) == done["text"] == reasoning
+    assert spec_events[-1][1]["response"]["output"][0]["content"] == [{"type": "reasoning_text", "text": reasoning}]
+    summary = [n for n, _ in raw_events(spec, {**body, "reasoning": {"summary": "auto"}})]
+    assert "response.reasoning_summary_text.delta" in summary and "response.reasoning.delta" not in summary
+
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_tool_round_trip_with_function_call_output(stack: Callable[..., tuple[Mock, Proxy]], dialect: str) -> None:
     mock, proxy = stack(dialect)

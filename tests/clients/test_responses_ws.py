@@ -57,6 +57,19 @@ def test_response_create_streams_the_sse_events(stack: Callable[..., tuple[Mock,
     assert mock.stats()["completed"] == 2
 
 
+def test_events_follow_the_responses_spec_setting(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
+    """The WebSocket mode sends the raw-reasoning events under the names client.responses_spec chooses, as SSE."""
+    for responses_spec, name in (("openai", "response.reasoning_text"), ("open_responses", "response.reasoning")):
+        _, proxy = stack(client={"responses_spec": responses_spec})
+        with connect(ws_url(proxy)) as ws:
+            events = turn(ws, model="m", input="Hi [mock:think]")
+        names = [e["type"] for e in events]
+        assert names.count(name + ".done") == 1 and name + ".delta" in names, (responses_spec, names)
+        reasoning = events[-1]["response"]["output"][0]["content"][0]["text"]
+        assert "".join(e["delta"] for e in events if e["type"] == name + ".delta") == reasoning and reasoning
+    assert "response.reasoning_text.delta" not in names
+
+
 def test_continuation_from_the_connections_state(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
     """store: false continues on the same socket (only the new input sent); after a reconnect it is not found,
     and a new chain without previous_response_id works; a store: true response continues on any connection."""

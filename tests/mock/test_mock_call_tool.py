@@ -169,15 +169,75 @@ def test_call_tool_quotes_the_tool_result(mock_servers: Any, dialect: str, strea
 
 
 @pytest.mark.parametrize("dialect", ["openai", "mindie"])
-def test_call_tool_without_tools_and_without_directive(mock_servers: Any, dialect: str) -> None:
+def test_call_tool_without_directive_is_the_default_reply(mock_servers: Any, dialect: str) -> None:
     srv, name = _server(mock_servers, dialect)
-    path, body = request_for(name, "[mock:call_tool]")
-    (call,) = srv.post(path, body).json()["choices"][0]["message"]["tool_calls"]
-    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}
-    # no directive in this turn: the default reply, tools or not
-    path, body = _tool_request(name, "hi")
+    path, body = _tool_request(name, "hi")  # no directive in this turn: the default reply, tools or not
     message = srv.post(path, body).json()["choices"][0]["message"]
     assert message["content"].startswith("Hello from the mock") and not message.get("tool_calls")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("dialect", TOOL_DIALECTS)
+def test_a_request_without_tools_is_never_answered_with_a_tool_call(mock_servers: Any, dialect: str,
+                                                                    stream: bool) -> None:
+    """A model can only call a tool it was given: a chat request with no `tools` (or `tool_choice: none`) gets text,
+    whatever tool-call directive counts for it — its own, one of an earlier user message of the turn (a client's
+    summary request after a tool turn, as Codex's remote compaction sends), or a server-wide one."""
+    srv, name = _server(mock_servers, dialect)
+    full_text = "full_text" in dialect
+
+    def answer(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], str | None]:
+        if stream:
+            return _answer(parse_sse(srv.post(path, {**body, "stream": True}).text), full_text)
+        choice = srv.post(path, body).json()["choices"][0]
+        calls = [{"name": c["function"]["name"]} for c in choice["message"].get("tool_calls") or ()]
+        return choice["message"]["content"], calls, choice["finish_reason"]
+
+    for directive in ("[mock:call_tool]", "[mock:call_tool=shell {\"command\": [\"ls\"]}]", "[mock:tool_calls=2]",
+                      "[mock:tool_calls_noindex]"):
+        path, body = request_for(name, f"list files {directive}")
+        content, calls, finish = answer(body)
+        assert calls == [] and finish == "stop" and content.startswith("Hello from the mock"), (directive, content)
+        path, body = _tool_request(name, f"list files {directive}", tool_choice="none")
+        content, calls, finish = answer(body)
+        assert calls == [] and finish == "stop" and content.startswith("Hello from the mock"), (directive, content)
+    # the earlier user message of the turn asked for a tool call; the summary request offers no tools
+    path, body = request_for(name, "[mock:call_tool]")
+    body["messages"] += [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "shell", "arguments": '{"command": ["ls"]}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "README.md"},
+        {"role": "user", "content": "Summarise the conversation so far."}]
+    content, calls, finish = answer(body)
+    assert calls == [] and finish == "stop" and content.startswith("Hello from the mock")
+    # with tools, the same conversation is still an agent turn
+    content, calls, finish = answer({**body, "tools": TOOLS})
+    assert [c["name"] for c in calls] == ["shell"] and finish == "tool_calls"
+
+
+@pytest.mark.parametrize("dialect", ["openai", "mindie", "mindie+full_text", "siliconstorm"])
+def test_call_tool_on_an_r1_named_model_reasons_then_calls(mock_servers: Any, dialect: str) -> None:
+    """An R1-named model (whose template opens `<think>`: scenario.r1_thinking) makes the call asked for too."""
+    srv, name = _server(mock_servers, dialect)
+    path, body = _tool_request(name, "list files [mock:call_tool]", model="DeepSeek-R1")
+    message = srv.post(path, body).json()["choices"][0]["message"]
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "shell" and orjson.loads(call["function"]["arguments"])["command"]
+
+
+def test_server_wide_call_tool_calls_only_where_tools_are_offered(mock_servers: Any) -> None:
+    """`call_tool` set server-wide (POST /_mock/directives, `dialect-proxy mock --directives`): an agent turn for a
+    request that offers tools, resolved against that request; the default reply for one that offers none."""
+    srv = mock_servers("mindie", full_text=True)
+    assert srv.post("/_mock/directives", {"directives": "call_tool"}).status_code == 200
+    try:
+        message = srv.post("/v1/chat/completions", chat("hi", tools=TOOLS)).json()["choices"][0]["message"]
+        (call,) = message["tool_calls"]
+        assert call["function"]["name"] == "shell" and orjson.loads(call["function"]["arguments"])["command"]
+        message = srv.post("/v1/chat/completions", chat("hi")).json()["choices"][0]["message"]
+        assert message["content"].startswith("Hello from the mock") and not message.get("tool_calls")
+    finally:
+        srv.post("/_mock/directives", {"directives": ""})
 
 
 def test_call_tool_after_an_assistant_prefix_does_nothing(mock_servers: Any) -> None:

@@ -60,7 +60,14 @@ def test_stats_and_last_request(mock_servers: Any, dialect: str) -> None:
     assert last["body"] == body
     srv.post(path, b"{not json")
     assert srv.last_request()["body"] is None
+    recorded = srv.client.get("/_mock/requests").json()  # every one, oldest first
+    assert [r["body"] for r in recorded] == [body, None] and recorded[-1] == srv.last_request()
+    for n in range(40):  # bounded: the most recent 32
+        srv.post(path, request_for(dialect, f"message {n}")[1])
+    recorded = srv.client.get("/_mock/requests").json()
+    assert len(recorded) == 32 and recorded[-1]["body"]["messages"][-1]["content"] == "message 39"
     assert srv.client.post("/_mock/reset").json()["requests"] == 0
+    assert srv.client.get("/_mock/requests").json() == []
     assert srv.stats() == {"requests": 0, "completed": 0, "disconnects": 0, "in_flight": 0,
                            "model_lists": 0, "checks": 0}
     # the proxy's readiness checks (x-dialect-proxy-check) are answered alike and counted apart

@@ -129,7 +129,8 @@ def test_openai_completions_and_tools(mock_servers: Any) -> None:
     _, events = srv.stream("/v1/completions", {"model": "m", "prompt": "x [mock:chunks=2]", "stream": True,
                                                "stream_options": {"include_usage": True}})
     assert data(events)[-1]["choices"] == [] and data(events)[-1]["usage"]["completion_tokens"] == 2
-    _, events = srv.stream("/v1/chat/completions", chat("x [mock:tool_calls]", stream=True))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    _, events = srv.stream("/v1/chat/completions", chat("x [mock:tool_calls]", stream=True, tools=tools))
     calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in data(events)
              if c["choices"] and "tool_calls" in c["choices"][0]["delta"]]
     assert calls[0]["index"] == 0 and calls[0]["function"] == {"name": "get_weather", "arguments": ""}
