@@ -43,8 +43,10 @@ _START: Final = b"content_block_start"
 _END: Final = b"}}\n\n"  # what follows a delta's value
 _DELTA_KINDS: Final = {"text": (b"text_delta", b"text"), "thinking": (b"thinking_delta", b"thinking")}
 # The blocks' fixed parts as Anthropic's schema requires them (anthropic.json in llm-comply's specs: every key
-# present, null where nothing applies): no citations on a text block, a tool_use block called by the model itself.
-_TEXT_START: Final = b'{"type":"text","text":"","citations":null}'
+# present): a tool_use block called by the model itself, and a text block's `citations` as an empty list — the schema
+# allows a list or null, and strict clients accept only the list (the Vercel AI SDK's Anthropic provider declares
+# it an optional array and refused a whole answer for a null).
+_TEXT_START: Final = b'{"type":"text","text":"","citations":[]}'
 _DIRECT: Final = {"type": "direct"}
 # A Message's and a message_delta's own nullable fields: no container, no refusal details from any upstream here.
 _STOP_NULLS: Final = {"stop_details": None, "container": None}
@@ -279,7 +281,7 @@ class MessagesEncoder:
 
     def _content(self, block: _Block, stop_reason: str) -> dict[str, Any]:
         if block.kind == "text":
-            return {"type": "text", "text": "".join(block.parts), "citations": None}
+            return {"type": "text", "text": "".join(block.parts), "citations": []}
         if block.kind == "thinking":
             return {"type": "thinking", "thinking": "" if self.omit_thinking else "".join(block.parts),
                     "signature": block.signature}

@@ -101,7 +101,7 @@ def test_stream_events_in_anthropic_order():
     tool = events[10][1]["content_block"]
     assert tool == {"type": "tool_use", "id": "toolu_call_a", "name": "get_weather", "input": {},
                     "caller": {"type": "direct"}}
-    assert events[6][1]["content_block"] == {"type": "text", "text": "", "citations": None}
+    assert events[6][1]["content_block"] == {"type": "text", "text": "", "citations": []}
     assert [d["delta"]["partial_json"] for _, d in events[11:13]] == ['{"city": ', '"Paris"}']
     assert events[14][1]["content_block"]["id"] == "toolu_call_b"
     assert [d["index"] for _, d in events if "index" in d] == [0] * 5 + [1] * 4 + [2] * 4 + [3] * 3
@@ -119,7 +119,7 @@ def test_non_stream_is_the_same_answer_folded():
         "id": "msg_x", "type": "message", "role": "assistant", "model": "alias",
         "content": [
             {"type": "thinking", "thinking": "Need the weather 🌍.", "signature": signature},
-            {"type": "text", "text": "Checking now.", "citations": None},
+            {"type": "text", "text": "Checking now.", "citations": []},
             {"type": "tool_use", "id": "toolu_call_a", "name": "get_weather", "input": {"city": "Paris"},
              "caller": {"type": "direct"}},
             {"type": "tool_use", "id": "toolu_call_b", "name": "get_time", "input": {}, "caller": {"type": "direct"}},
