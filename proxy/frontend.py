@@ -545,8 +545,11 @@ class GuardedHttpToolsProtocol:
         if self.transport.is_closing():
             return
         body = ProxyError(message, status, code=_CODES.get(status)).body()
-        head = [_STATUS_LINE[status], b"content-type: application/json\r\n",
-                b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+        head = [_STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:  # `date`: a server with a clock sends it (RFC 9110 6.6.1)
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                 b"connection: close\r\n"]
         if status == 503:
             head.append(b"retry-after: 1\r\n")
         if 400 <= status < 500 and status != 408:
