@@ -3,7 +3,6 @@
     python tests/bench/bench.py [--seconds 2] [--rounds 3] [--quick]      the ratio table (`make bench`)
     python tests/bench/bench.py --ref COMMIT [--quick]      ... with another commit's proxy in the same rounds
     python tests/bench/bench.py --compiled [--ref HEAD]     ... the proxy being a compiled copy of this tree (setup.py)
-    python tests/bench/bench.py --frontend uvicorn|granian  ... with this tree's proxy behind that front end as "ref"
     python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (docs/speed.md)
 
 Starts the built-in mocks (an OpenAI upstream and a MindIE full-text upstream), a proxy in front of each and the
@@ -136,7 +135,6 @@ def compiled_copy() -> str:
 
 
 REF_TREE: str | None = None  # --ref: the other commit's tree; its proxy is measured next to this one's
-FRONTEND: str | None = None  # --frontend: "ref" is this tree's proxy behind that front end instead
 PROXY_TREE: str | None = None  # --compiled: a compiled copy of this tree (tests/compiled_tree.py) is "proxy"
 
 
@@ -311,15 +309,11 @@ class Upstream:
         self.bare = start([os.path.join(HERE, "bare_relay.py"), str(bare_port), f"http://127.0.0.1:{mock_port}"], 0)
         self.urls = {"direct": f"http://127.0.0.1:{mock_port}", "proxy": f"http://127.0.0.1:{proxy_port}",
                      "bare": f"http://127.0.0.1:{bare_port}"}
-        if REF_TREE is not None or FRONTEND is not None:
+        if REF_TREE is not None:
             ref_port = free_port()
-            serve = ["serve", "--port", str(ref_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
-                     "--upstream-dialect", self.dialect, "--log-level", "warning", *ft, *proxy_extra]
-            if FRONTEND is not None:  # this tree's proxy behind another front end (tests/bench/frontends.py)
-                self.ref = start([os.path.join(HERE, "frontends.py"), FRONTEND, *serve], proxy_cpu,
-                                 cwd=PROXY_TREE or os.path.dirname(os.path.dirname(HERE)))
-            else:
-                self.ref = start(serve, proxy_cpu, cwd=REF_TREE)
+            self.ref = start(["serve", "--port", str(ref_port), "--upstream-url", f"http://127.0.0.1:{mock_port}",
+                              "--upstream-dialect", self.dialect, "--log-level", "warning", *ft, *proxy_extra],
+                             proxy_cpu, cwd=REF_TREE)
             self.urls["ref"] = f"http://127.0.0.1:{ref_port}"
 
     async def ready(self) -> None:
@@ -375,15 +369,13 @@ async def ratio_table(seconds: float, rounds: int) -> None:
             await up.ready()
         load = "CPU 1 with the mocks" if PINNED_LOAD else "either CPU"
         print(f"relays pinned to CPU 0, mocks to CPU 1: {TWO_CPUS}; load generator on {load}; {seconds:g} s per run, "
-              f"best of {rounds} alternating rounds (direct, bare, proxy{', ref' if REF_TREE or FRONTEND else ''})\n")
+              f"best of {rounds} alternating rounds (direct, bare, proxy{', ref' if REF_TREE else ''})\n")
         print("cpu = the relay process's CPU time per upstream chunk (64 per stream) or per non-stream request;\n"
               "ratio = proxy cpu / bare cpu; tput = requests/s relative to the mock direct.\n")
         header = (f"{'upstream':<17}{'client':<11}{'scenario':<15}{'conc':>5}{'bare µs':>9}{'proxy µs':>10}"
                   f"{'ratio':>7}{'bare tput':>10}{'proxy tput':>11}{'p50 ms':>8}{'err':>5}")
-        if REF_TREE is not None or FRONTEND is not None:
+        if REF_TREE is not None:
             header += f"{'ref µs':>9}{'ref ratio':>10}{'proxy/ref':>10}"
-        if FRONTEND is not None:
-            print(f"ref = this tree's proxy behind {FRONTEND} (tests/bench/frontends.py)\n")
         print(header)
         print("-" * len(header))
         scenarios = [("non-stream", False, 0, 16), ("stream 64x0ms", True, 0, 16), ("stream 64x5ms", True, 5, 64)]
@@ -519,14 +511,8 @@ async def main() -> None:
     ap.add_argument("--compiled", action="store_true",
                     help="measure a compiled copy of this tree (setup.py, mypyc; needs a C compiler) as the proxy; "
                          "with --ref HEAD, proxy/ref is compiled / pure Python")
-    ap.add_argument("--frontend", choices=["uvicorn", "granian"],
-                    help="ratio table: also measure this tree's proxy behind uvicorn's own httptools protocol or "
-                         "granian (tests/bench/frontends.py), in the ref column; not with --ref")
     args = ap.parse_args()
-    global REF_TREE, PROXY_TREE, FRONTEND
-    if args.ref and args.frontend:
-        ap.error("--ref and --frontend both use the ref column: give one")
-    FRONTEND = args.frontend
+    global REF_TREE, PROXY_TREE
     if args.ref:
         REF_TREE = export_ref(args.ref)
     if args.compiled:

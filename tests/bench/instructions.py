@@ -123,7 +123,8 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
                  "--log-level", "warning", *ft]
         # --frontend: the same tree behind another front end (granian's worker is a child process, which callgrind
         # does not follow: only uvicorn here)
-        main = [os.path.join(HERE, "frontends.py"), FRONTEND] if target == "ref" and FRONTEND else ["-m", "proxy"]
+        other = target == "ref" and FRONTEND
+        main = [os.path.join(HERE, "frontends.py"), "run", FRONTEND] if other else ["-m", "proxy"]
         relay = callgrind([sys.executable, *main, *serve], tree, out)
         health, api = "/healthz", row.api
     url = f"http://127.0.0.1:{port}"
