@@ -3,6 +3,7 @@
 #   make test   set up (incl. prometheus and redis-server from Debian when root), lint (ruff, mypy --strict), run pytest
 #   make test-cli  install the client CLIs (Codex, Claude Code) with npm into .venv/cli and run the `cli` tests
 #   make test-compliance  llm-comply's suites against the proxy in front of each mock upstream (docs/compliance.md)
+#   make test-http  install HTTPolice into .venv-httpolice and judge the front end's HTTP/1.1 with it (part of make test)
 #   make test-otel  install Arize Phoenix into .venv-phoenix and check the proxy's traces in it (tests/test_phoenix.py)
 #   make test-compiled  the whole test suite on a copy of the tree whose request path is compiled with mypyc (setup.py)
 #   make bench  the benchmark (separate from the tests; prints figures)
@@ -16,7 +17,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-cli test-compliance test-otel test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-http httpolice test-cli test-compliance test-otel test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -47,8 +48,21 @@ system-deps:
 	  else echo "note: Debian package(s) $$missing missing and not root; their tests will skip"; fi; \
 	fi
 
-test: $(DEVSTAMP) system-deps lint
+test: $(DEVSTAMP) system-deps httpolice lint
 	$(BIN)/python -m pytest -q
+
+# HTTPolice (an HTTP message linter, PyPI) judges the front end's answers on raw connections
+# (tests/conformance/test_httpolice.py). Its own virtualenv: it needs bitstring < 4, which nothing else should be held
+# to. Installed by `make test` when it can be (the test skips otherwise); `make test-http` runs that test alone.
+HTTPOLICE_VENV := .venv-httpolice
+httpolice:
+	@test -x $(HTTPOLICE_VENV)/bin/python && $(HTTPOLICE_VENV)/bin/python -c "import httpolice" 2>/dev/null || \
+	  { $(PYTHON) -m venv $(HTTPOLICE_VENV) && \
+	    $(HTTPOLICE_VENV)/bin/python -m pip install -q "HTTPolice==0.9.0" "bitstring<4"; } || \
+	  echo "warning: could not install HTTPolice; tests/conformance/test_httpolice.py will skip"
+
+test-http: $(DEVSTAMP) httpolice
+	HTTPOLICE_PYTHON=$(abspath $(HTTPOLICE_VENV))/bin/python $(BIN)/python -m pytest -q tests/conformance
 
 # The independent compliance suite (llm-comply, pinned in the test extra); part of plain `pytest` too, and fast.
 test-compliance: $(DEVSTAMP)
@@ -136,4 +150,4 @@ affinity-bench: $(DEVSTAMP)
 	$(BIN)/python tests/bench/affinity.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(HTTPOLICE_VENV) build *.egg-info .pytest_cache .hypothesis

@@ -6,8 +6,13 @@ request (a `Cycle`), as uvicorn's httptools protocol does: the same scope, the s
 checks (header names and values, content-length against the body, `connection: close`, chunked encoding when no
 length is given, HEAD, `Expect: 100-continue`, pipelined requests answered in order, back-pressure both ways, a 500
 when the app fails before answering). It is the proxy's own so that the per-request path compiles with the rest of
-it (setup.py): uvicorn's protocol is interpreted Python, and its callbacks and `send` were a fifth of the
-instructions of a non-stream request (docs/speed.md, "The compiled build, change by change").
+it (setup.py); docs/decisions.md ("The HTTP front end") compares it with uvicorn's own protocol and with granian.
+
+It is built on public interfaces only: httptools' parser, asyncio's transport (`get_extra_info` for the addresses
+and TLS), http.HTTPStatus for the reason phrases, and what uvicorn hands any protocol factory given as its `http`
+setting (its Config: the app, root_path, asgi_version, timeout_keep_alive; its ServerState: the connections, the
+tasks, the `date` header). No module of uvicorn's protocols is imported: the header rules, the status lines and the
+back-pressure mark are written here.
 
 Beyond uvicorn's protocol:
 
@@ -42,7 +47,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import http
 import logging
+import re
 import resource
 import urllib.parse
 from collections import deque
@@ -50,9 +57,6 @@ from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 import httptools
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
-from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
-from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
 from .errors import ProxyError
 from .settings import ServerSettings
@@ -63,23 +67,38 @@ from .websocket import WebSocketConnection, WebSocketLimits
 DISCONNECT_HOOK: Final = "dialect_proxy.on_disconnect"
 
 _logger: Final = logging.getLogger("uvicorn.error")  # where uvicorn's own protocol logs (the server's log settings)
-# A header name must be a token, a value must hold no control character but tab (RFC 9110 5.1, 5.5): uvicorn's own
-# patterns, so the checks are its checks. A value that carried CR LF would split the answer.
-_bad_name: Final = HEADER_RE.search
-_bad_value: Final = HEADER_VALUE_RE.search
+# A header name must be a token (RFC 9110 5.6.2: one or more of ALPHA, DIGIT and !#$%&'*+-.^_`|~); a value must hold
+# no control character but tab (RFC 9110 5.5: VCHAR and obs-text, SP and HTAB between). A value that carried CR LF
+# would split the answer. Each search finds the first byte that breaks its rule.
+_bad_name: Final = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9A-Za-z]|^$").search
+_bad_value: Final = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]").search
 # Those control characters to a space, every other byte to itself: a value without one translates to the very same
-# object (a C loop, where a regex search costs ~1,900 instructions compiled); one that changes is searched to be sure
+# object (a C loop, cheaper than a regex search when compiled); one that changes is searched to be sure
 _VALUE_OK: Final = bytes(32 if b < 9 or 9 < b < 32 or b == 127 else b for b in range(256))
 _NAMES_MAX: Final = 256  # header names checked once and remembered, lower-cased (the proxy sends a few dozen)
 _names: Final[dict[bytes, bytes]] = {}
-_STATUS_LINE: Final = STATUS_LINE  # (compiled: a C static, not an imported name looked up in the module's dict)
+
+
+def _status_line(code: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(code).phrase.encode("ascii")
+    except ValueError:
+        phrase = b""
+    return b"HTTP/1.1 %d %b\r\n" % (code, phrase)
+
+
+# The status line of every code from 100 to 599, with its reason phrase where http.HTTPStatus knows one (the phrase
+# may be empty, RFC 9112 4: an unknown code gets "HTTP/1.1 599 \r\n").
+_STATUS_LINE: Final = {code: _status_line(code) for code in range(100, 600)}
+# Request body bytes held for the app before reading from the client pauses (what `receive` has not taken yet).
+_BODY_HIGH_WATER: Final = 65536
 # A chunk of at least this many bytes (a fast stream's read of many events) is written as its pieces, its framing
 # around it, not copied into one framed buffer: uvloop writes the list with one writev. Below it the copy is the
 # cheaper (measured on loopback, uvloop 0.23: write of the framed copy vs writelines, 1.7 vs 2.6 µs at 256 bytes,
 # 4.1 vs 3.9 at 4 KiB, 7.2 vs 5.7 at 16 KiB).
 _SCATTER: Final = 4096
-# The size line of a smaller chunk, made once per size seen: `b"%x" % n` parses its format at every call (~900
-# instructions a chunk of a paced stream, callgrind), where this is a list index.
+# The size line of a smaller chunk, made once per size seen: `b"%x" % n` parses its format at every call, where this
+# is a list index (docs/speed.md).
 _chunk_heads: Final[list[bytes | None]] = [None] * _SCATTER
 
 
@@ -138,6 +157,16 @@ def frontend_options(server: ServerSettings) -> dict[str, Any]:
             "server_header": False}
 
 
+def _address(info: Any) -> tuple[str, int | None] | None:
+    """A socket address as ASGI's scope has it: (host, port) for IPv4 and IPv6 (whose flow info and scope id are
+    dropped), (path, None) for a Unix socket, None when the transport does not say."""
+    if isinstance(info, (tuple, list)) and len(info) >= 2:
+        return (str(info[0]), int(info[1]))
+    if isinstance(info, str) and info:
+        return (info, None)
+    return None
+
+
 class _Refuse(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -173,7 +202,6 @@ class GuardedHttpToolsProtocol:
             pass
         self.root_path: str = config.root_path
         self.asgi_version: str = config.asgi_version
-        self.limit_concurrency: int | None = config.limit_concurrency
         self.timeout_keep_alive: float = config.timeout_keep_alive
         self.fresh_context = bool(getattr(config, "reset_contextvars", False))  # uvicorn >= 0.36's option
         self.app_state = app_state
@@ -209,9 +237,10 @@ class GuardedHttpToolsProtocol:
     def connection_made(self, transport: Any) -> None:
         self.connections.add(self)
         self.transport = transport
-        self.server = get_local_addr(transport)
-        self.client = get_remote_addr(transport)
-        self.scheme = "https" if is_ssl(transport) else "http"
+        self.server = _address(transport.get_extra_info("sockname"))
+        peer = _address(transport.get_extra_info("peername"))
+        self.client = (peer[0], peer[1]) if peer is not None and peer[1] is not None else None
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         limit = self.limits.max_client_connections
         if len(self.connections) > limit:
             _logger.warning("Refused a connection: %d client connections are open.", len(self.connections) - 1)
@@ -283,7 +312,7 @@ class GuardedHttpToolsProtocol:
             cycle.keep_alive = False
 
     # -- back-pressure --------------------------------------------------------------------------------------------
-    # uvicorn's FlowControl, as fields of the protocol: its methods are interpreted, and receive() calls one per request
+    # Flow control as fields of the protocol (what uvicorn's FlowControl class does, without an object per connection)
     def pause_writing(self) -> None:  # the transport's buffer is over its high-water mark
         if not self.write_paused:
             self.write_paused = True
@@ -370,10 +399,6 @@ class GuardedHttpToolsProtocol:
             self._upgrading = previous is None or previous.response_complete
             return
         app = self.app
-        limit = self.limit_concurrency
-        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
-            app = service_unavailable
-            _logger.warning("Exceeded concurrency limit.")
         keep_alive = http_version != "1.0" and bool(parser.should_keep_alive())
         cycle = Cycle(self, scope, method == "HEAD", self.expect_100_continue, keep_alive)
         self.cycle = cycle
@@ -431,7 +456,7 @@ class GuardedHttpToolsProtocol:
         if cycle is None or cycle.response_complete:
             return
         cycle.body += body
-        if len(cycle.body) > HIGH_WATER_LIMIT:
+        if len(cycle.body) > _BODY_HIGH_WATER:
             self.pause_reading()
         cycle.wake()
 
@@ -520,8 +545,11 @@ class GuardedHttpToolsProtocol:
         if self.transport.is_closing():
             return
         body = ProxyError(message, status, code=_CODES.get(status)).body()
-        head = [_STATUS_LINE[status], b"content-type: application/json\r\n",
-                b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+        head = [_STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:  # `date`: a server with a clock sends it (RFC 9110 6.6.1)
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                 b"connection: close\r\n"]
         if status == 503:
             head.append(b"retry-after: 1\r\n")
         if 400 <= status < 500 and status != 408:

@@ -42,8 +42,7 @@ class Recorder(asyncio.Transport):
 
 def connection() -> tuple[GuardedHttpToolsProtocol, Recorder]:
     """A connection protocol on a recording transport, with uvicorn's server state as the server gives it."""
-    config = SimpleNamespace(loaded=True, loaded_app=None, root_path="", asgi_version="3.0", limit_concurrency=None,
-                             timeout_keep_alive=5)
+    config = SimpleNamespace(loaded=True, loaded_app=None, root_path="", asgi_version="3.0", timeout_keep_alive=5)
     state = SimpleNamespace(connections=set(), tasks=set(), default_headers=[], total_requests=0)
     conn = GuardedHttpToolsProtocol(config, state, {}, asyncio.new_event_loop(), limits=FrontendLimits())
     out = Recorder()
@@ -122,7 +121,7 @@ def test_headers_that_would_split_the_answer_are_refused(headers: list[tuple[byt
 
 def test_every_control_character_but_tab_is_refused_in_a_header_value() -> None:
     """The check is a translate that leaves a good value the same object (proxy/frontend.py `_VALUE_OK`), confirmed
-    by uvicorn's regex: the two agree on every byte, and a bad one is refused wherever it is."""
+    by the RFC 9110 rule's search: the two agree on every byte, and a bad one is refused wherever it is."""
     for byte in range(256):
         conn, out = connection()
         value = b"id-" + bytes([byte]) + b"-1"
@@ -136,6 +135,54 @@ def test_every_control_character_but_tab_is_refused_in_a_header_value() -> None:
             answer(cycle, start, {"type": "http.response.body", "body": b""})
             assert value in out.writes[0]
         conn.loop.close()
+
+
+def test_a_header_name_is_a_token_of_rfc_9110() -> None:
+    """tchar: ALPHA, DIGIT and !#$%&'*+-.^_`|~ — no delimiter ("(),/:;<=>?@[\\]{}), space, control or byte above
+    0x7f, and not empty."""
+    tchar = set(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    for name in [b"", *(b"x" + bytes([byte]) for byte in range(256))]:
+        conn, out = connection()
+        cycle = Cycle(conn, {}, False, False, True)
+        start = {"type": "http.response.start", "status": 200, "headers": [(name, b"v")]}
+        if name and name[1] in tchar:
+            answer(cycle, start, {"type": "http.response.body", "body": b""})
+            assert name.lower() + b": v\r\n" in out.writes[0]
+        else:
+            with pytest.raises(RuntimeError, match="Invalid HTTP header name."):
+                answer(cycle, start)
+        conn.loop.close()
+
+
+@pytest.mark.parametrize("status, line", [(200, b"HTTP/1.1 200 OK\r\n"), (418, b"HTTP/1.1 418 I'm a Teapot\r\n"),
+                                          (431, b"HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+                                          (599, b"HTTP/1.1 599 \r\n")])
+def test_the_status_line_has_the_reason_phrase_when_there_is_one(status: int, line: bytes) -> None:
+    conn, out = connection()
+    answer(Cycle(conn, {}, False, False, True), {"type": "http.response.start", "status": status, "headers": []},
+           {"type": "http.response.body", "body": b""})
+    assert out.writes[0].startswith(line)
+    conn.loop.close()
+
+
+@pytest.mark.parametrize("sockname, peername, server, client", [
+    (("127.0.0.1", 8000), ("127.0.0.1", 50000), ("127.0.0.1", 8000), ("127.0.0.1", 50000)),
+    (("::1", 8000, 0, 0), ("::1", 50000, 0, 0), ("::1", 8000), ("::1", 50000)),  # IPv6: flow info, scope id dropped
+    ("/run/proxy.sock", "", ("/run/proxy.sock", None), None),  # a Unix socket: no client address
+    (None, None, None, None),
+])
+def test_the_scope_has_the_addresses_the_transport_gives(sockname: Any, peername: Any, server: Any,
+                                                         client: Any) -> None:
+    config = SimpleNamespace(loaded=True, loaded_app=None, root_path="", asgi_version="3.0", timeout_keep_alive=5)
+    state = SimpleNamespace(connections=set(), tasks=set(), default_headers=[], total_requests=0)
+    conn = GuardedHttpToolsProtocol(config, state, {}, asyncio.new_event_loop(), limits=FrontendLimits())
+    out = Recorder()
+    info = {"sockname": sockname, "peername": peername}
+    out.get_extra_info = lambda name, default=None: info.get(name, default)  # type: ignore[method-assign]
+    conn.connection_made(out)
+    assert (conn.server, conn.client, conn.scheme) == (server, client, "http")
+    conn.connection_lost(None)
+    conn.loop.close()
 
 
 def test_headers_and_bodies_may_be_any_bytes_like_objects_in_lists() -> None:

@@ -2,6 +2,8 @@
 
     python tests/bench/instructions.py [--requests 200] [--ref COMMIT] [--compiled] [--rows NAME,...]
                                                                             (`make bench-instructions`)
+    python tests/bench/instructions.py --frontend uvicorn [...]   ref: this tree's proxy behind uvicorn's own
+                                                                  httptools protocol (tests/bench/frontends.py)
 
 CPU time on a shared VM swings by +-15 % between runs, more than most single optimisations change, so before/after
 figures from tests/bench/bench.py need many rounds. An instruction count does not swing: each relay runs under
@@ -71,6 +73,7 @@ ROWS = [
     Row("openai chat stream 5 ms", "openai", False, "chat", True, 5, 1, 4),
 ]
 CHUNKS = 64  # per streamed answer, as in the ratio table
+FRONTEND: str | None = None  # --frontend
 
 
 def callgrind(argv: list[str], cwd: str, out: str) -> subprocess.Popen[bytes]:
@@ -116,8 +119,13 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
         relay = callgrind([sys.executable, os.path.join(HERE, "bare_relay.py"), str(port), upstream], ROOT, out)
         health, api = "/", "chat"
     else:
-        relay = callgrind([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream-url", upstream,
-                           "--upstream-dialect", row.dialect, "--log-level", "warning", *ft], tree, out)
+        serve = ["serve", "--port", str(port), "--upstream-url", upstream, "--upstream-dialect", row.dialect,
+                 "--log-level", "warning", *ft]
+        # --frontend: the same tree behind another front end (granian's worker is a child process, which callgrind
+        # does not follow: only uvicorn here)
+        other = target == "ref" and FRONTEND
+        main = [os.path.join(HERE, "frontends.py"), "run", FRONTEND] if other else ["-m", "proxy"]
+        relay = callgrind([sys.executable, *main, *serve], tree, out)
         health, api = "/healthz", row.api
     url = f"http://127.0.0.1:{port}"
     try:
@@ -139,10 +147,13 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
 
 
 async def main() -> None:
+    global FRONTEND
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=200, help="measured requests per relay and row (bounded)")
     ap.add_argument("--ref", help="also count the proxy of this commit (git archive), for a before/after")
     ap.add_argument("--compiled", action="store_true", help="the proxy is a compiled copy of this tree (mypyc)")
+    ap.add_argument("--frontend", choices=["uvicorn"],
+                    help="ref: this tree's proxy behind uvicorn's own httptools protocol; not with --ref")
     ap.add_argument("--rows", help="comma-separated row names (default: all): " + ", ".join(r.name for r in ROWS))
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -154,12 +165,16 @@ async def main() -> None:
     proxy_tree = ROOT
     if args.compiled:
         proxy_tree = bench.compiled_copy()
+    if args.frontend:
+        if ref_tree:
+            sys.exit("--ref and --frontend both use the ref column: give one")
+        FRONTEND = args.frontend
     workdir = tempfile.mkdtemp(prefix="bench-instructions-")
     unit = "instructions per request (non-stream) or per upstream chunk (streams)"
     build = " (proxy: compiled copy of this tree)" if args.compiled else ""
     print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent (the paced row:"
           f" a quarter of them, one at a time){build}\n")
-    head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree else "")
+    head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree or FRONTEND else "")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     try:
@@ -167,8 +182,8 @@ async def main() -> None:
             bare = await measure(row, "bare", ROOT, args.requests, workdir)
             proxy = await measure(row, "proxy", proxy_tree, args.requests, workdir)
             line = f"| {row.name} | {bare:,.0f} | {proxy:,.0f} | {proxy / bare:.2f} |"
-            if ref_tree:
-                ref = await measure(row, "ref", ref_tree, args.requests, workdir)
+            if ref_tree or FRONTEND:
+                ref = await measure(row, "ref", ref_tree or proxy_tree, args.requests, workdir)
                 line += f" {ref:,.0f} | {ref / bare:.2f} | {proxy / ref:.3f} |"
             print(line, flush=True)
     finally:
