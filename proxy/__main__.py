@@ -84,7 +84,7 @@ CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("client-usage-fields", "openai (default), or deepseek to add prompt_cache_hit/miss_tokens to usage", "str",
      usage_field_names()),
     ("client-responses-spec", "the Responses specification /v1/responses follows where the two differ (the "
-     "raw-reasoning event names): openai (default; response.reasoning_text.*) or open_responses "
+     "raw-reasoning event names): openai_api (default; response.reasoning_text.*) or open_responses "
      "(response.reasoning.*)", "str", RESPONSES_SPECS),
 ]
 UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [

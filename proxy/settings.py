@@ -21,7 +21,7 @@ import yaml
 CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
 REASONING_SOURCES = ("auto", "field", "tags", "off")
 REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
-RESPONSES_SPECS = ("openai", "open_responses")  # proxy/clients/responses_events.py `reasoning_events`
+RESPONSES_SPECS = ("openai_api", "open_responses")  # proxy/clients/responses_events.py `reasoning_events`
 RESPONSE_MODEL = ("client", "upstream")
 RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -89,7 +89,7 @@ class ClientSettings:
     reasoning: str = "reasoning_content"
     usage_fields: str | None = None  # a dialect whose usage fields chat clients get too; None: OpenAI's alone
     # which of the two Responses specifications /v1/responses follows where they differ (docs/responses.md)
-    responses_spec: str = "openai"
+    responses_spec: str = "openai_api"
     # env var with the secret that signs Anthropic `thinking` blocks (proxy/clients/signature.py); none: a random
     # key per process, so signatures do not verify across workers, replicas or restarts (docs/messages.md)
     thinking_key_env: str | None = None

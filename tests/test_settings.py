@@ -98,13 +98,13 @@ def test_precedence_flag_over_env_over_file(tmp_path):
 
 
 def test_client_responses_spec_from_file_env_and_flag(tmp_path):
-    """client.responses_spec: openai by default; open_responses from the file, the environment or the flag; any other
-    value stops start-up naming the key and the choices."""
+    """client.responses_spec: openai_api by default; open_responses from the file, the environment or the flag; any
+    other value stops start-up naming the key and the choices."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text('upstreams: [{dialect: openai, url: "http://127.0.0.1:9"}]\n'
                    'client: {responses_spec: open_responses}\n')
     assert build_settings(config={"upstreams": GOOD["upstreams"]}, environ={"MINDIE_KEY": "k"}
-                          ).client.responses_spec == "openai"
+                          ).client.responses_spec == "openai_api"
     assert settings_from_args(parser().parse_args(["serve", "--config", str(cfg)]), {}
                               ).client.responses_spec == "open_responses"
     flagged = parser().parse_args(["serve", "--upstream-url", "http://127.0.0.1:9", "--upstream-dialect", "openai",

@@ -42,10 +42,10 @@ _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute look
 # `response.reasoning.delta`/`.done`, with the same fields. The summary events' names are the same in both.
 # The pair is chosen once per client (proxy/clients/responses.py); the delta's bytes go into each item's delta_head.
 REASONING_EVENTS: Final[dict[str, tuple[bytes, str]]] = {
-    "openai": (b"response.reasoning_text.delta", "response.reasoning_text.done"),
+    "openai_api": (b"response.reasoning_text.delta", "response.reasoning_text.done"),
     "open_responses": (b"response.reasoning.delta", "response.reasoning.done"),
 }
-_OPENAI_REASONING: Final = REASONING_EVENTS["openai"]
+_OPENAI_REASONING: Final = REASONING_EVENTS["openai_api"]
 
 
 class Echo:

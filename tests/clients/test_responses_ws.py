@@ -59,7 +59,7 @@ def test_response_create_streams_the_sse_events(stack: Callable[..., tuple[Mock,
 
 def test_events_follow_the_responses_spec_setting(stack: Callable[..., tuple[Mock, Proxy]]) -> None:
     """The WebSocket mode sends the raw-reasoning events under the names client.responses_spec chooses, as SSE."""
-    for responses_spec, name in (("openai", "response.reasoning_text"), ("open_responses", "response.reasoning")):
+    for responses_spec, name in (("openai_api", "response.reasoning_text"), ("open_responses", "response.reasoning")):
         _, proxy = stack(client={"responses_spec": responses_spec})
         with connect(ws_url(proxy)) as ws:
             events = turn(ws, model="m", input="Hi [mock:think]")

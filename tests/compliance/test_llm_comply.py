@@ -66,7 +66,7 @@ UPSTREAMS: dict[str, Upstream] = {
 }
 
 # Test id -> llm-comply's format and its options. `open-responses` runs twice: with the proxy's default
-# `client.responses_spec: openai`, and with `open_responses`, where the Responses endpoint follows Open Responses
+# `client.responses_spec: openai_api`, and with `open_responses`, where the Responses endpoint follows Open Responses
 # where the two specifications differ (docs/responses.md).
 FORMATS: dict[str, dict[str, Any]] = {
     "openai-chat": {"model": CHAT_MODEL, "spec": "openai_chat.json"},
@@ -119,7 +119,7 @@ def stacks() -> Iterator[Callable[[str], Stack]]:
     module."""
     started: dict[tuple[str, str], Stack] = {}
 
-    def get(name: str, responses_spec: str = "openai") -> Stack:
+    def get(name: str, responses_spec: str = "openai_api") -> Stack:
         if (name, responses_spec) not in started:
             up = UPSTREAMS[name]
             mock = ServerThread(create_mock_app(up.dialect, full_text=up.full_text)).start()
@@ -216,7 +216,7 @@ def _documented_400(body: Any, fmt: str) -> list[str]:
 def test_llm_comply(stacks: Callable[[str], Stack], specs: dict[str, SpecLoader], own_specs: dict[str, Spec],
                     upstream: str, fmt: str) -> None:
     opts = FORMATS[fmt]
-    responses_spec = opts.get("responses_spec", "openai")
+    responses_spec = opts.get("responses_spec", "openai_api")
     fmt = opts.get("format", fmt)  # llm-comply's own name of the format
     config = ComplianceConfig(base_url=stacks(upstream, responses_spec).base_url, api_key="sk-client-key",
                               model=opts["model"],
