@@ -109,7 +109,7 @@ def check_tokens(span: dict[str, Any], input_tokens: int, output_tokens: int) ->
 
 def test_chat_streamed_and_not(phoenix: Phoenix, start_mock, start_proxy) -> None:
     mock = start_mock("mindie", full_text=True)
-    proxy = start_proxy(mock=mock, environ=otel_env(phoenix))
+    proxy = start_proxy(mock=mock, full_text=True, environ=otel_env(phoenix))
     client = proxy.client()
     header, trace_id, parent = context()
     answer = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "hi"}],
