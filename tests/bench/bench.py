@@ -198,7 +198,9 @@ def raise_fd_limit(want: int = 16384) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-NGINX_RELAY_CONF = """
+# nginx's process and http settings for a benchmark: one worker, in the foreground, its files under {dir}, no access
+# log, keep-alive without a request limit (tests/bench/workers.py serves files with the same head).
+NGINX_HEAD = """
 worker_processes 1;
 daemon off;
 pid {dir}/nginx.pid;
@@ -212,6 +214,8 @@ http {{
   fastcgi_temp_path {dir}/fastcgi;
   uwsgi_temp_path {dir}/uwsgi;
   scgi_temp_path {dir}/scgi;
+"""
+NGINX_RELAY_CONF = NGINX_HEAD + """\
   upstream mock {{
     server 127.0.0.1:{upstream};
     keepalive 64;

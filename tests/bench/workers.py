@@ -44,20 +44,7 @@ import bench  # noqa: E402  (tests/bench/bench.py: process helpers)
 
 CONNECTIONS = 64
 REQUEST = {"model": "bench", "messages": [{"role": "user", "content": "bench [mock:chunks=64]"}]}
-NGINX_CONF = """
-worker_processes 1;
-daemon off;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  keepalive_requests 100000000;
-  client_body_temp_path {dir}/body;
-  proxy_temp_path {dir}/proxy;
-  fastcgi_temp_path {dir}/fastcgi;
-  uwsgi_temp_path {dir}/uwsgi;
-  scgi_temp_path {dir}/scgi;
+NGINX_CONF = bench.NGINX_HEAD + """\
   server {{
     listen 127.0.0.1:{plain};
     root {dir}/plain;
