@@ -300,38 +300,42 @@ class Telemetry:
         return found
 
 
-def _span_exporter(exporting: Exporting) -> Any:
-    headers = dict(exporting.headers)
+def _exporter_options(exporting: Exporting) -> dict[str, Any]:
+    """The OTLP exporters' keyword arguments, the same for spans and metrics; gRPC and HTTP name TLS and compression
+    differently."""
+    options: dict[str, Any] = {"endpoint": exporting.endpoint, "headers": dict(exporting.headers),
+                               "timeout": exporting.timeout}
     if exporting.protocol == "grpc":
         import grpc
+
+        options.update(insecure=exporting.endpoint.startswith("http://"),
+                       compression=grpc.Compression.Gzip if exporting.compression else None)
+    else:
+        from opentelemetry.exporter.otlp.proto.http import Compression
+
+        options.update(certificate_file=exporting.certificate,
+                       compression=Compression.Gzip if exporting.compression else Compression.NoCompression)
+    return options
+
+
+def _span_exporter(exporting: Exporting) -> Any:
+    if exporting.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 
-        return GrpcSpanExporter(endpoint=exporting.endpoint, headers=headers, timeout=exporting.timeout,
-                                insecure=exporting.endpoint.startswith("http://"),
-                                compression=grpc.Compression.Gzip if exporting.compression else None)
-    from opentelemetry.exporter.otlp.proto.http import Compression
+        return GrpcSpanExporter(**_exporter_options(exporting))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(endpoint=exporting.endpoint, headers=headers, timeout=exporting.timeout,
-                            certificate_file=exporting.certificate,
-                            compression=Compression.Gzip if exporting.compression else Compression.NoCompression)
+    return OTLPSpanExporter(**_exporter_options(exporting))
 
 
 def _metric_exporter(exporting: Exporting) -> Any:
-    headers = dict(exporting.headers)
     if exporting.protocol == "grpc":
-        import grpc
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 
-        return GrpcMetricExporter(endpoint=exporting.endpoint, headers=headers, timeout=exporting.timeout,
-                                  insecure=exporting.endpoint.startswith("http://"),
-                                  compression=grpc.Compression.Gzip if exporting.compression else None)
-    from opentelemetry.exporter.otlp.proto.http import Compression
+        return GrpcMetricExporter(**_exporter_options(exporting))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return OTLPMetricExporter(endpoint=exporting.endpoint, headers=headers, timeout=exporting.timeout,
-                              certificate_file=exporting.certificate,
-                              compression=Compression.Gzip if exporting.compression else Compression.NoCompression)
+    return OTLPMetricExporter(**_exporter_options(exporting))
 
 
 def _dropped_counter(metrics: Metrics) -> Any:
