@@ -120,10 +120,13 @@ def run(dialect: str, pieces: list[bytes], client: str, source: str, general: bo
         out = drive(pieces, pipeline, encoder)
     except ProxyError as e:  # e.g. tool arguments the Messages client cannot take: both paths must agree
         return b"error: " + e.message.encode()
-    return _CALL_ID.sub(b"call_<new>", out)  # the id made up for a call whose first fragment had none is random
+    # the id made up for a call whose first fragment had none is random; a Responses completion time is the clock's
+    # (two runs may straddle a second)
+    return _COMPLETED_AT.sub(b'"completed_at":0', _CALL_ID.sub(b"call_<new>", out))
 
 
 _CALL_ID = re.compile(rb"call_[0-9a-f]{24}")
+_COMPLETED_AT = re.compile(rb'"completed_at":[0-9]+')
 
 
 def cut(raw: bytes, points: list[int]) -> list[bytes]:
