@@ -10,9 +10,9 @@ test-compiled` runs the whole suite on a compiled copy of the tree). Measured: d
 of each change: docs/speed.md.
 
 Not compiled: modules that run once or rarely (start-up, probes, state stores, the mock upstreams), the
-error classes (proxy/errors.py: other modules subclass them, which a compiled class forbids) and proxy/app.py
+error classes (proxy/errors.py: other modules subclass them, which a compiled class forbids) and proxy/server/app.py
 (Starlette tells its endpoint functions from ASGI apps by their Python type, and its lifespan is an async generator,
-which mypyc cannot compile: the per-request ASGI entry is proxy/asgi.py, compiled). proxy/settings.py is compiled
+which mypyc cannot compile: the per-request ASGI entry is proxy/server/asgi.py, compiled). proxy/settings.py is compiled
 although it runs at start-up: every request reads its settings objects, and a field of a compiled class is a read
 in C where one of a Python class is a lookup by name (callgrind, OpenAI chat non-stream: 571,381 -> 565,047
 instructions a request).
@@ -26,28 +26,28 @@ import os
 from setuptools import setup
 
 COMPILED = [
-    "proxy/admission.py",
-    "proxy/asgi.py",
-    "proxy/canonical.py",
-    "proxy/continuity.py",
-    "proxy/deadlines.py",
-    "proxy/events.py",
-    "proxy/frontend.py",
-    "proxy/handlers.py",
-    "proxy/jsontext.py",
-    "proxy/local_metrics.py",
-    "proxy/mapping.py",
-    "proxy/metrics.py",
-    "proxy/normalize.py",
-    "proxy/params.py",
-    "proxy/pipeline.py",
-    "proxy/readings.py",
-    "proxy/replicas.py",
-    "proxy/routing.py",
+    "proxy/gateway/admission.py",
+    "proxy/server/asgi.py",
+    "proxy/hub/canonical.py",
+    "proxy/hub/continuity.py",
+    "proxy/gateway/deadlines.py",
+    "proxy/hub/events.py",
+    "proxy/server/frontend.py",
+    "proxy/endpoint.py",
+    "proxy/hub/jsontext.py",
+    "proxy/metrics/local.py",
+    "proxy/dialects/mapping.py",
+    "proxy/metrics/prometheus.py",
+    "proxy/hub/normalize.py",
+    "proxy/hub/params.py",
+    "proxy/hub/pipeline.py",
+    "proxy/hub/readings.py",
+    "proxy/gateway/replicas.py",
+    "proxy/gateway/routing.py",
     "proxy/settings.py",
-    "proxy/sse.py",
-    "proxy/upstream.py",
-    "proxy/validate.py",
+    "proxy/hub/sse.py",
+    "proxy/gateway/upstream.py",
+    "proxy/clients/validate.py",
     "proxy/stream/cumulative.py",
     "proxy/stream/text_lane.py",
     "proxy/stream/think.py",

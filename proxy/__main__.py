@@ -16,9 +16,9 @@ import socket
 import sys
 from typing import Any
 
-from . import __version__
-from .build import BUILD
-from .settings import (
+from proxy import __version__
+from proxy.build import BUILD
+from proxy.settings import (
     CLIENT_REASONING,
     LOG_LEVELS,
     REASONING_SOURCES,
@@ -153,7 +153,7 @@ def _value(args: argparse.Namespace, flag: str, environ: dict[str, str] | os._En
 
 
 def parser() -> argparse.ArgumentParser:
-    from .mock.server import DEFAULT_DIALECT
+    from proxy.mock.server import DEFAULT_DIALECT
 
     p = argparse.ArgumentParser(
         prog="dialect-proxy",
@@ -247,8 +247,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def probe_command(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> int:
-    from .probe import ProbeOptions, probe
-    from .settings import coerce_value
+    from proxy.probe.runner import ProbeOptions, probe
+    from proxy.settings import coerce_value
 
     opts = ProbeOptions(url=args.url)
     if args.dialect:
@@ -387,26 +387,26 @@ def _uvicorn_config(app: Any, host: str, port: int, level: str, **kw: Any) -> An
 def serve(settings: Settings) -> None:
     import uvicorn
 
-    from .app import create_app
-    from .frontend import frontend_options
-    from .state import check_scale_out
+    from proxy.server.app import create_app
+    from proxy.server.frontend import frontend_options
+    from proxy.state import check_scale_out
 
     s = settings.server
     check_scale_out(settings)
     check_port(s.host, s.port, "--port")
     configure_logging(s.log_level)
-    from .tracing import check as check_telemetry
+    from proxy.metrics.tracing import check as check_telemetry
 
     check_telemetry(settings)  # OTEL_* set without the `otel` extra: one line now, not a failure in each worker
     if s.workers > 1:
-        from .metrics import prepare_multiprocess_dir
+        from proxy.metrics.prometheus import prepare_multiprocess_dir
 
         prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
                     loop="uvloop", access_log=False, log_level=s.log_level, proxy_headers=False,
                     timeout_graceful_shutdown=s.shutdown_grace, **frontend_options(s))  # type: ignore[arg-type]
         return
-    from .server import ProxyServer
+    from proxy.server.process import ProxyServer
 
     app = create_app(settings, tune_gc=True)
     config = _uvicorn_config(app, s.host, s.port, s.log_level, timeout_graceful_shutdown=s.shutdown_grace,
@@ -416,7 +416,7 @@ def serve(settings: Settings) -> None:
 
 def worker_app() -> Any:
     """uvicorn --workers factory: each worker rebuilds the settings from the same argv and environment."""
-    from .app import create_app
+    from proxy.server.app import create_app
 
     argv = json.loads(os.environ[_ARGS_ENV])
     args = parser().parse_args(argv)
@@ -435,12 +435,12 @@ def _free_port() -> int:
 def demo(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from .app import create_app
-    from .dialects import DIALECTS
-    from .frontend import frontend_options
-    from .mock import create_app as create_mock
-    from .mock.server import DEFAULT_DIALECT
-    from .settings import coerce_value
+    from proxy.dialects import DIALECTS
+    from proxy.mock import create_app as create_mock
+    from proxy.mock.server import DEFAULT_DIALECT
+    from proxy.server.app import create_app
+    from proxy.server.frontend import frontend_options
+    from proxy.settings import coerce_value
 
     environ = os.environ
     port = args.port or environ.get(_env_name("port"))
@@ -514,9 +514,9 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
 
 
 def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
-    from .mock import run
-    from .mock.server import DEFAULT_DIALECT, flavours
-    from .settings import coerce_value
+    from proxy.mock import run
+    from proxy.mock.server import DEFAULT_DIALECT, flavours
+    from proxy.settings import coerce_value
 
     host = args.host or environ.get(_mock_env("host")) or "127.0.0.1"
     port = coerce_value("--port", args.port or environ.get(_mock_env("port")) or 1025, int)

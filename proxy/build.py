@@ -8,7 +8,7 @@ from importlib.util import find_spec
 
 
 def _build() -> str:
-    spec = find_spec("proxy.pipeline")  # one of setup.py's COMPILED, found without importing it
+    spec = find_spec("proxy.hub.pipeline")  # one of setup.py's COMPILED, found without importing it
     origin = spec.origin if spec is not None else None
     return "mypyc" if origin is not None and origin.endswith(tuple(EXTENSION_SUFFIXES)) else "python"
 

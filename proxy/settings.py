@@ -20,10 +20,10 @@ import yaml
 
 CLIENT_REASONING = ("reasoning_content", "reasoning", "think_tags", "none")
 REASONING_SOURCES = ("auto", "field", "tags", "off")
-REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/continuity.py
+REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/hub/continuity.py
 RESPONSES_SPECS = ("openai_api", "open_responses")  # proxy/clients/responses_events.py `reasoning_events`
 RESPONSE_MODEL = ("client", "upstream")
-RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/params.py
+RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/hub/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 BALANCE = ("least_outstanding", "prefix_affinity")
 
@@ -58,7 +58,7 @@ class UpstreamSettings:
     reasoning_replay: str = "auto"
     keep_upstream_id: bool = False
     response_model: str = "client"
-    response_format: str | None = None  # pass | reject | drop; None = the dialect's default (proxy/params.py)
+    response_format: str | None = None  # pass | reject | drop; None = the dialect's default (proxy/hub/params.py)
     max_connections: int = 1000
     # TLS to the upstream (MindIE with httpsEnabled uses mutual TLS): CA bundle to verify the server, client
     # certificate and key to present; tls_verify false accepts any server certificate (testing only).
@@ -122,7 +122,7 @@ class ServerSettings:
     state_max_bytes: int = 256 * 1024 * 1024
     state_ttl: float = 24 * 3600.0  # seconds each entry lives (memory and Redis)
     state_timeout: float = 2.0  # seconds to connect to / hear from Redis (an operation gives up after twice that)
-    # The HTTP front end (proxy/frontend.py): request head size, time to receive a request, open connections.
+    # The HTTP front end (proxy/server/frontend.py): request head size, time to receive a request, open connections.
     max_header_bytes: int = 65536
     header_timeout: float = 10.0
     body_timeout: float = 60.0
@@ -136,7 +136,7 @@ class Settings:
     upstreams: tuple[UpstreamSettings, ...]
     client: ClientSettings = ClientSettings()
     server: ServerSettings = ServerSettings()
-    # The environment's OTEL_* variables, as OpenTelemetry names them (proxy/tracing.py reads them; may hold a
+    # The environment's OTEL_* variables, as OpenTelemetry names them (proxy/metrics/tracing.py reads them; may hold a
     # collector's key in OTEL_EXPORTER_OTLP_HEADERS, so kept out of repr).
     otel: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
@@ -250,14 +250,14 @@ def env_var_name(key: str, value: Any) -> str:
 def dialect_names() -> tuple[str, ...]:
     """The upstream dialects' names, from their spokes' registry (proxy/dialects/__init__.py: imported when first
     asked, as the spokes import this module's types)."""
-    from .dialects import DIALECTS
+    from proxy.dialects import DIALECTS
 
     return tuple(DIALECTS)
 
 
 def usage_field_names() -> tuple[str, ...]:
     """The values of `client.usage_fields`: the dialects whose spokes offer their usage fields to chat clients."""
-    from .dialects import DIALECTS
+    from proxy.dialects import DIALECTS
 
     return tuple(name for name, spoke in DIALECTS.items() if spoke.offers_usage_fields)
 
@@ -499,7 +499,7 @@ def url_secrets(url: str) -> tuple[str, ...]:
 def state_store_value(key: str, value: str) -> str:
     """`memory`, or a Redis URL (proxy/state/urls.py: one server, Sentinel or Cluster) with hosts, valid ports and
     an optional /DB number. Messages show the URL without its credentials."""
-    from .state.urls import parse_store_url  # proxy.state imports this module
+    from proxy.state.urls import parse_store_url  # proxy.state imports this module
 
     if value.strip().lower() == "memory":
         return "memory"
@@ -615,7 +615,7 @@ def build_settings(
     otel = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("OTEL_")))
     settings = Settings(upstreams=upstreams, client=ClientSettings(**client_values), server=server, otel=otel)
     if otel:
-        from .tracing import OtelConfig
+        from proxy.metrics.tracing import OtelConfig
 
         OtelConfig.parse(dict(otel))  # a mistake in them stops start-up here, with the variable's name
     return settings

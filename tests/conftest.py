@@ -22,8 +22,8 @@ import openai
 import pytest
 import uvicorn
 
-from proxy.app import create_app
-from proxy.frontend import frontend_options
+from proxy.server.app import create_app
+from proxy.server.frontend import frontend_options
 from proxy.settings import Settings, build_settings
 
 

@@ -7,18 +7,18 @@ from typing import Any
 
 import orjson
 
-from proxy.canonical import RequestContext
 from proxy.clients.base import Encoder
 from proxy.clients.chat import ChatEncoder
 from proxy.dialects import dialect_usage_fields
 from proxy.dialects.base import Dialect, UpstreamSession
-from proxy.events import Answer, Delta
-from proxy.pipeline import Pipeline
+from proxy.hub.canonical import RequestContext
+from proxy.hub.events import Answer, Delta
+from proxy.hub.pipeline import Pipeline
+from proxy.hub.sse import SSEDecoder
 from proxy.settings import ClientSettings, UpstreamSettings
-from proxy.sse import SSEDecoder
 
 # The client's stream_options.include_usage per context, for the chat encoder: a chat-client option, which
-# RequestContext (proxy/canonical.py) does not carry, and a class of the compiled build (setup.py) cannot be
+# RequestContext (proxy/hub/canonical.py) does not carry, and a class of the compiled build (setup.py) cannot be
 # subclassed here to add it. Each context is held as well, so that its id stays its own.
 _INCLUDE_USAGE: dict[int, tuple[RequestContext, bool]] = {}
 

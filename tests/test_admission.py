@@ -1,4 +1,4 @@
-"""proxy/admission.py: the per-replica limiter and its FIFO queue, on a real event loop (no network)."""
+"""proxy/gateway/admission.py: the per-replica limiter and its FIFO queue, on a real event loop (no network)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.admission import Admission, QueueFull, QueueTimeout
+from proxy.gateway.admission import Admission, QueueFull, QueueTimeout
 
 
 def test_fifo_handover_full_queue_and_timeout() -> None:

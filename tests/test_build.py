@@ -10,7 +10,7 @@ import httpx
 
 from proxy import __version__
 from proxy.build import BUILD
-from proxy.pipeline import Pipeline
+from proxy.hub.pipeline import Pipeline
 from tests.conftest import EXPECTED_BUILD, serve_process
 
 
@@ -68,8 +68,8 @@ def test_the_compiled_list_names_modules_that_exist_and_no_async_generators() ->
 
 # Dataclasses of compiled modules made once, at start-up or per configured route: their generated `__init__` (which
 # runs interpreted even compiled) costs nothing per request.
-_BUILT_AT_START = {"proxy/mapping.py": {"Range", "DialectMapping"}, "proxy/params.py": {"Refusal"},
-                   "proxy/routing.py": {"Route"},
+_BUILT_AT_START = {"proxy/dialects/mapping.py": {"Range", "DialectMapping"}, "proxy/hub/params.py": {"Refusal"},
+                   "proxy/gateway/routing.py": {"Route"},
                    "proxy/settings.py": {"ReplicaSettings", "UpstreamSettings", "ClientSettings", "ServerSettings",
                                          "Settings"}}
 

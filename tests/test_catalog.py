@@ -1,5 +1,5 @@
-"""proxy/catalog.py against a real mock upstream, with the catalog's clock in the test's hands: one read, kept for
-TTL seconds, then answered at once while one background read renews it; a failed read is not repeated before
+"""proxy/gateway/catalog.py against a real mock upstream, with the catalog's clock in the test's hands: one read, kept
+for TTL seconds, then answered at once while one background read renews it; a failed read is not repeated before
 RETRY seconds; an upstream without a models path is never asked."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from proxy.appstate import AppState
-from proxy.catalog import RETRY, TTL, ModelCatalog
+from proxy.gateway.catalog import RETRY, TTL, ModelCatalog
+from proxy.server.appstate import AppState
 from proxy.settings import build_settings
 from tests.conftest import free_port
 

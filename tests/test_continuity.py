@@ -1,4 +1,4 @@
-"""Reasoning continuity (proxy/continuity.py): the recorder fed with hub events, restore and strip on canonical
+"""Reasoning continuity (proxy/hub/continuity.py): the recorder fed with hub events, restore and strip on canonical
 requests, the fallback for turns never seen, a store that cannot be reached, the metrics."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from proxy import continuity
-from proxy.canonical import CHAT, COMPLETIONS
 from proxy.dialects.deepseek import DeepSeekDialect
 from proxy.dialects.mindie import MindIEDialect
-from proxy.events import Delta
-from proxy.metrics import Metrics
+from proxy.hub import continuity
+from proxy.hub.canonical import CHAT, COMPLETIONS
+from proxy.hub.events import Delta
+from proxy.metrics.prometheus import Metrics
 from proxy.settings import UpstreamSettings, build_settings
 from proxy.state import StoreUnavailable, open_store
 from tests.hub_harness import request_context

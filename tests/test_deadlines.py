@@ -1,5 +1,5 @@
-"""proxy/deadlines.py: alarms ring after their time and never before, cancelled ones never, on asyncio's loop and on
-uvloop, with one loop timer for all of them."""
+"""proxy/gateway/deadlines.py: alarms ring after their time and never before, cancelled ones never, on asyncio's loop
+and on uvloop, with one loop timer for all of them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from proxy.deadlines import RESOLUTION, Alarm
+from proxy.gateway.deadlines import RESOLUTION, Alarm
 
 LATE = RESOLUTION + 0.001 + 0.25  # the slot, uvloop's rounding, and a loaded test machine's scheduling
 

@@ -1,4 +1,4 @@
-"""End to end: reasoning continuity (proxy/continuity.py) — agents whose clients drop `reasoning_content` when they
+"""End to end: reasoning continuity (proxy/hub/continuity.py) — agents whose clients drop `reasoning_content` when they
 build history run a two-tool-turn loop against the strict DeepSeek mock in thinking mode (DeepSeek's default). Sent
 directly, their second request is refused with DeepSeek's 400; through the proxy it passes, with the original
 reasoning restored exactly. A turn the proxy never saw (another replica's store, a restarted store) gets the empty

@@ -153,7 +153,7 @@ def test_r1_client_round_tripping_its_reasoning_just_works(mock, start_proxy, mo
 def test_thinking_mode_tool_turn_round_trip_keeps_reasoning(mock, start_proxy, mode, stream) -> None:
     """Replay policy: on tool-call turns the reasoning is kept, as `reasoning_content` (thinking mode 400s
     without it), whatever form the client received it in — even none at all (`client.reasoning: none`): the proxy
-    restores what it recorded (proxy/continuity.py)."""
+    restores what it recorded (proxy/hub/continuity.py)."""
     proxy = start_proxy(mock=mock, client={"reasoning": mode})
     client = proxy.client()
     history: list[Any] = [{"role": "user", "content": "Weather in Paris? [mock:tool_calls]"}]

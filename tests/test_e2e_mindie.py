@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from proxy.__main__ import parser, settings_from_args
-from proxy.app import create_app
+from proxy.server.app import create_app
 from proxy.settings import build_settings
 from tests.conftest import Mock, Proxy, ServerThread
 

@@ -59,7 +59,7 @@ def test_stream_relays_true_deltas_role_once_and_usage_per_stream_options(start_
 
 def test_a_fast_stream_is_counted_event_by_event(start_mock, start_proxy):
     """A zero-delay stream reaches the proxy many events to a read, and the text events of a read go to the chat
-    encoder as one run each (proxy/pipeline.py `runs`): still one chunk per upstream event for the client, and one
+    encoder as one run each (proxy/hub/pipeline.py `runs`): still one chunk per upstream event for the client, and one
     token each for the metrics (a time to first token, then an inter-token latency for every later one)."""
     mock = start_mock("openai")
     proxy = start_proxy(mock=mock)

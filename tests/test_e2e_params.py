@@ -1,4 +1,4 @@
-"""Parameters an upstream cannot honour are never silently dropped (proxy/params.py): `response_format` per upstream
+"""Parameters an upstream cannot honour are never silently dropped (proxy/hub/params.py): `response_format` per upstream
 (`response_format: pass | reject | drop`), and the mappings' `refuse` lists. Real mock upstreams and proxies on
 loopback, driven by the openai SDK (structured outputs with `parse()`), LangChain and the anthropic SDK."""
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.app import create_app
+from proxy.server.app import create_app
 from proxy.settings import build_settings
 from tests.conftest import Mock, Proxy, ServerThread
 

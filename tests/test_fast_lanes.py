@@ -21,7 +21,6 @@ from hub_harness import drive, request_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT
 from proxy.clients.base import ClientCall, Encoder
 from proxy.clients.chat import ChatEncoder
 from proxy.clients.messages_encoder import MessagesEncoder
@@ -29,10 +28,11 @@ from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
 from proxy.errors import ProxyError
-from proxy.events import Answer
-from proxy.pipeline import Pipeline
+from proxy.hub.canonical import CHAT
+from proxy.hub.events import Answer
+from proxy.hub.pipeline import Pipeline
+from proxy.hub.sse import SSEDecoder
 from proxy.settings import UpstreamSettings
-from proxy.sse import SSEDecoder
 
 SIGNER = ThinkingSigner(b"k" * 32)
 TEXT = st.one_of(

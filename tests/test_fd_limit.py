@@ -1,5 +1,5 @@
-"""Connections never exceed what the process can open (proxy/frontend.py `connection_limit`): the proxy runs in its
-own process with RLIMIT_NOFILE lowered to 128, 150 half-open client connections (some silent, some with half a
+"""Connections never exceed what the process can open (proxy/server/frontend.py `connection_limit`): the proxy runs in
+its own process with RLIMIT_NOFILE lowered to 128, 150 half-open client connections (some silent, some with half a
 head) take every slot it has, and normal requests meanwhile get a clean 503 envelope or an answer — never a broken
 connection — and answers again once the half-open connections are gone."""
 
@@ -69,7 +69,7 @@ def test_half_open_connections_cannot_exhaust_descriptors(start_mock: Callable[.
                                                              (256, 50, 50)])
 def test_the_limit_is_derived_from_rlimit_nofile(soft: int, configured: int, expected: int,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy import frontend
+    from proxy.server import frontend
 
     monkeypatch.setattr(frontend.resource, "getrlimit", lambda _: (soft, soft))
     assert frontend.connection_limit(configured) == expected

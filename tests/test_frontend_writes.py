@@ -1,4 +1,4 @@
-"""The front end writes a response's head together with its first body bytes (proxy/frontend.py `Cycle`): one
+"""The front end writes a response's head together with its first body bytes (proxy/server/frontend.py `Cycle`): one
 write for a non-stream answer instead of two. What must not change: HEAD answers (no body bytes), `100 Continue`
 (sent before the client sends its body), keep-alive and pipelined requests, streams, and uvicorn's checks of what
 the app sends."""
@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.frontend import Cycle, FrontendLimits, GuardedHttpToolsProtocol
+from proxy.server.frontend import Cycle, FrontendLimits, GuardedHttpToolsProtocol
 from tests.hostile.rawupstream import CLOSE, LAST_CHUNK, RawUpstream, chunk, sse_head
 from tests.hostile.test_hostile_clients import port_of, read_answer, request_bytes
 
@@ -120,8 +120,8 @@ def test_headers_that_would_split_the_answer_are_refused(headers: list[tuple[byt
 
 
 def test_every_control_character_but_tab_is_refused_in_a_header_value() -> None:
-    """The check is a translate that leaves a good value the same object (proxy/frontend.py `_VALUE_OK`), confirmed
-    by the RFC 9110 rule's search: the two agree on every byte, and a bad one is refused wherever it is."""
+    """The check is a translate that leaves a good value the same object (proxy/server/frontend.py `_VALUE_OK`),
+    confirmed by the RFC 9110 rule's search: the two agree on every byte, and a bad one is refused wherever it is."""
     for byte in range(256):
         conn, out = connection()
         value = b"id-" + bytes([byte]) + b"-1"

@@ -158,7 +158,7 @@ def test_active_health_and_readyz_per_replica(start_mock, start_proxy) -> None:
     assert wait_for(lambda: metric(proxy, "dialect_proxy_replica_up", replica="b") == 1)
     set_directives(up, "unhealthy")
     set_directives(sick, "unhealthy")
-    # /readyz answers from checks up to READY_CACHE seconds old (proxy/health.py): it turns within that
+    # /readyz answers from checks up to READY_CACHE seconds old (proxy/gateway/health.py): it turns within that
     assert wait_for(lambda: httpx.get(proxy.url + "/readyz", timeout=10).status_code == 503, timeout=15)
     r = httpx.get(proxy.url + "/readyz", timeout=10)
     assert r.status_code == 503 and r.json()["upstreams"]["up"].startswith("down: ")

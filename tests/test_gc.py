@@ -1,5 +1,5 @@
 """The proxy leaves no reference cycles behind a request, and a serving process tunes its garbage collector
-(proxy/runtime.py): both keep the collector off the hot path.
+(proxy/server/runtime.py): both keep the collector off the hot path.
 
 A cycle of the proxy's own objects (a closure that calls itself, a timer bound to its owner) outlives its request
 until a collection finds it; with the collector's first generation set to run rarely, such garbage would pile up.
@@ -78,7 +78,7 @@ def test_serving_process_freezes_start_up_objects_and_collects_young_ones_rarely
     first generation's threshold raised. Run in a child process, so this test process keeps its own collector."""
     code = """
 import gc, json, threading, time
-from proxy.app import create_app
+from proxy.server.app import create_app
 from proxy.settings import build_settings
 from tests.conftest import ServerThread
 before = gc.get_threshold()
@@ -90,7 +90,7 @@ srv.stop()
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    from proxy.runtime import GEN0_THRESHOLD
+    from proxy.server.runtime import GEN0_THRESHOLD
 
     assert result["before"][0] < GEN0_THRESHOLD
     assert result["after"][0] == GEN0_THRESHOLD

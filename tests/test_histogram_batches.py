@@ -1,5 +1,5 @@
 """Histogram samples taken in batches give exactly what one `observe` per sample gives: an upstream's per-token list
-read into a histogram (`HistogramChild.observe_readings`, proxy/readings.py: both builds' ways), the zeros of one
+read into a histogram (`HistogramChild.observe_readings`, proxy/hub/readings.py: both builds' ways), the zeros of one
 read's later tokens (`observe_many`), and the list that reading makes (`values`: one pass for plain numbers)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import local_metrics
-from proxy import metrics as metrics_mod
 from proxy.build import BUILD
 from proxy.dialects import mindie
-from proxy.local_metrics import LocalHistogram
-from proxy.readings import MAX_READINGS, Readings
-from proxy.readings import values as read_values
+from proxy.hub.readings import MAX_READINGS, Readings
+from proxy.hub.readings import values as read_values
+from proxy.metrics import local as local_metrics
+from proxy.metrics import prometheus as metrics_mod
+from proxy.metrics.local import LocalHistogram
 
 BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 from hub_harness import relay, request_context
 
-from proxy.canonical import CHAT
 from proxy.dialects import get_dialect
+from proxy.hub.canonical import CHAT
 from proxy.settings import UpstreamSettings
 
 UP = UpstreamSettings(name="u", dialect="openai", url="http://127.0.0.1:9")

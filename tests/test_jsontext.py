@@ -1,4 +1,4 @@
-"""proxy/jsontext.py: the JSON string tokens it makes without orjson are orjson's own bytes, for any text (escapes,
+"""proxy/hub/jsontext.py: the JSON string tokens it makes without orjson are orjson's own bytes, for any text (escapes,
 control characters, non-ASCII, lone surrogates: orjson's error), one by one and joined."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.jsontext import dumps_joined, dumps_text
+from proxy.hub.jsontext import dumps_joined, dumps_text
 
 # Text the direct path takes (plain ASCII and multi-byte), text it must leave to orjson (quotes, backslashes,
 # control characters), and text orjson refuses (lone surrogates).

@@ -1,4 +1,4 @@
-"""proxy/local_metrics.py: the lock-free families render what prometheus_client's classes render, and a scrape shows
+"""proxy/metrics/local.py: the lock-free families render what prometheus_client's classes render, and a scrape shows
 live values (in-flight requests, token latencies mid-stream, replica admission gauges)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.dialects import get_dialect
-from proxy.local_metrics import LocalCounter, LocalGauge, LocalHistogram
-from proxy.metrics import Metrics
-from proxy.redact import Redactor
-from proxy.replicas import ReplicaSet
+from proxy.gateway.redact import Redactor
+from proxy.gateway.replicas import ReplicaSet
+from proxy.metrics.local import LocalCounter, LocalGauge, LocalHistogram
+from proxy.metrics.prometheus import Metrics
 from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
 from tests.test_metrics import CONFIGURED, ROUTE, FakeClock, clock, promtool_check_metrics, run_script, value
 
@@ -60,7 +60,7 @@ def test_exposition_equals_prometheus_client(clock: FakeClock) -> None:
         extra_script(m)
     text = normalized(local)
     assert text == normalized(reference)
-    assert "_created" not in local.render()[0].decode()  # proxy/metrics.py turns prometheus_client's off
+    assert "_created" not in local.render()[0].decode()  # proxy/metrics/prometheus.py turns prometheus_client's off
     assert 'dialect_proxy_replica_queue_wait_seconds_bucket{le="+Inf",replica="0",upstream="r1"} 2.0' in text
     promtool_check_metrics(local.render()[0])
     # the registry answers sample queries for the local families, too
@@ -285,11 +285,11 @@ def test_replica_sets_sharing_labels_add_up() -> None:
        st.floats(allow_nan=False), st.booleans())
 @settings(max_examples=300, deadline=None)
 def test_the_compiled_builds_bucket_index_is_bisect_left(bounds: list[float], amount: float, exact: bool) -> None:
-    """proxy/local_metrics.py `bucket_index` (the compiled build's, NATIVE_LOOPS) finds the bucket
+    """proxy/metrics/local.py `bucket_index` (the compiled build's, NATIVE_LOOPS) finds the bucket
     bisect_left finds, for an amount between, on or beyond the bounds (a histogram's end in +Inf)."""
     from bisect import bisect_left
 
-    from proxy.local_metrics import bucket_index
+    from proxy.metrics.local import bucket_index
 
     ordered = sorted(set(bounds)) + [float("inf")]
     if exact and bounds:

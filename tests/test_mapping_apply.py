@@ -1,5 +1,5 @@
-"""proxy/mapping.py `DialectMapping.apply_request` walks the body's fields that a rule names, not every rule: it must
-give what trying every rule in turn gives, for every dialect's mapping (mappings/*.yaml), on any body — the same
+"""proxy/dialects/mapping.py `DialectMapping.apply_request` walks the body's fields that a rule names, not every rule:
+it must give what trying every rule in turn gives, for every dialect's mapping (mappings/*.yaml), on any body — the same
 out dict, or an error where the rule-by-rule walk raised one (with two bad fields, either may be named: the walk
 goes in the body's order)."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.dialects.mapping import DialectMapping, _check_range, load_mapping
 from proxy.errors import ClientRequestError
-from proxy.mapping import DialectMapping, _check_range, load_mapping
 
 DIALECTS = ["openai", "deepseek", "mindie", "siliconstorm", "engine"]
 

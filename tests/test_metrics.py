@@ -1,4 +1,5 @@
-"""proxy.metrics: exact values after a scripted sequence, label bounding, exposition validity, multiprocess."""
+"""proxy.metrics.prometheus: exact values after a scripted sequence, label bounding, exposition validity,
+multiprocess."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy import metrics as metrics_mod
 from proxy.build import BUILD
 from proxy.dialects.mindie import MindIEDialect
-from proxy.events import Timings
-from proxy.metrics import MAX_UNCONFIGURED_MODELS, Metrics, prepare_multiprocess_dir
+from proxy.hub.events import Timings
+from proxy.metrics import prometheus as metrics_mod
+from proxy.metrics.prometheus import MAX_UNCONFIGURED_MODELS, Metrics, prepare_multiprocess_dir
 
 ROUTE = "/v1/chat/completions"
 CONFIGURED = ["DeepSeek-R1", "gpt-4o", "deepseek-chat"]
@@ -376,7 +377,7 @@ def _mp_worker(requests: int, hold: bool, exit_hard: bool, ready, release) -> No
         o.finish(200, False, "stop")
     m.upstream_up("r1", True)
     held = m.request(ROUTE, "r1", "gpt-4o", stream=True) if hold else None
-    m.flush_files()  # what the app does every second (proxy/appstate.py) and when the worker stops
+    m.flush_files()  # what the app does every second (proxy/server/appstate.py) and when the worker stops
     ready.set()
     if held is not None:
         release.wait(60)
@@ -478,8 +479,8 @@ def _mp_gateway_worker(first_up: bool, steps, done) -> None:  # type: ignore[no-
     import asyncio
 
     from proxy.dialects import get_dialect
-    from proxy.redact import Redactor
-    from proxy.replicas import ReplicaSet
+    from proxy.gateway.redact import Redactor
+    from proxy.gateway.replicas import ReplicaSet
     from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
 
     m = Metrics(CONFIGURED, multiprocess=True)
@@ -490,7 +491,7 @@ def _mp_gateway_worker(first_up: bool, steps, done) -> None:  # type: ignore[no-
     async def run() -> None:
         ticket = await rset.attempts({}, {}).next()
         m.upstream_up("r1", first_up)
-        m.flush_files()  # what the app does every second (proxy/appstate.py)
+        m.flush_files()  # what the app does every second (proxy/server/appstate.py)
         done.put("holding")
         assert steps.get(timeout=60) == "release"
         rset.succeeded(ticket.replica)

@@ -1,4 +1,4 @@
-"""proxy/metrics_files.py: after any mix of updates and flushes, a FileMirror's prometheus_client twins expose
+"""proxy/metrics/files.py: after any mix of updates and flushes, a FileMirror's prometheus_client twins expose
 exactly the local values they mirror (counters, histograms with NaN and out-of-range samples, gauges set, moved and
 read at flush time), and a flush with nothing changed writes no counter or histogram value again.
 
@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.local_metrics import LocalCounter, LocalGauge, LocalHistogram
-from proxy.metrics_files import FileMirror
-from proxy.readings import Readings
+from proxy.hub.readings import Readings
+from proxy.metrics.files import FileMirror
+from proxy.metrics.local import LocalCounter, LocalGauge, LocalHistogram
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
 LABELS = ("a", "b")
@@ -130,11 +130,11 @@ def test_a_gauge_child_replaced_by_a_live_one_keeps_its_series() -> None:
 
 
 def test_a_failing_write_is_logged_and_the_writes_go_on(monkeypatch: Any, caplog: Any) -> None:
-    """The worker's periodic write (proxy/appstate.py) logs a failure and tries again at the next interval."""
+    """The worker's periodic write (proxy/server/appstate.py) logs a failure and tries again at the next interval."""
     import asyncio
     from types import SimpleNamespace
 
-    from proxy import appstate
+    from proxy.server import appstate
 
     calls: list[int] = []
 

@@ -10,10 +10,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT, COMPLETIONS
 from proxy.errors import StreamTruncated
-from proxy.events import Answer, Delta
-from proxy.normalize import Normalizer
+from proxy.hub.canonical import CHAT, COMPLETIONS
+from proxy.hub.events import Answer, Delta
+from proxy.hub.normalize import Normalizer
 
 
 def general_path(kind: str, source: str, starts: bool, answer: Answer) -> Normalizer:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.probe import ProbeOptions, Report, probe
+from proxy.probe.runner import ProbeOptions, Report, probe
 from proxy.settings import build_settings
 from tests.conftest import ServerThread, free_port
 from tests.test_tls import pki  # noqa: F401  (the module-scoped certificate fixture)

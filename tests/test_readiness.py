@@ -1,5 +1,5 @@
 """/readyz means "a request would work": each upstream's inference path for its dialect must exist and take the key
-(a deliberately invalid body gets the dialect's validation error; proxy/health.py), its health_url (if any) must
+(a deliberately invalid body gets the dialect's validation error; proxy/gateway/health.py), its health_url (if any) must
 answer 2xx, and the JSON says why not. Each misconfiguration of issue 37 is here, with the proxy and the mock really
 started: not ready, and the client's error names the cause. A start-up log line per upstream says whether it was
 ready. TLS mistakes name the setting."""

@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy import metrics, mock
+from proxy import mock
 from proxy.clients import CLIENT_DIALECTS
-from proxy.dialects import DIALECTS, family
+from proxy.dialects import DIALECTS, SHARED, family
+from proxy.metrics import prometheus as metrics
 from proxy.settings import ConfigError, build_settings, dialect_name, usage_field_names
 from tests.test_build import _compiled_list
 
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_registry_is_the_spoke_files() -> None:
-    spokes = {p.stem for p in (ROOT / "proxy" / "dialects").glob("*.py")} - {"__init__", "base"}
+    spokes = {p.stem for p in (ROOT / "proxy" / "dialects").glob("*.py")} - {"__init__", *SHARED}
     assert set(DIALECTS) == spokes
     for name, spoke in DIALECTS.items():
         assert spoke.name == name and spoke.__module__ == f"proxy.dialects.{name}"

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from proxy.__main__ import parser, settings_from_args
-from proxy.routing import Router
+from proxy.gateway.routing import Router
 from proxy.settings import ConfigError, build_settings
 
 GOOD = {
@@ -69,8 +69,8 @@ def test_url_accepts_trailing_v1():
 
 def test_default_route_remembers_names_within_a_bound():
     """The default route's Routes are made once per model name, and the names remembered stay bounded however
-    many a client invents (proxy/routing.py)."""
-    from proxy import routing
+    many a client invents (proxy/gateway/routing.py)."""
+    from proxy.gateway import routing
 
     s = build_settings(single_upstream={"url": "http://127.0.0.1:9", "dialect": "openai"}, environ={})
     router = Router(s.upstreams)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sse import DONE, KEEPALIVE, SSEDecoder, SSEEvent, encode_comment, encode_data
+from proxy.hub.sse import DONE, KEEPALIVE, SSEDecoder, SSEEvent, encode_comment, encode_data
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mindie"
 DELTAS = (FIXTURES / "stream-deltas.sse").read_bytes()

@@ -1,6 +1,6 @@
-"""OpenTelemetry (proxy/tracing.py, docs/observability.md): the proxy on loopback in front of the mock, configured
-with the standard OTEL_* variables, exporting over OTLP/HTTP to a loopback receiver (tests/otlp_receiver.py) that
-decodes what arrives. Driven with the official SDKs; what the spans say is checked against what the client got."""
+"""OpenTelemetry (proxy/metrics/tracing.py, docs/observability.md): the proxy on loopback in front of the mock,
+configured with the standard OTEL_* variables, exporting over OTLP/HTTP to a loopback receiver (tests/otlp_receiver.py)
+that decodes what arrives. Driven with the official SDKs; what the spans say is checked against what the client got."""
 
 from __future__ import annotations
 
@@ -254,7 +254,7 @@ def test_off_without_an_endpoint_and_mistakes_stop_start_up(start_mock, start_pr
     upstreams = [{"name": "u", "dialect": "openai", "url": mock.url}]
     off = build_settings(config={"upstreams": upstreams}, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
                                                                    "OTEL_SDK_DISABLED": "true"})
-    from proxy.tracing import OtelConfig
+    from proxy.metrics.tracing import OtelConfig
 
     assert not OtelConfig.parse(dict(off.otel)).enabled
     for env, word in ((("OTEL_TRACES_SAMPLER", "sometimes"),), "OTEL_TRACES_SAMPLER"), \

@@ -1,11 +1,11 @@
-"""proxy/validate.py: the type table and the depth bound, in-process."""
+"""proxy/clients/validate.py: the type table and the depth bound, in-process."""
 
 from __future__ import annotations
 
 import pytest
 
+from proxy.clients.validate import ARRAY, BOOLEAN, INTEGER, NULL, NUMBER, OBJECT, STRING, check_depth, check_types
 from proxy.errors import ClientRequestError
-from proxy.validate import ARRAY, BOOLEAN, INTEGER, NULL, NUMBER, OBJECT, STRING, check_depth, check_types
 
 TABLE = {"n": (INTEGER, NULL), "t": NUMBER, "b": BOOLEAN, "o": OBJECT, "o.s": STRING, "a": ARRAY, "a[]": OBJECT,
          "a[].k": STRING, "m": ARRAY, "m[]": (STRING, ARRAY), "m[][]": INTEGER}

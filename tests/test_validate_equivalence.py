@@ -1,4 +1,4 @@
-"""proxy/validate.py against the straightforward algorithm it replaced (kept here as the reference): on random
+"""proxy/clients/validate.py against the straightforward algorithm it replaced (kept here as the reference): on random
 nested JSON values and random field tables, both accept and refuse the same bodies with the same error (message,
 `param` path of the first offender, status, code). Hypothesis draws the values; bodies nested to exactly MAX_DEPTH
 and MAX_DEPTH + 1 (deep inside lists and objects) are built on purpose, as are wrong types at every level of a table.
@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 from proxy.clients.chat import CHAT_FIELDS, COMPLETIONS_FIELDS
 from proxy.clients.responses import RESPONSES_FIELDS
-from proxy.errors import ClientRequestError
-from proxy.validate import (
+from proxy.clients.validate import (
     ARRAY,
     BOOLEAN,
     INTEGER,
@@ -34,10 +33,11 @@ from proxy.validate import (
     compile_table,
     json_type,
 )
+from proxy.errors import ClientRequestError
 
 # ------------------------------------------------------------------------------------------- the reference
-# The algorithm of proxy/validate.py before the single-pass checks (commit 30046fd): a recursive walk of the whole
-# body for the depth, then a recursive walk of the compiled table for the types. tests/bench/micro_validate.py
+# The algorithm of proxy/clients/validate.py before the single-pass checks (commit 30046fd): a recursive walk of the
+# whole body for the depth, then a recursive walk of the compiled table for the types. tests/bench/micro_validate.py
 # times it as "before".
 
 _ARTICLE = {STRING: "a string", NUMBER: "a number", INTEGER: "an integer", BOOLEAN: "a boolean",

@@ -1,5 +1,5 @@
 """`serve --workers 2`: two uvicorn worker processes, and one /metrics scrape shows the requests of both (the other
-worker's as of its last flush to the shared files: at most proxy/metrics_files.py FLUSH_INTERVAL ago); with the
+worker's as of its last flush to the shared files: at most proxy/metrics/files.py FLUSH_INTERVAL ago); with the
 shared Redis state store every `previous_response_id` follow-up finds its response, whichever worker stored it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 
-from proxy.metrics_files import FLUSH_INTERVAL
+from proxy.metrics.files import FLUSH_INTERVAL
 from tests.conftest import serve_process
 
 

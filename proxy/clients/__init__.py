@@ -1,6 +1,12 @@
 """Client-dialect registry: name -> implementation (the APIs clients speak to us; proxy/clients/base.py), found by
 declaration: every `ClientDialect` subclass with a `name` that a module of this package defines is one (a new client
-spoke is its module(s) and its test file)."""
+spoke is its module(s) and its test file).
+
+A client spoke decodes its requests into the hub form and encodes hub events into its own events and final object.
+It may import: proxy.errors, proxy.settings, the hub, the upstream-dialect registry's client-facing helpers
+(`dialect_usage_fields`), the state stores as types; the Responses WebSocket mode (responses_ws.py) also runs the
+endpoint over a WebSocket and so imports it and the front end's hooks. Never an upstream spoke's module or the
+gateway."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import importlib
 import pkgutil
 from typing import Final
 
-from .base import ClientCall, ClientDialect, Encoder
+from proxy.clients.base import ClientCall, ClientDialect, Encoder
 
 
 def _discover() -> dict[str, type[ClientDialect]]:

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from ..canonical import ChatRequest, RequestContext
-    from ..errors import ProxyError
-    from ..events import Answer, Delta, TextRun
-    from ..settings import Settings
-    from ..state.base import StateStore
+    from proxy.errors import ProxyError
+    from proxy.hub.canonical import ChatRequest, RequestContext
+    from proxy.hub.events import Answer, Delta, TextRun
+    from proxy.settings import Settings
+    from proxy.state.base import StateStore
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -46,7 +46,7 @@ class ClientCall:
 
     def __init__(self, request: ChatRequest, kind: str, model: str, stream: bool,
                  options: dict[str, Any] | None = None, headers: Headers | None = None) -> None:
-        # Written out, as Delta's (proxy/events.py): compiled, a generated `__init__` runs interpreted.
+        # Written out, as Delta's (proxy/hub/events.py): compiled, a generated `__init__` runs interpreted.
         self.request = request
         self.kind = kind
         self.model = model
@@ -63,7 +63,7 @@ class Encoder(Protocol):
 
     def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
         """Streaming: the client bytes for these events (may be b""). Non-streaming: accumulate, return b"". A
-        TextRun (proxy/events.py: a fast stream's text events of one read) gives what its Deltas give, written in
+        TextRun (proxy/hub/events.py: a fast stream's text events of one read) gives what its Deltas give, written in
         one loop."""
 
     def finish(self) -> bytes:

@@ -18,13 +18,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from ..canonical import CHAT, COMPLETIONS, RequestContext
-from ..dialects import dialect_usage_fields
-from ..errors import ClientRequestError, ProxyError
-from ..events import Answer, Delta, TextRun
-from ..jsontext import dumps_joined, dumps_text
-from ..sse import DONE, KEEPALIVE, encode_data
-from ..validate import (
+from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+from proxy.clients.validate import (
     ARRAY,
     BOOLEAN,
     INTEGER,
@@ -36,11 +31,16 @@ from ..validate import (
     check_types,
     compile_table,
 )
-from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+from proxy.dialects import dialect_usage_fields
+from proxy.errors import ClientRequestError, ProxyError
+from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
+from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.jsontext import dumps_joined, dumps_text
+from proxy.hub.sse import DONE, KEEPALIVE, encode_data
 
 if TYPE_CHECKING:
-    from ..settings import Settings
-    from ..state.base import StateStore
+    from proxy.settings import Settings
+    from proxy.state.base import StateStore
 
 _ZERO_USAGE: Final = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
@@ -299,7 +299,7 @@ class ChatEncoder:
         else:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
         # One chunk per text, head + text + close each: written as the texts' JSON strings joined by close + head,
-        # between head and close (the same bytes in one piece: proxy/jsontext.py dumps_joined).
+        # between head and close (the same bytes in one piece: proxy/hub/jsontext.py dumps_joined).
         close = self._close
         out.append(dumps_joined(run.texts, close + head, head, close))
 

@@ -27,21 +27,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..canonical import CHAT
-from ..errors import ClientRequestError, ProxyError
-from . import tool_ids
-from .base import ClientCall, ClientDialect, Headers
-from .messages_encoder import MessagesEncoder
-from .messages_errors import error_response
-from .signature import ThinkingSigner
+from proxy.clients import tool_ids
+from proxy.clients.base import ClientCall, ClientDialect, Headers
+from proxy.clients.messages_encoder import MessagesEncoder
+from proxy.clients.messages_errors import error_response
+from proxy.clients.signature import ThinkingSigner
+from proxy.errors import ClientRequestError, ProxyError
+from proxy.hub.canonical import CHAT
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-    from ..canonical import ChatRequest, RequestContext
-    from ..events import Answer
-    from ..settings import Settings
-    from ..state.base import StateStore
+    from proxy.hub.canonical import ChatRequest, RequestContext
+    from proxy.hub.events import Answer
+    from proxy.settings import Settings
+    from proxy.state.base import StateStore
 
 DROPPED_TOOLS_HEADER: Final = b"x-dialect-proxy-dropped-tools"
 

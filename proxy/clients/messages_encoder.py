@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from ..errors import ProxyError, UpstreamError
-from ..events import TextRun
-from ..jsontext import dumps_joined, dumps_text
-from ..sse import encode_event
-from . import tool_ids
-from .messages_errors import error_body
+from proxy.clients import tool_ids
+from proxy.clients.messages_errors import error_body
+from proxy.errors import ProxyError, UpstreamError
+from proxy.hub.events import TextRun
+from proxy.hub.jsontext import dumps_joined, dumps_text
+from proxy.hub.sse import encode_event
 
 if TYPE_CHECKING:
     import hmac
 
-    from ..canonical import RequestContext
-    from ..events import Answer, Delta
-    from .base import ClientCall
-    from .signature import ThinkingSigner
+    from proxy.clients.base import ClientCall
+    from proxy.clients.signature import ThinkingSigner
+    from proxy.hub.canonical import RequestContext
+    from proxy.hub.events import Answer, Delta
 
 STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                        "function_call": "tool_use", "content_filter": "refusal"}
@@ -184,7 +184,7 @@ class MessagesEncoder:
                     out.extend(self._events(delta.deltas()))  # not the hot path below: as its Deltas
                     continue
                 # The hot path below for each text, head + text + _END each, in one piece: the texts' JSON strings
-                # joined by _END + head, between head and _END (proxy/jsontext.py dumps_joined).
+                # joined by _END + head, between head and _END (proxy/hub/jsontext.py dumps_joined).
                 head = block.delta_head
                 out.append(dumps_joined(delta.texts, _END + head, head, _END))
                 continue

@@ -8,8 +8,8 @@ from typing import Any, Final
 
 import orjson
 
-from ..errors import ProxyError
-from .base import Headers
+from proxy.clients.base import Headers
+from proxy.errors import ProxyError
 
 _TYPES: Final = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
                  413: "request_too_large", 429: "rate_limit_error"}

@@ -19,9 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..canonical import CHAT
-from ..errors import ClientRequestError, ProxyError
-from ..validate import (
+from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+from proxy.clients.responses_compact import CompactionEncoder, retained_items, summary_request
+from proxy.clients.responses_events import REASONING_EVENTS, Echo, ResponsesEncoder, item_response_hex
+from proxy.clients.responses_request import COMPACTION_TRIGGER, SUMMARY_PREFIX, Decoded, ToolName, reasoning_of, to_chat
+from proxy.clients.signature import COMPACTION, ThinkingSigner
+from proxy.clients.validate import (
     ARRAY,
     BOOLEAN,
     INTEGER,
@@ -33,20 +36,18 @@ from ..validate import (
     check_types,
     compile_table,
 )
-from .base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
-from .responses_compact import CompactionEncoder, retained_items, summary_request
-from .responses_events import REASONING_EVENTS, Echo, ResponsesEncoder, item_response_hex
-from .responses_request import COMPACTION_TRIGGER, SUMMARY_PREFIX, Decoded, ToolName, reasoning_of, to_chat
-from .signature import COMPACTION, ThinkingSigner
+from proxy.errors import ClientRequestError, ProxyError
+from proxy.hub.canonical import CHAT
 
 if TYPE_CHECKING:
-    from ..canonical import RequestContext
-    from ..events import Answer
-    from ..settings import Settings
-    from ..state.base import StateStore
+    from proxy.hub.canonical import RequestContext
+    from proxy.hub.events import Answer
+    from proxy.settings import Settings
+    from proxy.state.base import StateStore
 
 NAMESPACE: Final = "responses"
-# The fields' JSON types, checked once at the edge (proxy/validate.py): a wrong type is a 400 naming the parameter.
+# The fields' JSON types, checked once at the edge (proxy/clients/validate.py): a wrong type is a 400 naming the
+# parameter.
 RESPONSES_FIELDS: Final[FieldTable] = {
     "model": STRING,
     "input": (STRING, ARRAY, NULL),

@@ -27,12 +27,12 @@ from typing import Any, Final
 
 import orjson
 
-from ..errors import ProxyError, UpstreamError
-from ..events import Delta, TextRun
-from ..sse import KEEPALIVE
-from .responses_events import ResponsesEncoder
-from .responses_request import SUMMARY_PREFIX
-from .signature import ThinkingSigner
+from proxy.clients.responses_events import ResponsesEncoder
+from proxy.clients.responses_request import SUMMARY_PREFIX
+from proxy.clients.signature import ThinkingSigner
+from proxy.errors import ProxyError, UpstreamError
+from proxy.hub.events import Delta, TextRun
+from proxy.hub.sse import KEEPALIVE
 
 SUMMARY_PROMPT: Final = (
     "Summarise the conversation above so that the work can continue from the summary alone: it will replace the "

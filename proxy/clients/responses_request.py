@@ -29,8 +29,8 @@ from typing import Any, Final
 
 import orjson
 
-from ..errors import ClientRequestError
-from .signature import COMPACTION, ThinkingSigner
+from proxy.clients.signature import COMPACTION, ThinkingSigner
+from proxy.errors import ClientRequestError
 
 # Tool types a hosted OpenAI model runs itself; no upstream here can, so they are left out of the upstream request.
 HOSTED_TOOLS: Final = frozenset({
@@ -70,7 +70,7 @@ class ToolName:
     namespace: str | None = None
 
     def __init__(self, name: str, custom: bool = False, namespace: str | None = None) -> None:
-        # Written out, as proxy/events.py's Delta: a dataclass's generated `__init__` runs interpreted even compiled
+        # Written out, as proxy/hub/events.py's Delta: a dataclass's generated `__init__` runs interpreted even compiled
         # (one per tool of every request: an agent declares dozens).
         self.name = name
         self.custom = custom

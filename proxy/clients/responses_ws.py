@@ -1,11 +1,11 @@
 """The Responses API's WebSocket mode on `/v1/responses` (the Open Responses spec, "WebSocket Transport"): an ASGI
-`websocket` app (the front end: proxy/websocket.py).
+`websocket` app (the front end: proxy/server/websocket.py).
 
 Each text message `{"type": "response.create", ...rest of a Responses request body}` is one response, answered with
 the same events as the SSE stream, each event's JSON one text message. Responses are made one at a time, in the
 order asked (a message that arrives while one is in flight waits). Each goes through the inference endpoint
-(proxy/handlers.py) as a streamed `POST /v1/responses` would: routing, retries, the upstream request, metrics, the
-access log line, cancellation — the endpoint's SSE bytes are read back into events here (proxy/sse.py).
+(proxy/endpoint.py) as a streamed `POST /v1/responses` would: routing, retries, the upstream request, metrics, the
+access log line, cancellation — the endpoint's SSE bytes are read back into events here (proxy/hub/sse.py).
 
 - Continuation: `previous_response_id` is looked up in the connection's own state first (the most recent response
   answered on it, `store: false` too), then in the state store (`store: true` responses of any connection);
@@ -24,7 +24,7 @@ access log line, cancellation — the endpoint's SSE bytes are read back into ev
   else as soon as the one in flight has finished (within `shutdown_grace`; at its end the response gets the
   `shutting_down` failure, as on HTTP); messages still queued are not answered. The connection reads the client's
   messages all the time (to learn at once that the client left), so the front end cannot see when it is idle: it
-  calls the connection's `shutdown` instead (SHUTDOWN_HOOK, proxy/websocket.py).
+  calls the connection's `shutdown` instead (SHUTDOWN_HOOK, proxy/server/websocket.py).
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from ..frontend import DISCONNECT_HOOK
-from ..handlers import KEY_NAME_SCOPE, InferenceEndpoint
-from ..sse import SSEDecoder
-from ..websocket import SHUTDOWN_HOOK
-from .responses import ResponsesClient
+from proxy.clients.responses import ResponsesClient
+from proxy.endpoint import KEY_NAME_SCOPE, InferenceEndpoint
+from proxy.hub.sse import SSEDecoder
+from proxy.server.frontend import DISCONNECT_HOOK
+from proxy.server.websocket import SHUTDOWN_HOOK
 
 if TYPE_CHECKING:
-    from ..appstate import AppState
+    from proxy.server.appstate import AppState
 
 access_log: Final = logging.getLogger("dialect_proxy.access")
 _TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -138,7 +138,7 @@ class _Connection:
                 }).decode())
 
     def shutdown(self) -> None:
-        """The server shuts down (proxy/websocket.py calls this): close now when idle, else after the response in
+        """The server shuts down (proxy/server/websocket.py calls this): close now when idle, else after the response in
         flight."""
         self.stopping = True
         if not self.busy:

@@ -1,9 +1,13 @@
 """The upstream-dialect registry: name -> spoke class, found by declaration.
 
-Every module `proxy/dialects/<name>.py` but `base` is one upstream spoke and defines the `Dialect` subclass whose
-`name` is `<name>`: that class is the registry entry. Whatever lists the upstream dialects — the names the settings
-accept, the probe's steps, the metrics' `dialect` label, the compiled build (setup.py) — reads them from here, so a
-new spoke is its mapping, its module and its test file (docs/dialects.md "Declared once").
+Every module `proxy/dialects/<name>.py` but the two every spoke shares (`base`: the `Dialect` and `UpstreamSession`
+base classes; `mapping`: the loader of mappings/<name>.yaml) is one upstream spoke and defines the `Dialect` subclass
+whose `name` is `<name>`: that class is the registry entry. Whatever lists the upstream dialects — the names the
+settings accept, the probe's steps, the metrics' `dialect` label, the compiled build (setup.py) — reads them from here,
+so a new spoke is its mapping, its module and its test file (docs/dialects.md "Declared once").
+
+A spoke may import: proxy.errors, proxy.settings, the hub (canonical form, events, SSE, params) and the stream
+transforms; the gateway only as types. Never a client spoke, the endpoint, metrics or the server.
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, Final
 
-from .base import Dialect
+from proxy.dialects.base import Dialect
+
+SHARED: Final = frozenset({"base", "mapping"})  # modules of this package that are not spokes
 
 
 def _discover() -> dict[str, type[Dialect]]:
     found: dict[str, type[Dialect]] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.ispkg or info.name == "base" or info.name.startswith("_"):
+        if info.ispkg or info.name in SHARED or info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         spokes = [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, Dialect)
@@ -51,4 +57,4 @@ def family(name: str) -> str:
     return min(ancestors, key=lambda cls: len(cls.__mro__)).name if ancestors else name
 
 
-__all__ = ["DIALECTS", "Dialect", "dialect_usage_fields", "family", "get_dialect"]
+__all__ = ["DIALECTS", "SHARED", "Dialect", "dialect_usage_fields", "family", "get_dialect"]

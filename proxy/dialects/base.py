@@ -4,7 +4,7 @@ A dialect is a spoke of the hub: it turns a canonical (OpenAI) request into the 
 answers — JSON bodies, stream events, errors in any shape — into canonical ones. The `Dialect` is built once per
 upstream and holds no per-request state; `Dialect.session(ctx)` makes an `UpstreamSession` per request, which owns
 the dialect's stateful quirks (MindIE's cumulative text, error finish reasons, whether the model starts inside a
-thinking block) and hands canonical chunks — true deltas — to the shared normalizer (proxy/normalize.py).
+thinking block) and hands canonical chunks — true deltas — to the shared normalizer (proxy/hub/normalize.py).
 
 Subclasses override only what differs; the data that differs lives in mappings/<name>.yaml.
 """
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
-from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
-from ..errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamError, error_type_for
-from ..events import Timings
-from ..mapping import DialectMapping, load_mapping
-from ..params import apply_response_format, refuse_unsupported
+from proxy.dialects.mapping import DialectMapping, load_mapping
+from proxy.errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamError, error_type_for
+from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
+from proxy.hub.events import Timings
+from proxy.hub.params import apply_response_format, refuse_unsupported
 
 if TYPE_CHECKING:
-    from ..catalog import ModelCatalog
-    from ..settings import UpstreamSettings
+    from proxy.gateway.catalog import ModelCatalog
+    from proxy.settings import UpstreamSettings
 
 MAX_ERROR_TEXT: Final = 500
 
@@ -34,7 +34,7 @@ MAX_ERROR_TEXT: Final = 500
 _MODEL_MISSING: Final = re.compile(r"(?i)\bmodel\b.{0,120}?(not[ _]?(found|exist)|does not exist|unknown)|"
                                    r"(unknown|invalid) model")
 # The readiness request's `messages`: not a list, so that every dialect's validation refuses the body before any
-# generation (proxy/health.py).
+# generation (proxy/gateway/health.py).
 READINESS_MESSAGES: Final = "readiness check from dialect-proxy: an invalid body on purpose"
 
 # DECISIONS.md "Reasoning": upstream model names whose template opens the thinking block in the prompt (R1 family).
@@ -97,7 +97,7 @@ def finish_error(finish: str, stream: bool) -> UpstreamError:
 
 
 class ProbeListing:
-    """What `dialect-proxy probe` (proxy/probe.py) learnt from a server's model-listing paths, for each spoke to
+    """What `dialect-proxy probe` (proxy/probe/runner.py) learnt from a server's model-listing paths, for each spoke to
     recognise its own servers by (`Dialect.probe_listing`). Shapes are error-body shapes, named after the dialect
     whose servers answer with them (`Dialect.probe_error_shape`), or generic ones (`json`, `text`, ...)."""
 
@@ -122,11 +122,11 @@ class Dialect:
     stream_usage_option: ClassVar[bool] = True
     # DeepSeek's assistant-prefix continuation (`prefix: true` on the last message); refused with a 400 elsewhere.
     supports_prefix: ClassVar[bool] = False
-    # `response_format` unless the upstream's config says otherwise (proxy/params.py): pass | reject | drop.
+    # `response_format` unless the upstream's config says otherwise (proxy/hub/params.py): pass | reject | drop.
     default_response_format: ClassVar[str] = "pass"
     response_format_hint: ClassVar[str] = "Set `response_format: pass` for this upstream if it honours it."
 
-    # What proxy/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the upstream
+    # What proxy/hub/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the upstream
     # needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
     reasoning_fallback: ClassVar[str | None] = None
 
@@ -136,7 +136,7 @@ class Dialect:
     # The upstream has a mode that streams cumulative text (MindIE's fullTextEnabled): `full_text: true` says it is on.
     full_text_mode: ClassVar[bool] = False
 
-    # -- `dialect-proxy probe` (proxy/probe.py asks every spoke; none of this runs on requests) ----------------------
+    # -- `dialect-proxy probe` (proxy/probe/runner.py asks every spoke; none of this runs on requests) --------------
     # Recognised only when no other spoke is: the OpenAI-compatible server every detection falls back to.
     probe_generic: ClassVar[bool] = False
     # Chat requests carry `model` (the probe's too).
@@ -193,7 +193,8 @@ class Dialect:
 
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)
-        # The upstream's own model list (proxy/catalog.py), attached by the app (proxy/appstate.py); None: not known.
+        # The upstream's own model list (proxy/gateway/catalog.py), attached by the app (proxy/server/appstate.py);
+        # None: not known.
         self.catalog: ModelCatalog | None = None
         # What live traffic showed to be wrong with this upstream's configuration (one Dialect per upstream), e.g. a
         # stream of the other form than `full_text` says: /readyz reports it until the config is fixed.
@@ -208,7 +209,7 @@ class Dialect:
         return list(listed)
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
-        """What the hub does with the reasoning on this request's assistant turns (proxy/continuity.py): `strip`,
+        """What the hub does with the reasoning on this request's assistant turns (proxy/hub/continuity.py): `strip`,
         `keep` or `restore`. `auto`: R1-era models (they refuse or mis-read it) strip, others keep."""
         mode = ctx.upstream.reasoning_replay
         if mode != "auto":
@@ -243,7 +244,8 @@ class Dialect:
             headers["Authorization"] = f"Bearer {ctx.upstream.api_key}"
         return headers
 
-    # -- readiness (proxy/health.py) ----------------------------------------------------------------------------
+    # -- readiness (proxy/gateway/health.py)
+    # ----------------------------------------------------------------------------
     def readiness_request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
         """(path, body) of the request that tells whether a request would work, without generating anything: a chat
         body the upstream must refuse as invalid (`messages` is not a list), on the chat path."""

@@ -3,8 +3,8 @@ WIRE-NOTES.md "DeepSeek API" for the fields they cover).
 
 Models: `deepseek-flash` (V4.1 Flash; `deepseek-v4-flash` still accepted) and `deepseek-v4-pro`, thinking mode on by
 default. The retired names `deepseek-chat` / `deepseek-reasoner` depend on the upstream's own model list
-(proxy/catalog.py, read once and cached): a name the upstream lists goes through unchanged, under the rules of the
-API that serves it — the seed document's (specs/deepseek-chat-completions-zh.md): `deepseek-chat` without a thinking
+(proxy/gateway/catalog.py, read once and cached): a name the upstream lists goes through unchanged, under the rules of
+the API that serves it — the seed document's (specs/deepseek-chat-completions-zh.md): `deepseek-chat` without a thinking
 mode, `deepseek-reasoner` an R1-era reasoner. A name it does not list, or any name when the list cannot be read,
 behaves as DeepSeek defined it at the end: `deepseek-chat` is `deepseek-v4-flash` with thinking disabled,
 `deepseek-reasoner` the same with thinking enabled (the upstream gets the V4 name). Otherwise R1-era rules apply only
@@ -18,7 +18,7 @@ What differs from OpenAI, and where it is handled:
   (`low`/`high`/`max`: `minimal` -> low, `medium` -> high, `xhigh` -> max; `none` switches thinking off). A forced
   `tool_choice` (`required` or a named function) turns thinking off for that request, because DeepSeek refuses the
   combination. In thinking mode DeepSeek ignores temperature, top_p and the penalties (sent as given);
-- reasoning replay (`reasoning_replay`, proxy/continuity.py): in thinking mode every assistant turn that made tool
+- reasoning replay (`reasoning_replay`, proxy/hub/continuity.py): in thinking mode every assistant turn that made tool
   calls must carry its `reasoning_content` ("The `reasoning_content` in the thinking mode must be passed back to
   the API."); `auto` is `restore` here — the hub puts back what a client dropped, and a fixed non-empty placeholder
   on a turn it never saw (`reasoning_fallback`, REASONING_PLACEHOLDER). Reasoning on turns without tool calls is
@@ -41,10 +41,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from ..canonical import CHAT, ChatRequest, RequestContext
-from ..errors import ClientRequestError
-from ..stream.usage import deepseek_usage_fields
-from .base import Dialect, ProbeListing, UpstreamSession, is_r1_era, join_text_parts
+from proxy.dialects.base import Dialect, ProbeListing, UpstreamSession, is_r1_era, join_text_parts
+from proxy.errors import ClientRequestError
+from proxy.hub.canonical import CHAT, ChatRequest, RequestContext
+from proxy.stream.usage import deepseek_usage_fields
 
 RESPONSE_FORMATS: Final = ("text", "json_object")
 # OpenAI `reasoning_effort` -> DeepSeek's effort (low / high / max), as DeepSeek maps them; `none` disables thinking.
@@ -323,7 +323,7 @@ def _replay(message: Any, policy: str, last: bool, thinking: bool) -> Any:
     if keep and isinstance(reasoning, str) and (reasoning or not needed):
         out["reasoning_content"] = reasoning
     elif keep and needed:
-        # proxy/continuity.py restores what it stored; should a turn still lack reasoning here (a `keep` upstream,
+        # proxy/hub/continuity.py restores what it stored; should a turn still lack reasoning here (a `keep` upstream,
         # a client that sent none or an empty one), thinking mode refuses it without: the fixed placeholder.
         out["reasoning_content"] = REASONING_PLACEHOLDER
     return out

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
-from .base import Dialect, UpstreamSession, join_text_parts
+from proxy.dialects.base import Dialect, UpstreamSession, join_text_parts
+from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 
 if TYPE_CHECKING:
-    from ..settings import UpstreamSettings
+    from proxy.settings import UpstreamSettings
 
 _MESSAGE_DROP: Final = ("name", "reasoning_content", "reasoning")
 

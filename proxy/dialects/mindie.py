@@ -20,7 +20,7 @@ deltas, checks them against the final chunk's `full_text`, and knows that a requ
 `chat_template_kwargs.enable_thinking: false` does not start inside a `<think>` block. The fields MindIE adds
 (`full_text`, `prefill_time`, `decode_time_arr`) are stripped as the mapping says (timings -> metrics). The rest of
 MindIE's quirks (the repeated role, usage on the finish chunk, `tool_calls: []`, inline `<think>`) are ordinary
-variations that the shared normalizer (proxy/normalize.py) evens out for every dialect.
+variations that the shared normalizer (proxy/hub/normalize.py) evens out for every dialect.
 
 Errors: MindIE's `{"error": "<string>", "error_type": ...}` is parsed by the base class; here `Model not found`
 becomes a 404 and the parameter a validation message names is put in `param`.
@@ -38,12 +38,12 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from ..canonical import CHAT, ChatChunk, ChatRequest, RequestContext
-from ..errors import ClientRequestError, ProxyError, StreamTruncated
-from ..events import Timings
-from ..readings import Readings, number
-from ..stream.cumulative import CumulativeText, StreamForm
-from .base import Dialect, NameTest, ProbeListing, UpstreamSession
+from proxy.dialects.base import Dialect, NameTest, ProbeListing, UpstreamSession
+from proxy.errors import ClientRequestError, ProxyError, StreamTruncated
+from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
+from proxy.hub.events import Timings
+from proxy.hub.readings import Readings, number
+from proxy.stream.cumulative import CumulativeText, StreamForm
 
 log: Final = logging.getLogger("dialect_proxy")
 
@@ -67,7 +67,7 @@ _MEDIA_PARTS: Final = ("image_url", "video_url", "audio_url")
 _THINKING_KWARG_MODELS: Final = re.compile(r"(?i)deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4")
 # Thinking models whose chat templates render the reasoning of the current tool loop's assistant turns (Qwen3 keeps
 # `reasoning_content` after the last user query; DeepSeek V3.1+ and GLM-4.5+ interleave it with tool calls): a client
-# that drops it changes the prompt, so `reasoning_replay: auto` restores it (proxy/continuity.py).
+# that drops it changes the prompt, so `reasoning_replay: auto` restores it (proxy/hub/continuity.py).
 _INTERLEAVED_THINKING: Final = re.compile(r"(?i)qwen3|deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4|glm-?4\.[5-9]|kimi-k2")
 _interleaved_thinking: Final = NameTest(_INTERLEAVED_THINKING)  # asked once per request
 _thinking_kwarg_model: Final = NameTest(_THINKING_KWARG_MODELS)
@@ -255,7 +255,7 @@ class MindIEDialect(Dialect):
     def timings(self, extras: Mapping[str, Any]) -> Timings | None:
         """`prefill_time` (ms) and `decode_time_arr` (ms per token) at the top level, `queue_wait_time` (µs per token)
         and `batch_size` (per token) in `usage` (either place is accepted for each). The lists are passed on unread,
-        with their units (proxy/readings.py: values that are not finite non-negative numbers are left out there)."""
+        with their units (proxy/hub/readings.py: values that are not finite non-negative numbers are left out there)."""
         nested = extras.get("usage")
         nested = nested if isinstance(nested, dict) else _EMPTY  # JSON's; an ABC's isinstance runs Python code
         prefill = number(_field(extras, nested, "prefill_time"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Dialect, ProbeListing
+from proxy.dialects.base import Dialect, ProbeListing
 
 
 class OpenAIDialect(Dialect):

@@ -14,9 +14,9 @@ from typing import Any, Final
 
 import orjson
 
-from ..errors import ProxyError, UpstreamError, error_type_for
-from .base import ProbeListing
-from .mindie import MindIEDialect
+from proxy.dialects.base import ProbeListing
+from proxy.dialects.mindie import MindIEDialect
+from proxy.errors import ProxyError, UpstreamError, error_type_for
 
 # The document's own descriptions, used when a body carries a code without a message.
 CODE_TEXT: Final = {

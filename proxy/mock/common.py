@@ -12,10 +12,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import scenario as scenarios
-from . import toolcall
-from .asgi import SLEEP, Noop, Plan, PlanResponse, Stats, drop_before_plan, hang_plan, json_plan
-from .scenario import Scenario
+from proxy.mock import scenario as scenarios
+from proxy.mock import toolcall
+from proxy.mock.asgi import SLEEP, Noop, Plan, PlanResponse, Stats, drop_before_plan, hang_plan, json_plan
+from proxy.mock.scenario import Scenario
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Call:
 
 Handler = Callable[[Call], Plan]
 
-# The header the proxy's readiness checks carry (proxy/health.py; the mock shares no code with the proxy).
+# The header the proxy's readiness checks carry (proxy/gateway/health.py; the mock shares no code with the proxy).
 CHECK_HEADER = "x-dialect-proxy-check"
 
 

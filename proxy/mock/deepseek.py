@@ -51,9 +51,9 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import scenario as scenarios
-from .asgi import JSON_HEADERS, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
-from .common import (
+from proxy.mock import scenario as scenarios
+from proxy.mock.asgi import JSON_HEADERS, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
+from proxy.mock.common import (
     Call,
     MockConfig,
     Template,
@@ -66,8 +66,8 @@ from .common import (
     static_response,
     stream_directives,
 )
-from .openai import Style, completion_json, completion_stream, tool_call_delta
-from .textgen import Generation, Piece, generate, prompt_tokens_chat, structured_reply, tool_names
+from proxy.mock.openai import Style, completion_json, completion_stream, tool_call_delta
+from proxy.mock.textgen import Generation, Piece, generate, prompt_tokens_chat, structured_reply, tool_names
 
 FINGERPRINT = "fp_mock_ds01"
 MODELS = ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"]

@@ -35,9 +35,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import scenario as scenarios
-from .asgi import Plan, Stats
-from .common import (
+from proxy.mock import scenario as scenarios
+from proxy.mock.asgi import Plan, Stats
+from proxy.mock.common import (
     Call,
     MockConfig,
     inference,
@@ -45,7 +45,7 @@ from .common import (
     openai_error,
     preamble,
 )
-from .openai import Style, chat_json, chat_stream, completion_json, completion_stream, error_plan
+from proxy.mock.openai import Style, chat_json, chat_stream, completion_json, completion_stream, error_plan
 
 STYLE = Style(name="engine", fingerprint=None, refusal=False, default_model="engine", response_formats=(),
               completion_default_max_tokens=16)

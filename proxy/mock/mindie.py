@@ -33,9 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import scenario as scenarios
-from .asgi import DONE, TEXT_HEADERS, Plan, Stats, body_plan, json_plan, sse, stream_plan, truncated_json_plan
-from .common import (
+from proxy.mock import scenario as scenarios
+from proxy.mock.asgi import DONE, TEXT_HEADERS, Plan, Stats, body_plan, json_plan, sse, stream_plan, truncated_json_plan
+from proxy.mock.common import (
     RAW_TIMEOUT,
     Call,
     MockConfig,
@@ -49,8 +49,16 @@ from .common import (
     static_response,
     stream_directives,
 )
-from .scenario import Scenario
-from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, structured_reply, tool_names
+from proxy.mock.scenario import Scenario
+from proxy.mock.textgen import (
+    Generation,
+    Piece,
+    generate,
+    prompt_tokens_chat,
+    prompt_tokens_text,
+    structured_reply,
+    tool_names,
+)
 
 MAX_ITER_TIMES = 512
 MAX_INT32 = 2147483647

@@ -23,9 +23,9 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import scenario as scenarios
-from .asgi import DONE, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
-from .common import (
+from proxy.mock import scenario as scenarios
+from proxy.mock.asgi import DONE, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
+from proxy.mock.common import (
     Call,
     MockConfig,
     Template,
@@ -39,8 +39,16 @@ from .common import (
     static_response,
     stream_directives,
 )
-from .scenario import Scenario
-from .textgen import Generation, Piece, generate, prompt_tokens_chat, prompt_tokens_text, structured_reply, tool_names
+from proxy.mock.scenario import Scenario
+from proxy.mock.textgen import (
+    Generation,
+    Piece,
+    generate,
+    prompt_tokens_chat,
+    prompt_tokens_text,
+    structured_reply,
+    tool_names,
+)
 
 EXTRA = {"x_vendor": {"a": 1}}
 

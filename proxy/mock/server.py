@@ -21,8 +21,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 
-from .asgi import SEND_KEY, Receive, Scope, Send, Stats
-from .common import MockConfig, common_routes, parse_directives
+from proxy.mock.asgi import SEND_KEY, Receive, Scope, Send, Stats
+from proxy.mock.common import MockConfig, common_routes, parse_directives
 
 
 def _dialect_mocks() -> dict[str, ModuleType]:

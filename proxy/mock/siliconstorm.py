@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from . import mindie
-from .asgi import JSON_HEADERS, SSE_HEADERS, Plan, Stats, json_plan, sse, stream_plan
-from .common import Call, MockConfig
+from proxy.mock import mindie
+from proxy.mock.asgi import JSON_HEADERS, SSE_HEADERS, Plan, Stats, json_plan, sse, stream_plan
+from proxy.mock.common import Call, MockConfig
 
 CODES = {
     701: "Insufficient balance",

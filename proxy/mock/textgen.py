@@ -22,7 +22,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .scenario import Scenario, content_text
+from proxy.mock.scenario import Scenario, content_text
 
 DEFAULT_REPLY = "Hello from the mock {dialect} upstream! 你好, 世界 🌍."
 REASONING = "The user greets me; 先想一想 🤔 then answer politely."

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from .scenario import Scenario, content_text, from_chat
+from proxy.mock.scenario import Scenario, content_text, from_chat
 
 FALLBACK_TOOL = "get_weather"
 FALLBACK_ARGUMENTS = '{"city": "Paris", "unit": "celsius"}'

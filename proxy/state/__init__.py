@@ -1,4 +1,8 @@
-"""State stores (proxy/state/base.py): `open_store(settings)` builds the configured one, memory or Redis."""
+"""State stores (proxy/state/base.py): `open_store(settings)` builds the configured one, memory or Redis (Sentinel,
+Cluster: urls.py). What must survive a restart or another replica: stored Responses, reasoning continuity.
+
+May import: proxy.errors, proxy.settings. Nothing of the request path: the stores hold bytes under keys.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from ..settings import ConfigError, Settings
-from .base import StateStore, StoreUnavailable, ValueTooLarge
-from .memory import MemoryStore
+from proxy.settings import ConfigError, Settings
+from proxy.state.base import StateStore, StoreUnavailable, ValueTooLarge
+from proxy.state.memory import MemoryStore
 
 log = logging.getLogger("dialect_proxy")
 
@@ -20,7 +24,7 @@ def open_store(settings: Settings) -> StateStore:
     if s.state_store == "memory":
         return MemoryStore(s.state_max_entries, s.state_max_bytes, s.state_ttl)
     try:
-        from .redis import RedisStore
+        from proxy.state.redis import RedisStore
 
         return RedisStore(s.state_store, ttl=s.state_ttl, timeout=s.state_timeout)
     except ImportError:

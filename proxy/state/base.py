@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..errors import ProxyError
+from proxy.errors import ProxyError
 
 
 class StoreUnavailable(ProxyError):

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .base import ValueTooLarge, check_namespace
+from proxy.state.base import ValueTooLarge, check_namespace
 
 DEFAULT_MAX_ENTRIES = 10_000
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024

@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ..settings import redact_url, url_secrets
-from .base import StoreUnavailable, check_namespace
-from .memory import DEFAULT_TTL
-from .urls import parse_store_url
+from proxy.settings import redact_url, url_secrets
+from proxy.state.base import StoreUnavailable, check_namespace
+from proxy.state.memory import DEFAULT_TTL
+from proxy.state.urls import parse_store_url
 
 log = logging.getLogger("dialect_proxy")
 KEY_PREFIX = "dialect-proxy"

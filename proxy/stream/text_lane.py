@@ -7,10 +7,10 @@ An upstream sends most events of an answer as the same text around one JSON stri
     "logprobs":null,"finish_reason":null}]}
 
 When the full path has turned such an event into a plain text event, `learn` finds that string's token in the
-event's data (its undecoded bytes: proxy/sse.py SSEDecoder.payloads) and keeps what comes before and after it: a
+event's data (its undecoded bytes: proxy/hub/sse.py SSEDecoder.payloads) and keeps what comes before and after it: a
 template. A later event that is the same text around another string token is the same JSON with one string
 changed; while the session and the normaliser say that text passes through them unchanged (no cumulative text, no
-`<think>` splitting, no pending error: proxy/pipeline.py asks them), the full path would give the same event with
+`<think>` splitting, no pending error: proxy/hub/pipeline.py asks them), the full path would give the same event with
 that string, so `match` returns the string alone (invalid UTF-8 in it: no match, the full path decides).
 
 Templates are kept per choice and kind (text, reasoning), at most four, relearned when the upstream's envelope
@@ -29,9 +29,9 @@ from typing import Any, Final
 
 import orjson
 
-from ..build import BUILD
-from ..jsontext import PLAIN
-from ..sse import SSEEvent
+from proxy.build import BUILD
+from proxy.hub.jsontext import PLAIN
+from proxy.hub.sse import SSEEvent
 
 __all__ = ["TextLane"]
 
@@ -114,7 +114,7 @@ class TextLane:
         return index, reasoning, texts
 
     def forget(self) -> None:
-        """Drop the templates (the answer's envelope changed since they were learned: proxy/pipeline.py)."""
+        """Drop the templates (the answer's envelope changed since they were learned: proxy/hub/pipeline.py)."""
         self._templates = []
 
     def learn(self, data: bytes, field: str, value: str | None, index: int, reasoning: bool) -> None:

@@ -1,6 +1,6 @@
 """The baseline for the benchmark: the barest correct relay (raw ASGI + aiohttp, bytes in -> bytes out, no parsing,
 no translation, no metrics). What the proxy costs beyond this is the price of translation and observability.
-Its garbage collector is set as the proxy's (proxy/runtime.py), so the ratio does not count that setting as the
+Its garbage collector is set as the proxy's (proxy/server/runtime.py), so the ratio does not count that setting as the
 proxy's gain.
 
     python tests/bench/bare_relay.py PORT UPSTREAM_URL [WORKERS]
@@ -17,7 +17,7 @@ import aiohttp
 import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from proxy.runtime import tune_gc  # noqa: E402
+from proxy.server.runtime import tune_gc  # noqa: E402
 
 UPSTREAM = sys.argv[2] if len(sys.argv) > 2 else "http://127.0.0.1:1025"
 _session: aiohttp.ClientSession | None = None
@@ -64,6 +64,6 @@ if __name__ == "__main__":
     uvicorn.run("bare_relay:app" if workers > 1 else app, app_dir=str(Path(__file__).resolve().parent),
                 workers=workers if workers > 1 else None, host="127.0.0.1", port=int(sys.argv[1]), loop="uvloop",
                 http="httptools", access_log=False,
-                server_header=False,  # as the proxy (proxy/frontend.py frontend_options)
+                server_header=False,  # as the proxy (proxy/server/frontend.py frontend_options)
                 proxy_headers=False,  # as the proxy (proxy/__main__.py): no middleware coroutine around the app
                 log_level="warning")

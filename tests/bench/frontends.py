@@ -9,10 +9,10 @@ relay pinned to CPU 0, the bare relay, the proxy and the other front end taking 
 and prints the CPU per non-stream request or per upstream chunk of the proxy behind its own front end and behind the
 other one. `--compiled`: both run a compiled copy of this tree (tests/compiled_tree.py).
 
-uvicorn: uvicorn's own httptools protocol (`http="httptools"`) in the same server the proxy runs (proxy/server.py);
-of the proxy's limits it has only a connection cap (`limit_concurrency`: 503 beyond it, counting running requests
-too). It has no header size limit, no header or body timeout, no disconnect hook (the handler then waits on
-`receive()` for `http.disconnect`).
+uvicorn: uvicorn's own httptools protocol (`http="httptools"`) in the same server the proxy runs
+(proxy/server/process.py); of the proxy's limits it has only a connection cap (`limit_concurrency`: 503 beyond it,
+counting running requests too). It has no header size limit, no header or body timeout, no disconnect hook (the handler
+then waits on `receive()` for `http.disconnect`).
 
 granian (PyPI `granian`, not a dependency: `pip install granian`): its ASGI server, one worker, one runtime thread,
 uvloop; the header timeout is its `header_read_timeout`, the header size its `max_buffer_size` (at least 8 KiB);
@@ -97,8 +97,8 @@ def main() -> None:
     s = settings.server
     cli.configure_logging(s.log_level)
     if which == "uvicorn":
-        from proxy.app import create_app
-        from proxy.server import ProxyServer
+        from proxy.server.app import create_app
+        from proxy.server.process import ProxyServer
 
         app = create_app(settings, tune_gc=True)
         config = cli._uvicorn_config(app, s.host, s.port, s.log_level, http="httptools", server_header=False,

@@ -29,16 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import fastest  # noqa: E402  (tests/bench/timing.py)
 
-from proxy.canonical import CHAT, RequestContext  # noqa: E402
 from proxy.clients.base import ClientCall  # noqa: E402
 from proxy.clients.chat import ChatEncoder  # noqa: E402
 from proxy.clients.messages_encoder import MessagesEncoder  # noqa: E402
 from proxy.clients.responses_events import Echo, ResponsesEncoder  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
-from proxy.events import Answer, Delta, TextRun  # noqa: E402
-from proxy.metrics import Metrics  # noqa: E402
-from proxy.pipeline import Pipeline  # noqa: E402
+from proxy.hub.canonical import CHAT, RequestContext  # noqa: E402
+from proxy.hub.events import Answer, Delta, TextRun  # noqa: E402
+from proxy.hub.pipeline import Pipeline  # noqa: E402
+from proxy.metrics.prometheus import Metrics  # noqa: E402
 from proxy.settings import UpstreamSettings  # noqa: E402
 
 CHUNKS = 64
@@ -138,7 +138,7 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
         for piece in pieces:
             pipeline.feed(piece, events)
             if events:
-                # the handler's metrics call per read (proxy/handlers.py _relay: a TextRun is a token per text)
+                # the handler's metrics call per read (proxy/endpoint.py _relay: a TextRun is a token per text)
                 tokens = 0
                 count = len(events)
                 for e in events:

@@ -1,9 +1,9 @@
-"""In-process micro benchmark of one request's walk over the replica machinery (proxy/replicas.py, proxy/admission.py)
-and of a scrape.
+"""In-process micro benchmark of one request's walk over the replica machinery (proxy/gateway/replicas.py,
+proxy/gateway/admission.py) and of a scrape.
 
     python tests/bench/micro_replicas.py [--rounds 5] [--ref GIT_REF] [--multiprocess]
 
-A walk is what the handler (proxy/handlers.py) does per request: `ReplicaSet.attempts`, `Attempts.next` (acquire a
+A walk is what the handler (proxy/endpoint.py) does per request: `ReplicaSet.attempts`, `Attempts.next` (acquire a
 ticket), `Attempts.succeeded`, `Ticket.release`; "walk" times all of it, "release" the release alone. Upstreams: one
 replica without an admission limit (the common case), one with `max_in_flight`, three replicas balanced by
 least_outstanding, three by prefix_affinity. "scrape" renders /metrics after the walks (the replica series and the
@@ -39,9 +39,9 @@ REQUEST = {"model": "m", "messages": [{"role": "system", "content": "You are ter
 def scenarios() -> dict[str, Callable[[], object]]:
     """Runs in the worker process, after `proxy` was imported from the tree under test."""
     from proxy.dialects import get_dialect
-    from proxy.metrics import Metrics
-    from proxy.redact import Redactor
-    from proxy.replicas import ReplicaSet
+    from proxy.gateway.redact import Redactor
+    from proxy.gateway.replicas import ReplicaSet
+    from proxy.metrics.prometheus import Metrics
     from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
 
     multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

@@ -1,4 +1,5 @@
-"""In-process micro benchmark of the request checks (proxy/validate.py) on the large bodies that agent clients send.
+"""In-process micro benchmark of the request checks (proxy/clients/validate.py) on the large bodies that agent clients
+send.
 
     python tests/bench/micro_validate.py [--rounds 7]
 
@@ -7,10 +8,10 @@ input items: messages, reasoning, function_call / function_call_output; ~20 func
 nested JSON schemas), a Claude Code-like Messages request (~40 messages of content blocks: text, thinking,
 tool_use, tool_result; ~15 tools) and a Chat Completions request (system/user/assistant tool_calls/tool messages,
 ~20 tools). Each row is the decode-time validation of one request as the proxy does it: `check_depth` on the parsed
-body (proxy/handlers.py `_parse`), then `check_types` with the client spoke's compiled table (Responses: proxy/
+body (proxy/endpoint.py `_parse`), then `check_types` with the client spoke's compiled table (Responses: proxy/
 clients/responses.py, Chat: proxy/clients/chat.py; the Messages spoke has its own checks, so only the depth bound).
 "before" is the algorithm this replaced, kept as the reference of tests/test_validate_equivalence.py; "after" is
-proxy/validate.py. Prints µs per request: the fastest over `rounds` alternating rounds (the machine is shared).
+proxy/clients/validate.py. Prints µs per request: the fastest over `rounds` alternating rounds (the machine is shared).
 Not a test: it asserts nothing.
 """
 
@@ -32,7 +33,7 @@ from micro import measure  # noqa: E402  (tests/bench/micro.py, next to this scr
 
 from proxy.clients.chat import CHAT_FIELDS  # noqa: E402
 from proxy.clients.responses import RESPONSES_FIELDS  # noqa: E402
-from proxy.validate import FieldTable, check_depth, check_types, compile_table  # noqa: E402
+from proxy.clients.validate import FieldTable, check_depth, check_types, compile_table  # noqa: E402
 from tests.test_validate_equivalence import ref_check_depth, ref_check_types, ref_compile_table  # noqa: E402
 
 WORDS = ("the file function returns value test error path config module request stream token build run check "
@@ -174,7 +175,7 @@ def runners(raw: bytes, fields: FieldTable | None, depth: Callable[..., None], t
     """"both": what one request costs; "depth", "types": each check alone."""
     body = orjson.loads(raw)
     table = compile(fields) if fields is not None else None
-    size = {"size": len(raw)} if depth is check_depth else {}  # as proxy/handlers.py `_parse` calls it
+    size = {"size": len(raw)} if depth is check_depth else {}  # as proxy/endpoint.py `_parse` calls it
 
     def both() -> None:
         depth(body, **size)

@@ -12,9 +12,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.clients.chat import ChatEncoder
-from proxy.events import Answer, Delta, TextRun
+from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
+from proxy.hub.events import Answer, Delta, TextRun
 from proxy.settings import UpstreamSettings
 
 REASONING_MODES = ["reasoning_content", "reasoning", "think_tags", "none"]
@@ -109,7 +109,7 @@ def expand(events: list[Delta | TextRun]) -> list[Delta]:
 def test_a_text_run_gives_the_bytes_of_its_deltas(events: list[Delta | TextRun], kind: str, include_usage: bool,
                                                   reasoning: str, extras: list[tuple[int, dict[str, Any]]],
                                                   batch: int, stream: bool) -> None:
-    """What the pipeline hands an encoder that takes runs (proxy/pipeline.py `runs`) against the same events as
+    """What the pipeline hands an encoder that takes runs (proxy/hub/pipeline.py `runs`) against the same events as
     Deltas: the same chunks (the run's loop, or its Deltas where the hot path would not take them: `<think>` tags,
     reasoning the client does not get, Completions), and the same non-stream body."""
     run_answer, delta_answer = Answer(upstream_id="up-1"), Answer(upstream_id="up-1")

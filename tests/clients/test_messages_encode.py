@@ -10,17 +10,17 @@ from hub_harness import request_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT
 from proxy.clients.base import ClientCall
 from proxy.clients.messages_encoder import PING, MessagesEncoder
 from proxy.clients.messages_errors import error_response
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
 from proxy.errors import ProxyError, StreamTruncated, UpstreamError
-from proxy.events import Answer, Delta
-from proxy.pipeline import Pipeline
+from proxy.hub.canonical import CHAT
+from proxy.hub.events import Answer, Delta
+from proxy.hub.pipeline import Pipeline
+from proxy.hub.sse import SSEDecoder
 from proxy.settings import UpstreamSettings
-from proxy.sse import SSEDecoder
 
 UP = UpstreamSettings(name="u", dialect="openai", url="http://127.0.0.1:9")
 SIGNER = ThinkingSigner(b"k" * 32)

@@ -12,13 +12,13 @@ from hub_harness import drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT, RequestContext
 from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.responses_request import ToolName, to_chat
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
-from proxy.events import Answer, Delta
-from proxy.pipeline import Pipeline
+from proxy.hub.canonical import CHAT, RequestContext
+from proxy.hub.events import Answer, Delta
+from proxy.hub.pipeline import Pipeline
 from proxy.settings import UpstreamSettings
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"

@@ -1,6 +1,6 @@
 """A TextRun (several plain text events of one choice, as the pipeline hands them to an encoder whose `runs` is set:
-proxy/events.py) gives what its Deltas give, for the Responses and Messages encoders, streamed or not, whatever comes
-around it (reasoning, tool calls, another choice, the end). The Chat Completions encoder has the same property in
+proxy/hub/events.py) gives what its Deltas give, for the Responses and Messages encoders, streamed or not, whatever
+comes around it (reasoning, tool calls, another choice, the end). The Chat Completions encoder has the same property in
 tests/clients/test_chat_encoder.py."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from hub_harness import request_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT
 from proxy.clients.base import ClientCall, Encoder
 from proxy.clients.messages_encoder import MessagesEncoder
 from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.responses_request import ToolName
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
-from proxy.events import Answer, Delta, TextRun
+from proxy.hub.canonical import CHAT
+from proxy.hub.events import Answer, Delta, TextRun
 from proxy.settings import UpstreamSettings
 
 UP = UpstreamSettings(name="u", dialect="openai", url="http://127.0.0.1:9")

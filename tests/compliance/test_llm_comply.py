@@ -34,9 +34,9 @@ from llm_comply.tests import get_tests
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from proxy.app import create_app
-from proxy.frontend import frontend_options
 from proxy.mock import create_app as create_mock_app
+from proxy.server.app import create_app
+from proxy.server.frontend import frontend_options
 from proxy.settings import build_settings
 
 SPECS = Path(llm_comply.__file__).parent / "specs"

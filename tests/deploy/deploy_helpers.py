@@ -134,7 +134,7 @@ def all_queries() -> list[tuple[str, str]]:
 def exercised_metrics():  # type: ignore[no-untyped-def]
     """A Metrics instance on which every metric has at least one series (two upstreams, every outcome)."""
     from proxy.dialects.mindie import MindIEDialect
-    from proxy.metrics import Metrics
+    from proxy.metrics.prometheus import Metrics
 
     m = Metrics(["DeepSeek-R1", "deepseek-v4-flash"], key_names=["team-a"])  # inbound keys: the key_* families
     for upstream, model, dialect in (("r1", "DeepSeek-R1", "mindie"), ("ds", "deepseek-v4-flash", "deepseek")):
@@ -167,7 +167,7 @@ def exercised_metrics():  # type: ignore[no-untyped-def]
         gone.finish(200, True, None)
         m.request("/v1/chat/completions", upstream, model, stream=True)  # left in flight
         m.upstream_up(upstream, True)
-        # gateway series (proxy/replicas.py sets these per replica)
+        # gateway series (proxy/gateway/replicas.py sets these per replica)
         for replica in ("0", "1"):
             m.child(m.upstream_attempts, upstream, replica, "ok").inc(3)
             m.child(m.upstream_attempts, upstream, replica, "unavailable").inc()

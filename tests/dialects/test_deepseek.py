@@ -12,14 +12,14 @@ import pytest
 from hub_harness import Run, complete, request_context
 from hub_harness import relay as hub_relay
 
-from proxy.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.clients.chat import ChatEncoder
 from proxy.dialects.deepseek import DeepSeekDialect, merge_successive
 from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
-from proxy.events import Answer
-from proxy.normalize import Normalizer
+from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
+from proxy.hub.events import Answer
+from proxy.hub.normalize import Normalizer
+from proxy.hub.sse import SSEDecoder
 from proxy.settings import ClientSettings, UpstreamSettings
-from proxy.sse import SSEDecoder
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "deepseek"
 DS = DeepSeekDialect()

@@ -11,9 +11,9 @@ import pytest
 from hub_harness import complete, request_context
 from hub_harness import relay as hub_relay
 
-from proxy.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.dialects.engine import EngineDialect
 from proxy.errors import ClientRequestError
+from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.settings import ClientSettings, UpstreamSettings
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engine"

@@ -16,13 +16,13 @@ from hub_harness import relay as hub_relay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.dialects import get_dialect
 from proxy.dialects.mindie import MindIEDialect
 from proxy.dialects.siliconstorm import SiliconstormDialect
 from proxy.errors import ClientRequestError, StreamTruncated
+from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
+from proxy.hub.sse import SSEDecoder
 from proxy.settings import ClientSettings, UpstreamSettings
-from proxy.sse import SSEDecoder
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 MINDIE = MindIEDialect()
@@ -905,10 +905,10 @@ def test_auto_replay_per_model(model: str, mode: str) -> None:
 
 def test_timing_lists_are_passed_on_unread_with_their_units() -> None:
     """proxy/dialects/mindie.py `timings`: each list (top level or in `usage`) goes to the metrics layer as MindIE
-    sent it, with its unit (proxy/readings.py reads it); a field that is not a list is no timing."""
+    sent it, with its unit (proxy/hub/readings.py reads it); a field that is not a list is no timing."""
     from proxy.dialects import mindie
-    from proxy.events import Timings
-    from proxy.readings import Readings
+    from proxy.hub.events import Timings
+    from proxy.hub.readings import Readings
 
     decode = [12, "x", 13.5]
     t = MindIEDialect().timings({"prefill_time": 40, "decode_time_arr": decode,

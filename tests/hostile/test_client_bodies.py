@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.app import create_app
 from proxy.clients.chat import CHAT_FIELDS, COMPLETIONS_FIELDS
 from proxy.clients.responses import RESPONSES_FIELDS
-from proxy.frontend import frontend_options
 from proxy.mock import DIALECTS
 from proxy.mock import create_app as create_mock_app
+from proxy.server.app import create_app
+from proxy.server.frontend import frontend_options
 from proxy.settings import build_settings
 from tests.conftest import running
 
@@ -134,8 +134,8 @@ def test_depth_within_the_limit_is_served(proxy_all):
 
 @pytest.mark.parametrize("levels,status", [(64, 200), (65, 400)])
 def test_large_body_at_the_depth_limit(proxy_all, levels, status):
-    """A body above proxy/validate.py's SMALL_BODY (bounded by orjson's pass, not the walk): 64 levels are served,
-    65 refused."""
+    """A body above proxy/clients/validate.py's SMALL_BODY (bounded by orjson's pass, not the walk): 64 levels are
+    served, 65 refused."""
     value: Any = "x"
     for _ in range(levels - 5):  # the body, tools, the tool, function and parameters are five levels
         value = [value]

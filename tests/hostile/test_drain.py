@@ -1,5 +1,5 @@
-"""Draining as documented (issue 12, defect 8; proxy/server.py, docs/decisions.md "Operations"): after SIGTERM an
-idle kept-alive connection is closed without an answer, new connections are refused, and the stream in flight
+"""Draining as documented (issue 12, defect 8; proxy/server/process.py, docs/decisions.md "Operations"): after SIGTERM
+an idle kept-alive connection is closed without an answer, new connections are refused, and the stream in flight
 finishes with [DONE]. The real CLI process, on loopback."""
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import httpx
 import orjson
 import pytest
 
-from proxy.app import create_app
-from proxy.frontend import frontend_options
+from proxy.server.app import create_app
+from proxy.server.frontend import frontend_options
 from proxy.settings import build_settings
 from tests.conftest import ServerThread
 
@@ -134,7 +134,7 @@ def test_answers_do_not_name_the_server_software(proxy_for):
 
 
 def test_the_date_header_follows_the_clock(proxy_for):
-    """The server's Date line is made once per second (proxy/frontend.py _ServerLines), not frozen: answers a few
+    """The server's Date line is made once per second (proxy/server/frontend.py _ServerLines), not frozen: answers a few
     seconds apart carry the current time."""
     from email.utils import parsedate_to_datetime
 
@@ -238,7 +238,7 @@ def test_a_request_sent_in_pieces_within_the_limits_is_served(proxy_for):
 
 
 def test_kept_alive_connections_serve_requests_until_idle_for_the_keep_alive_limit(start_mock, servers):
-    """Kept-alive connections (uvicorn's timeout_keep_alive under the front end's own limits, proxy/frontend.py):
+    """Kept-alive connections (uvicorn's timeout_keep_alive under the front end's own limits, proxy/server/frontend.py):
     each request ends the idle time before it (four requests 0.6 s apart outlive a 1 s limit), a connection then idle
     is closed without a word, and a kept-alive connection whose next request stalls in its headers gets the header
     limit's 408."""

@@ -1,5 +1,5 @@
-"""proxy/upstream.py read_body, on a raw loopback upstream: a body that came whole with the head (read at once, no
-deadline armed) and one that trickles in (read as it comes, under the deadline) give the same bytes and the same
+"""proxy/gateway/upstream.py read_body, on a raw loopback upstream: a body that came whole with the head (read at once,
+no deadline armed) and one that trickles in (read as it comes, under the deadline) give the same bytes and the same
 limits and failures."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from proxy.errors import ProxyError, UpstreamTimeout
-from proxy.upstream import read_body
+from proxy.gateway.upstream import read_body
 from tests.hostile.rawupstream import CLOSE, RawUpstream, Sleep, http
 
 BODY = b'{"answer": "' + b"x" * 3000 + b'"}'

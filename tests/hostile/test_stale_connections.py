@@ -1,8 +1,8 @@
 """An upstream closes a pooled keep-alive connection just as the proxy sends a request on it (its idle timeout fired
 as the request crossed): the client must not see a 502 for it, with a single replica and so no failover. The
 raw-socket upstream (tests/hostile/rawupstream.py) keeps each connection after its answer, waits for the next request
-on it and drops that request, by close or by reset; the proxy sends it again (proxy/upstream.py). A connection that
-breaks before it has served anything is a real failure, not sent again. Assertions are on outcomes: the client's
+on it and drops that request, by close or by reset; the proxy sends it again (proxy/gateway/upstream.py). A connection
+that breaks before it has served anything is a real failure, not sent again. Assertions are on outcomes: the client's
 answer, the requests and connections the upstream saw."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.sse import SSEDecoder
+from proxy.hub.sse import SSEDecoder
 from proxy.stream.cumulative import CumulativeText
 
 FFFD = "\ufffd"

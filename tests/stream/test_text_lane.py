@@ -13,13 +13,13 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.canonical import CHAT
 from proxy.dialects import DIALECTS
 from proxy.errors import ProxyError
-from proxy.events import Answer, Delta, TextRun
-from proxy.pipeline import Pipeline
+from proxy.hub.canonical import CHAT
+from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.pipeline import Pipeline
+from proxy.hub.sse import SSEEvent
 from proxy.settings import UpstreamSettings
-from proxy.sse import SSEEvent
 from proxy.stream.text_lane import TextLane
 from tests.hub_harness import request_context
 

@@ -6,7 +6,7 @@ import copy
 import json
 from pathlib import Path
 
-from proxy.sse import SSEDecoder
+from proxy.hub.sse import SSEDecoder
 from proxy.stream.usage import deepseek_usage_fields, normalize_usage
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "mindie"

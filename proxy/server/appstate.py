@@ -1,0 +1,92 @@
+"""AppState: everything a request needs, built once per process (the app and the endpoints share it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Final
+
+from proxy.clients import CLIENT_DIALECTS, ClientDialect
+from proxy.dialects import Dialect, get_dialect
+from proxy.gateway.catalog import ModelCatalog
+from proxy.gateway.redact import Redactor
+from proxy.gateway.replicas import ReplicaSet
+from proxy.gateway.routing import Router
+from proxy.gateway.upstream import UpstreamClient
+from proxy.metrics.files import FLUSH_INTERVAL
+from proxy.metrics.prometheus import Metrics
+from proxy.metrics.tracing import Telemetry
+from proxy.metrics.tracing import create as create_telemetry
+from proxy.settings import Settings
+from proxy.state import open_store
+
+log: Final = logging.getLogger("dialect_proxy")
+
+
+class AppState:
+    """Everything a request needs, built once per process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.router = Router(settings.upstreams)
+        self.dialects: dict[str, Dialect] = {u.name: get_dialect(u.dialect) for u in settings.upstreams}
+        self.redactor = Redactor.from_settings(settings)  # upstream text -> clients, logs, metric labels
+        configured = self.router.configured_models()
+        multiprocess = settings.server.workers > 1 or bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.metrics = Metrics(configured or None, multiprocess=multiprocess,
+                               key_names=settings.server.api_key_names)
+        # Each upstream's replicas, each with its own connection pool (proxy/gateway/replicas.py).
+        self.replicas: dict[str, ReplicaSet] = {
+            u.name: ReplicaSet(u, settings.server, self.dialects[u.name], self.metrics, self.redactor)
+            for u in settings.upstreams
+        }
+        # Each upstream's own model list, read when first needed and cached (proxy/gateway/catalog.py): `/v1/models`,
+        # and the dialects whose translation depends on it.
+        self.catalogs: dict[str, ModelCatalog] = {
+            u.name: ModelCatalog(u, self.replicas[u.name], self.dialects[u.name], settings.server.readiness_timeout * 2)
+            for u in settings.upstreams
+        }
+        for name, catalog in self.catalogs.items():
+            self.dialects[name].catalog = catalog
+        # The first replica's pool, for side requests that need no balancing.
+        self.clients: dict[str, UpstreamClient] = {name: rs.replicas[0].client for name, rs in self.replicas.items()}
+        self.store = open_store(settings)
+        self.client_dialects: dict[str, ClientDialect] = {
+            name: cls(settings, self.store) for name, cls in CLIENT_DIALECTS.items()
+        }
+        # OpenTelemetry traces and metrics (proxy/metrics/tracing.py): None unless an OTLP endpoint is configured.
+        self.telemetry: Telemetry | None = create_telemetry(settings, self.metrics, self.redactor)
+        self.shutting_down = False
+        self._metrics_flusher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """In the running event loop: background work (active health checks of replicas; in multiprocess mode,
+        this worker's metric values written to the shared files every FLUSH_INTERVAL seconds)."""
+        for rs in self.replicas.values():
+            rs.start()
+        if self.metrics.multiprocess:
+            self._metrics_flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
+
+    async def _flush_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL)
+            try:
+                self.metrics.flush_files()
+            except Exception:  # a bug of ours (or a prometheus_client that changed) must not end the writes for good
+                log.exception("writing this worker's metrics to the multiprocess files failed")
+
+    async def close(self) -> None:
+        for catalog in self.catalogs.values():
+            await catalog.close()
+        for rs in self.replicas.values():
+            await rs.close()
+        await self.store.close()
+        if self._metrics_flusher is not None:
+            self._metrics_flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._metrics_flusher
+        self.metrics.flush_files()  # the last requests' values, for the scrapes of the workers that remain
+        if self.telemetry is not None:  # what is left to export, bounded in time (a collector may be down)
+            await asyncio.to_thread(self.telemetry.close)

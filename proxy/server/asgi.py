@@ -1,0 +1,117 @@
+"""The ASGI entry point: the inference endpoints are called directly, everything else goes through Starlette
+(proxy/server/app.py builds both). A module of its own so that it can be compiled (setup.py) with the request path:
+every resumption of a streaming request passes through its `__call__`."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from starlette.applications import Starlette
+
+from proxy.clients import ClientDialect
+from proxy.endpoint import KEY_NAME_SCOPE
+from proxy.errors import ProxyError
+
+
+class ProxyApp:
+    """The ASGI app: the inference endpoints are called directly (they handle their own errors, disconnects
+    and streaming), everything else goes through Starlette. This keeps Starlette's middleware, which wraps every
+    `send` in two more coroutines, off the per-chunk path."""
+
+    def __init__(
+        self,
+        app: Starlette,
+        fast: dict[str, Any],
+        api_keys: dict[str, str] | None = None,
+        clients: list[ClientDialect] | None = None,
+        sockets: dict[str, Any] | None = None,
+    ) -> None:
+        self.app = app
+        self.state = app.state
+        self._fast = fast
+        # name -> key. The name of the key a request used goes into its scope (KEY_NAME_SCOPE) for the access log
+        # and the `key` metrics label (docs/gateway.md "Named keys").
+        keys = api_keys or {}
+        self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in keys.items())
+        self._raw_keys = tuple((name, k.encode()) for name, k in keys.items())  # `x-api-key: <key>` (Anthropic)
+        self._clients = clients or []
+        self._sockets = sockets or {}  # path -> ASGI `websocket` endpoint (proxy/clients/responses_ws.py)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
+                err = ProxyError(
+                    "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
+                )
+                route, status, headers, body = self._error(scope["path"], err)
+                self.state.proxy.metrics.refused(route, "invalid_api_key")
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": status,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"), *headers],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+            if scope["method"] == "POST":
+                path = scope["path"]
+                endpoint = self._fast.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
+                if endpoint is not None:
+                    await endpoint(scope, receive, send)
+                    return
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _websocket(self, scope: Any, receive: Any, send: Any) -> None:
+        """A WebSocket endpoint, behind the same API-key check; a refusal is an HTTP answer to the upgrade request
+        with the envelope (ASGI's `websocket.http.response`)."""
+        path = scope["path"]
+        endpoint = self._sockets.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
+        err: ProxyError | None = None
+        if self._keys and path.startswith("/v1/") and not self._authorized(scope):
+            err = ProxyError(
+                "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
+            )
+        elif endpoint is None:
+            err = ProxyError(f"No WebSocket endpoint at {path}.", 404, code="not_found")
+        if err is None and endpoint is not None:
+            await endpoint(scope, receive, send)
+            return
+        assert err is not None
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        route, status, headers, body = self._error(path, err)
+        if err.status == 401:
+            self.state.proxy.metrics.refused(route, err.code)
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), *headers]})
+        await send({"type": "websocket.http.response.body", "body": body})
+
+    def _authorized(self, scope: Any) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        api_key = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
+        name = None
+        for key_name, key in self._keys:  # every key is compared (no early exit): the time does not tell which
+            if hmac.compare_digest(given, key):
+                name = key_name
+        if name is None and api_key:
+            for key_name, key in self._raw_keys:
+                if hmac.compare_digest(api_key, key):
+                    name = key_name
+        if name is not None:
+            scope[KEY_NAME_SCOPE] = name
+        return name is not None
+
+    def _error(self, path: str, err: ProxyError) -> tuple[str, int, list[tuple[bytes, bytes]], bytes]:
+        """The route (the client dialect's path, or "other") and an error in the shape of the client dialect that
+        owns `path` (OpenAI's elsewhere)."""
+        for client in self._clients:
+            if path == client.path or path.startswith(client.path + "/"):
+                return (client.path, *client.error_response(err))
+        headers = [(k.lower().encode(), v.encode()) for k, v in err.response_headers().items()]
+        return "other", err.status, headers, err.body()
