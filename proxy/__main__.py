@@ -399,7 +399,7 @@ def serve(settings: Settings) -> None:
 
     check_telemetry(settings)  # OTEL_* set without the `otel` extra: one line now, not a failure in each worker
     if s.workers > 1:
-        from proxy.metrics.prometheus import prepare_multiprocess_dir
+        from proxy.metrics.definitions import prepare_multiprocess_dir
 
         prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,

@@ -41,7 +41,7 @@ from proxy.server.frontend import DISCONNECT_HOOK
 
 if TYPE_CHECKING:
     from proxy.clients.base import ClientCall, ClientDialect, Encoder
-    from proxy.metrics.prometheus import RequestObserver
+    from proxy.metrics.observer import RequestObserver
     from proxy.metrics.tracing import Output, RequestTrace
     from proxy.server.appstate import AppState
 

@@ -16,7 +16,7 @@ from proxy.dialects.mindie import MindIEDialect
 from proxy.hub import continuity
 from proxy.hub.canonical import CHAT, COMPLETIONS
 from proxy.hub.events import Delta
-from proxy.metrics.prometheus import Metrics
+from proxy.metrics.definitions import Metrics
 from proxy.settings import UpstreamSettings, build_settings
 from proxy.state import StoreUnavailable, open_store
 from tests.hub_harness import request_context

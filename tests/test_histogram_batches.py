@@ -14,8 +14,8 @@ from proxy.build import BUILD
 from proxy.dialects import mindie
 from proxy.hub.readings import MAX_READINGS, Readings
 from proxy.hub.readings import values as read_values
+from proxy.metrics import definitions as metrics_mod
 from proxy.metrics import local as local_metrics
-from proxy.metrics import prometheus as metrics_mod
 from proxy.metrics.local import LocalHistogram
 
 BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.dialects import get_dialect
 from proxy.gateway.redact import Redactor
 from proxy.gateway.replicas import ReplicaSet
+from proxy.metrics.definitions import Metrics
 from proxy.metrics.local import LocalCounter, LocalGauge, LocalHistogram
-from proxy.metrics.prometheus import Metrics
 from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
 from tests.test_metrics import CONFIGURED, ROUTE, FakeClock, clock, promtool_check_metrics, run_script, value
 
@@ -60,7 +60,7 @@ def test_exposition_equals_prometheus_client(clock: FakeClock) -> None:
         extra_script(m)
     text = normalized(local)
     assert text == normalized(reference)
-    assert "_created" not in local.render()[0].decode()  # proxy/metrics/prometheus.py turns prometheus_client's off
+    assert "_created" not in local.render()[0].decode()  # proxy/metrics/definitions.py turns prometheus_client's off
     assert 'dialect_proxy_replica_queue_wait_seconds_bucket{le="+Inf",replica="0",upstream="r1"} 2.0' in text
     promtool_check_metrics(local.render()[0])
     # the registry answers sample queries for the local families, too

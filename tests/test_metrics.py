@@ -1,4 +1,4 @@
-"""proxy.metrics.prometheus: exact values after a scripted sequence, label bounding, exposition validity,
+"""proxy.metrics.definitions: exact values after a scripted sequence, label bounding, exposition validity,
 multiprocess."""
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.build import BUILD
 from proxy.dialects.mindie import MindIEDialect
 from proxy.hub.events import Timings
-from proxy.metrics import prometheus as metrics_mod
-from proxy.metrics.prometheus import MAX_UNCONFIGURED_MODELS, Metrics, prepare_multiprocess_dir
+from proxy.metrics import definitions as metrics_mod
+from proxy.metrics import observer as observer_mod
+from proxy.metrics.definitions import Metrics, prepare_multiprocess_dir
+from proxy.metrics.labels import MAX_UNCONFIGURED_MODELS
 
 ROUTE = "/v1/chat/completions"
 CONFIGURED = ["DeepSeek-R1", "gpt-4o", "deepseek-chat"]
@@ -45,7 +47,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     c = FakeClock()
-    monkeypatch.setattr(metrics_mod, "_now", c)
+    monkeypatch.setattr(observer_mod, "_now", c)
     return c
 
 

@@ -14,7 +14,7 @@ import pytest
 from proxy import mock
 from proxy.clients import CLIENT_DIALECTS
 from proxy.dialects import DIALECTS, SHARED, family
-from proxy.metrics import prometheus as metrics
+from proxy.metrics import labels as metrics
 from proxy.settings import ConfigError, build_settings, dialect_name, usage_field_names
 from tests.test_build import _compiled_list
 

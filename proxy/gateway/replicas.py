@@ -43,7 +43,7 @@ from proxy.gateway.upstream import UpstreamClient
 if TYPE_CHECKING:
     from proxy.dialects import Dialect
     from proxy.gateway.redact import Redactor
-    from proxy.metrics.prometheus import Metrics
+    from proxy.metrics.definitions import Metrics
     from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
 
 log: Final = logging.getLogger("dialect_proxy")

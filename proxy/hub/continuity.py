@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from proxy.dialects.base import Dialect
     from proxy.hub.canonical import ChatRequest, RequestContext
     from proxy.hub.events import Delta
-    from proxy.metrics.prometheus import Metrics
+    from proxy.metrics.definitions import Metrics
     from proxy.state.base import StateStore
 
 log: Final = logging.getLogger("dialect_proxy")

@@ -1,6 +1,8 @@
 """What the proxy sees, exported: Prometheus metrics and OpenTelemetry traces.
 
-    prometheus.py  metric definitions (one `Metrics` per app) and the per-request observer
+    definitions.py every metric defined (one `Metrics` per app, its own registry) and the exposition
+    observer.py    the per-request observer: label children resolved once, per-chunk calls that touch no label
+    labels.py      the values a label may take and their bounds
     local.py       lock-free counters, gauges and histograms for one process
     files.py       multiprocess mode: a worker's values copied into prometheus_client's files
     tracing.py     OpenTelemetry spans and metrics in the GenAI semantic conventions

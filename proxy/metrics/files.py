@@ -3,7 +3,7 @@
 Every worker keeps its metrics in proxy/metrics/local.py's lock-free objects, as a single process does; a
 `FileMirror` writes their values into prometheus_client's multiprocess files (mmap files per worker process in
 PROMETHEUS_MULTIPROC_DIR), from which any worker's /metrics merges every worker's values (prometheus_client's
-MultiProcessCollector, proxy/metrics/prometheus.py `Metrics.render`). A request's metric updates are float additions
+MultiProcessCollector, proxy/metrics/definitions.py `Metrics.render`). A request's metric updates are float additions
 instead of a lock and an mmap write each; the files get each changed value once per flush. A worker flushes before it
 renders /metrics, every FLUSH_INTERVAL seconds (proxy/server/appstate.py) and when it stops: a scrape shows the other
 workers' values as they were at most FLUSH_INTERVAL ago, its own as they are.
@@ -50,14 +50,14 @@ class FileMirror:
         self._families: list[tuple[Family, Any, dict[tuple[str, ...], list[Any]]]] = []
 
     def add(self, family: Family, buckets: Iterable[float] | None, multiprocess_mode: str) -> None:
-        """Give `family` (just made by proxy/metrics/prometheus.py) a twin writing to the files."""
+        """Give `family` (just made by proxy/metrics/definitions.py) a twin writing to the files."""
         name, doc, labels = family.name, family.documentation, family.labelnames
         if isinstance(family, LocalCounter):
             twin: Any = PromCounter(name, doc, labels, registry=None)
         elif isinstance(family, LocalHistogram):
             twin = PromHistogram(name, doc, labels, registry=None, buckets=list(buckets or ()))
         elif isinstance(family, LocalGauge):
-            # one of prometheus_client's modes, as proxy/metrics/prometheus.py names them
+            # one of prometheus_client's modes, as proxy/metrics/definitions.py names them
             mode: Any = multiprocess_mode or "all"
             twin = PromGauge(name, doc, labels, registry=None, multiprocess_mode=mode)
         else:

@@ -8,7 +8,7 @@
 Off unless an OTLP endpoint is configured. Off, the request path pays one `is None` test per hook and the
 OpenTelemetry packages are not even imported (they are the optional extra `otel`). On, nothing runs per chunk: time
 to first chunk and token counts are read once, at the end, from what the metrics observer and the answer already
-hold (proxy/metrics/prometheus.py RequestObserver, proxy/hub/events.py Answer). Message content is captured only when
+hold (proxy/metrics/observer.py RequestObserver, proxy/hub/events.py Answer). Message content is captured only when
 the operator opts in (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT), and then fed once per upstream read.
 
 Export never holds up a request: spans go to a BatchSpanProcessor whose queue is bounded (OTEL_BSP_MAX_QUEUE_SIZE);
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from proxy.gateway.replicas import Replica
     from proxy.hub.canonical import RequestContext
     from proxy.hub.events import Answer, Delta, TextRun
-    from proxy.metrics.prometheus import Metrics, RequestObserver
+    from proxy.metrics.definitions import Metrics
+    from proxy.metrics.observer import RequestObserver
     from proxy.settings import Settings
 
 log: Final = logging.getLogger("dialect_proxy")

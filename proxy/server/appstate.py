@@ -15,8 +15,8 @@ from proxy.gateway.redact import Redactor
 from proxy.gateway.replicas import ReplicaSet
 from proxy.gateway.routing import Router
 from proxy.gateway.upstream import UpstreamClient
+from proxy.metrics.definitions import Metrics
 from proxy.metrics.files import FLUSH_INTERVAL
-from proxy.metrics.prometheus import Metrics
 from proxy.metrics.tracing import Telemetry
 from proxy.metrics.tracing import create as create_telemetry
 from proxy.settings import Settings

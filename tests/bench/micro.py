@@ -38,7 +38,7 @@ from proxy.dialects import DIALECTS  # noqa: E402
 from proxy.hub.canonical import CHAT, RequestContext  # noqa: E402
 from proxy.hub.events import Answer, Delta, TextRun  # noqa: E402
 from proxy.hub.pipeline import Pipeline  # noqa: E402
-from proxy.metrics.prometheus import Metrics  # noqa: E402
+from proxy.metrics.definitions import Metrics  # noqa: E402
 from proxy.settings import UpstreamSettings  # noqa: E402
 
 CHUNKS = 64

@@ -1,4 +1,4 @@
-"""In-process micro benchmark of one request's metrics bookkeeping (proxy/metrics/prometheus.py,
+"""In-process micro benchmark of one request's metrics bookkeeping (proxy/metrics/definitions.py,
 proxy/gateway/replicas.py).
 
     python tests/bench/micro_metrics.py [--rounds 7] [--multiprocess] [--profile SCENARIO]
@@ -92,7 +92,7 @@ def main() -> None:
     from proxy.dialects import get_dialect
     from proxy.gateway.redact import Redactor
     from proxy.gateway.replicas import ReplicaSet
-    from proxy.metrics.prometheus import Metrics
+    from proxy.metrics.definitions import Metrics
     from proxy.settings import ServerSettings, UpstreamSettings
 
     metrics = Metrics(["m"], multiprocess=args.multiprocess, key_names=["k"])

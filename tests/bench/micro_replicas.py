@@ -41,7 +41,7 @@ def scenarios() -> dict[str, Callable[[], object]]:
     from proxy.dialects import get_dialect
     from proxy.gateway.redact import Redactor
     from proxy.gateway.replicas import ReplicaSet
-    from proxy.metrics.prometheus import Metrics
+    from proxy.metrics.definitions import Metrics
     from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
 
     multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

@@ -134,7 +134,7 @@ def all_queries() -> list[tuple[str, str]]:
 def exercised_metrics():  # type: ignore[no-untyped-def]
     """A Metrics instance on which every metric has at least one series (two upstreams, every outcome)."""
     from proxy.dialects.mindie import MindIEDialect
-    from proxy.metrics.prometheus import Metrics
+    from proxy.metrics.definitions import Metrics
 
     m = Metrics(["DeepSeek-R1", "deepseek-v4-flash"], key_names=["team-a"])  # inbound keys: the key_* families
     for upstream, model, dialect in (("r1", "DeepSeek-R1", "mindie"), ("ds", "deepseek-v4-flash", "deepseek")):

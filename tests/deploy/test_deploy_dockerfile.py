@@ -192,7 +192,7 @@ def context_files() -> list[str]:
 
 def test_dockerignore_semantics() -> None:
     rules = dockerignore_rules()
-    assert in_context("pyproject.toml", rules) and in_context("proxy/metrics/prometheus.py", rules)
+    assert in_context("pyproject.toml", rules) and in_context("proxy/metrics/definitions.py", rules)
     assert not in_context(".venv/bin/python", rules) and not in_context("tests/test_metrics.py", rules)
     assert not in_context("proxy/__pycache__/metrics.cpython-311.pyc", rules)
 
@@ -235,7 +235,7 @@ def test_build_stage_builds_the_package_from_the_context(tmp_path: Path) -> None
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = out.glob("dialect_proxy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "proxy/metrics/prometheus.py" in names and "proxy/__main__.py" in names
+    assert "proxy/metrics/definitions.py" in names and "proxy/__main__.py" in names
     for mapping in (REPO / "mappings").glob("*.yaml"):
         assert f"proxy/mappings/{mapping.name}" in names, "mappings must ship inside the package"
     entry_points = zipfile.ZipFile(wheel).read(
