@@ -114,7 +114,7 @@ class ProbeListing:
 
 
 class Dialect:
-    name: ClassVar[str] = "openai"
+    name: ClassVar[str]  # the registry key: the spoke module's own name (proxy/dialects/__init__.py)
     session_class: ClassVar[type[UpstreamSession]]
     # Where the upstream keeps reasoning unless the config says otherwise (DECISIONS.md "Reasoning").
     default_reasoning_source: ClassVar[str] = "auto"
