@@ -45,8 +45,8 @@ R1_MODEL_RE: Final = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
 
 
 class NameTest:
-    """A pattern's verdict on model names, remembered: a request names one of a few models, and a search costs ~2,500
-    instructions (callgrind), a dict lookup ~100. Bounded: forgotten all at once at `limit` names."""
+    """A pattern's verdict on model names, remembered: a request names one of a few models, and a dict lookup costs
+    a small part of a search. Bounded: forgotten all at once at `limit` names."""
 
     __slots__ = ("_limit", "_pattern", "_seen")
 
