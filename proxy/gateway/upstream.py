@@ -38,10 +38,9 @@ from proxy.settings import ServerSettings, UpstreamSettings
 _READ_SIZE: Final = 2**16
 _STALE_RETRIES: Final = 3  # pooled connections found closed under one request before the last try (see the docstring)
 # The headers of every upstream request, as the session's defaults (each header passed per request is copied and
-# merged by aiohttp): the proxy's name (not aiohttp's "Python/3.x aiohttp/3.x"; the
-# `skip_auto_headers` this replaced cost a multidict built and merged per request), and JSON both ways. A stream
-# request asks for text/event-stream instead (proxy/endpoint.py); a GET carries no body, so its Content-Type says
-# nothing.
+# merged by aiohttp): the proxy's name (not aiohttp's "Python/3.x aiohttp/3.x"; the `skip_auto_headers` this
+# replaced cost a multidict built and merged per request), and JSON both ways. A stream request asks for
+# text/event-stream instead (proxy/endpoint.py); a GET carries no body, so its Content-Type says nothing.
 USER_AGENT: Final = f"dialect-proxy/{__version__}"
 _DEFAULT_HEADERS: Final = {"User-Agent": USER_AGENT, "Content-Type": "application/json", "Accept": "application/json"}
 log: Final = logging.getLogger("dialect_proxy")
@@ -59,7 +58,7 @@ class _Connector(aiohttp.TCPConnector):
     """aiohttp's connection pool, saying (in `_new_connection`) that the connection it hands out is a new one.
     `_create_connection` is aiohttp's own step for opening one (not public API: should it be renamed, every
     connection would look pooled, which tests/hostile/test_stale_connections.py catches). Marking handed-out
-    connections in `connect` instead costs work on every request, as every request passes there."""
+    connections in `connect` instead would run on every request, pooled connection or new."""
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         _new_connection.set(True)
