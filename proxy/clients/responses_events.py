@@ -35,7 +35,7 @@ _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_
 # one summary part, for clients that show only summaries (the Vercel AI SDK; Codex by default).
 _SUMMARY: Final = frozenset({"auto", "concise", "detailed"})
 _HEX: Final = 24  # a response id's hex digits (12 random bytes: proxy/endpoint.py), which its items' ids carry
-_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call, ~270 instructions)
+_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call)
 # The raw-reasoning stream events (a reasoning item's `reasoning_text` part), which the two Responses specifications
 # name differently, by `client.responses_spec`: OpenAI's API reference and SDK types (as vLLM and Codex) say
 # `response.reasoning_text.delta`/`.done`, Open Responses (its ResponseReasoningDeltaStreamingEvent) says
@@ -129,8 +129,8 @@ class ResponsesEncoder:
 
     # -- the Encoder protocol -----------------------------------------------------------------------------------
     def head(self) -> bytes:
-        # Both events carry the same response object: serialised once (orjson's cost is per key, ~9,000
-        # instructions for this object; callgrind), each event's JSON is the bytes orjson would make of it.
+        # Both events carry the same response object: serialised once (orjson's cost is per key, and this object
+        # has many), each event's JSON is the bytes orjson would make of it.
         skeleton = _dumps(self.response("in_progress", with_output=False))
         return b"".join(encode_event(name, b'{"type":"%s","response":%s,"sequence_number":%d}' % (name, skeleton, n))
                         for n, name in enumerate((b"response.created", b"response.in_progress")))
@@ -268,7 +268,7 @@ class ResponsesEncoder:
     def _new(self, prefix: str) -> _Item:
         # An item's id carries its response's (item_response_hex reads it back: item references).
         # Two digits at least. Not `format(n, "02d")` nor an f-string: compiled, str() of an int is a C conversion,
-        # a format spec a generic call (~2,000 instructions, callgrind; proxy/endpoint.py `_new_request_id`).
+        # a format spec a generic call (proxy/endpoint.py `_new_request_id`).
         n = self._count
         item = _Item(prefix + "_" + self._hex + ("0" + str(n) if n < 10 else str(n)), n)
         self._count += 1

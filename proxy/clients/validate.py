@@ -219,8 +219,8 @@ def check_depth(value: Any, limit: int = MAX_DEPTH, *, size: int | None = None) 
     Two exact ways, the cheaper one for the size: a walk in Python (recursion at most `limit` deep) for a body of
     at most `SMALL_BODY` bytes; for a larger (or unknown) one, orjson: it serialises at most `_ORJSON_DEPTH` levels
     (every object and array is one), so a value it serialises inside `_ORJSON_DEPTH - limit` more levels of arrays
-    nests at most `limit` deep (one pass in C, ~4x cheaper than the walk on a 100 KB body). When it does not (too
-    deep, or something orjson cannot serialise), the walk decides."""
+    nests at most `limit` deep (one pass in C, several times cheaper than the walk on a large body). When it does
+    not (too deep, or something orjson cannot serialise), the walk decides."""
     if (size is None or size > SMALL_BODY) and 0 < limit <= _ORJSON_DEPTH and _serialises_within(
         value, _ORJSON_DEPTH - limit
     ):

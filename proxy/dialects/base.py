@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
@@ -45,8 +46,8 @@ R1_MODEL_RE: Final = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")
 
 
 class NameTest:
-    """A pattern's verdict on model names, remembered: a request names one of a few models, and a search costs ~2,500
-    instructions (callgrind), a dict lookup ~100. Bounded: forgotten all at once at `limit` names."""
+    """A pattern's verdict on model names, remembered: a request names one of a few models, and a dict lookup costs
+    a small part of a search. Bounded: forgotten all at once at `limit` names."""
 
     __slots__ = ("_limit", "_pattern", "_seen")
 
@@ -96,21 +97,19 @@ def finish_error(finish: str, stream: bool) -> UpstreamError:
     )
 
 
+@dataclass(slots=True)
 class ProbeListing:
     """What `dialect-proxy probe` (proxy/probe/runner.py) learnt from a server's model-listing paths, for each spoke to
     recognise its own servers by (`Dialect.probe_listing`). Shapes are error-body shapes, named after the dialect
-    whose servers answer with them (`Dialect.probe_error_shape`), or generic ones (`json`, `text`, ...)."""
+    whose servers answer with them (`Dialect.probe_error_shape`), or generic ones (`json`, `text`, ...). Made once
+    per probe: its generated `__init__` may run interpreted (tests/test_build.py)."""
 
-    __slots__ = ("body_shape", "error_shape", "listed", "owners", "plain_listed", "status")
-
-    def __init__(self, status: int, body_shape: str, error_shape: str | None, owners: set[str], listed: bool,
-                 plain_listed: bool) -> None:
-        self.status = status  # of the first listing path asked (the dialect's own, or /v1/models)
-        self.body_shape = body_shape  # its body's shape, whatever the status
-        self.error_shape = error_shape  # its body's shape when it is an error other than 404/405, else None
-        self.owners = owners  # the `owned_by` of the models it listed
-        self.listed = listed  # it listed models (OpenAI's list shape)
-        self.plain_listed = plain_listed  # `GET /models` (no /v1) listed models too
+    status: int  # of the first listing path asked (the dialect's own, or /v1/models)
+    body_shape: str  # its body's shape, whatever the status
+    error_shape: str | None  # its body's shape when it is an error other than 404/405, else None
+    owners: set[str]  # the `owned_by` of the models it listed
+    listed: bool  # it listed models (OpenAI's list shape)
+    plain_listed: bool  # `GET /models` (no /v1) listed models too
 
 
 class Dialect:

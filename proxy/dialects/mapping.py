@@ -76,7 +76,7 @@ class DialectMapping:
     def apply_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """Renames, then drops, integer checks, range checks and item counts, each over the body's fields that its
         rules name, in the body's order (a shallow copy is returned). Walking the body's few fields rather than every
-        rule: callgrind, compiled, a MindIE chat request 14,900 -> 2,400 instructions (docs/speed.md)."""
+        rule (docs/speed.md)."""
         out = dict(body)
         for src, dst in self.rename.items():
             if src in out:

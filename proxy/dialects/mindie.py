@@ -53,7 +53,7 @@ MAX_STOP_TOTAL: Final = 32768
 MAX_INT32: Final = 2147483647
 
 # The fresh part of a req-id: a random tag per process and a counter, unique per attempt without a system call
-# (secrets.token_hex was a getrandom call and ~3,100 instructions a request, callgrind). Not secret: MindIE only
+# (secrets.token_hex was a getrandom system call per request). Not secret: MindIE only
 # needs its key unique; the tag keeps the workers and replicas of a gateway apart.
 _REQ_TAG: Final = os.urandom(3).hex()
 _req_counter: Final = itertools.count(1)

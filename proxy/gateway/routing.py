@@ -27,7 +27,7 @@ class Router:
         self._exact: dict[str, Route] = {}
         self._default: UpstreamSettings | None = None
         # The default route's Routes by model name, made once each (compiled, a dataclass's generated `__init__`
-        # runs interpreted: ~3,500 instructions a request); a bounded cache, as clients choose the names.
+        # runs interpreted); a bounded cache, as clients choose the names.
         self._wild: dict[str, Route] = {}
         # Aliases first so that an alias wins over a same-named model of another upstream.
         for u in upstreams:

@@ -1,6 +1,6 @@
 """Thin aiohttp calls to upstreams: one pooled ClientSession per upstream, deadlines, failures classified.
 
-aiohttp was chosen by measurement (~20 µs CPU per relayed chunk vs ~110 µs for httpx 0.28 here). Its
+aiohttp was chosen by measurement (several times less CPU per relayed chunk than httpx: docs/speed.md). Its
 `ClientTimeout.total` stays None so long generations are not cut; the proxy enforces its own deadlines
 (DECISIONS.md "Timeouts"): connect (aiohttp `sock_connect`), response headers (`first_byte_timeout`), silence
 between chunks (`idle_timeout`, applied by the reader), whole request (`total_timeout`).
@@ -37,15 +37,14 @@ from proxy.settings import ServerSettings, UpstreamSettings
 
 _READ_SIZE: Final = 2**16
 _STALE_RETRIES: Final = 3  # pooled connections found closed under one request before the last try (see the docstring)
-# The headers of every upstream request, as the session's defaults (each header passed per request costs aiohttp
-# ~3,000 instructions to copy and merge, callgrind): the proxy's name (not aiohttp's "Python/3.x aiohttp/3.x"; the
-# `skip_auto_headers` this replaced cost a multidict built and merged per request), and JSON both ways. A stream
-# request asks for text/event-stream instead (proxy/endpoint.py); a GET carries no body, so its Content-Type says
-# nothing.
+# The headers of every upstream request, as the session's defaults (each header passed per request is copied and
+# merged by aiohttp): the proxy's name (not aiohttp's "Python/3.x aiohttp/3.x"; the `skip_auto_headers` this
+# replaced cost a multidict built and merged per request), and JSON both ways. A stream request asks for
+# text/event-stream instead (proxy/endpoint.py); a GET carries no body, so its Content-Type says nothing.
 USER_AGENT: Final = f"dialect-proxy/{__version__}"
 _DEFAULT_HEADERS: Final = {"User-Agent": USER_AGENT, "Content-Type": "application/json", "Accept": "application/json"}
 log: Final = logging.getLogger("dialect_proxy")
-# Called per request, as statics (compiled: no module attribute looked up per call, ~270 instructions each)
+# Called per request, as statics (compiled: no module attribute looked up per call)
 _current_task: Final = asyncio.current_task
 _running_loop: Final = asyncio.get_running_loop
 
@@ -59,7 +58,7 @@ class _Connector(aiohttp.TCPConnector):
     """aiohttp's connection pool, saying (in `_new_connection`) that the connection it hands out is a new one.
     `_create_connection` is aiohttp's own step for opening one (not public API: should it be renamed, every
     connection would look pooled, which tests/hostile/test_stale_connections.py catches). Marking handed-out
-    connections in `connect` instead costs ~3k instructions per request, as every request passes there."""
+    connections in `connect` instead would run on every request, pooled connection or new."""
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         _new_connection.set(True)
@@ -269,12 +268,11 @@ class StreamReads:
     seconds of silence (so the caller can send an SSE comment), b"" at the end; it raises StreamTruncated on idle
     timeout, total deadline or a broken body. `close()` (always, in a `finally`) ends its timer.
 
-    Deadlines cost nothing per chunk: instead of arming a timeout around every read (~8 µs each), one timer (`_tick`)
-    looks at the time of the last read and cancels the reading task (with _TICK) only when the upstream really was
-    silent past a limit. It never interrupts the caller while the caller is busy sending (a slow client is
-    back-pressure, not upstream silence). The timer holds `_tick`, bound to this object: `close()` cancels and drops
-    it, so no reference cycle is left behind. A class, not an async generator, so that it compiles with the request
-    path (setup.py).
+    Deadlines cost nothing per chunk: instead of arming a timeout around every read, one timer (`_tick`) looks at
+    the time of the last read and cancels the reading task (with _TICK) only when the upstream really was silent past
+    a limit. It never interrupts the caller while the caller is busy sending (a slow client is back-pressure, not
+    upstream silence). The timer holds `_tick`, bound to this object: `close()` cancels and drops it, so no reference
+    cycle is left behind. A class, not an async generator, so that it compiles with the request path (setup.py).
     """
 
     __slots__ = ("_content", "_deadline", "_fired", "_handle", "_idle", "_keepalive", "_last_data", "_last_tick",

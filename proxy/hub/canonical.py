@@ -39,8 +39,7 @@ class RequestContext:
     created: int
     attempt: int = 0
 
-    # Written out, as Delta's (proxy/hub/events.py): a generated one runs interpreted even compiled, ~4,500 instructions
-    # per request against a few hundred.
+    # Written out, as Delta's (proxy/hub/events.py): a generated one runs interpreted even compiled, once per request.
     def __init__(self, kind: str, request_id: str, client_model: str, upstream_model: str,
                  upstream: UpstreamSettings, stream: bool, response_id: str, created: int, attempt: int = 0) -> None:
         self.kind = kind

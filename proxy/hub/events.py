@@ -42,9 +42,9 @@ class Delta:
     first: bool = False  # the first event of this choice (the chat encoder puts `role` on it)
 
     # Written out, not generated: a dataclass's own `__init__` is made by `dataclasses` at import time and runs
-    # interpreted even in the compiled build (setup.py), ~3,000 instructions per event against ~500 for this one
-    # (docs/speed.md, "The compiled build"). `dataclass` keeps an `__init__` the class defines; the fields above
-    # stay the reference for equality, repr and `replace`.
+    # interpreted even in the compiled build (setup.py), several times the cost of this one per event (docs/speed.md).
+    # `dataclass` keeps an `__init__` the class defines; the fields above stay the reference for equality, repr and
+    # `replace`.
     def __init__(self, index: int = 0, reasoning: str = "", content: str = "",
                  tool_calls: list[ToolCallFragment] | None = None, finish_reason: str | None = None,
                  logprobs: Any = None, extra: dict[str, Any] | None = None,
@@ -123,7 +123,7 @@ class Timings:
 
     def __init__(self, prefill: float | None = None, decode: Readings | None = None,
                  queue_wait: Readings | None = None, batch_size: Readings | None = None) -> None:
-        # Written out, as Delta's (above): the generated one runs interpreted, ~2,300 instructions a MindIE answer.
+        # Written out, as Delta's (above): the generated one runs interpreted.
         self.prefill = prefill
         self.decode = decode
         self.queue_wait = queue_wait

@@ -4,8 +4,8 @@ without orjson for text that JSON needs no escape in (the usual token's text).
 orjson escapes exactly the quote, the backslash and U+0000-U+001F, writes everything else as its UTF-8 and refuses
 lone surrogates. A text whose UTF-8 holds none of those bytes (`PLAIN` leaves it unchanged: `translate` then gives
 back the very object) is that UTF-8 between two quotes. Anything else goes to orjson, which escapes it or raises as
-it always did. Why: orjson serialises a short string into a fresh 1 KiB buffer it then shrinks (~700 instructions a
-token, callgrind), several times what an encode and a table check cost.
+it always did. Why: orjson serialises a short string into a fresh 1 KiB buffer it then shrinks, several times what
+an encode and a table check cost (docs/speed.md).
 
 The client encoders write one event per token: `dumps_joined` gives the tokens of a run of texts with the bytes
 between two events, in one piece (proxy/clients/chat.py, proxy/clients/messages_encoder.py); `dumps_text` one.
@@ -32,7 +32,7 @@ _SHORT: Final = 32  # bytes: `dumps_text` checks a text up to this long byte by 
 
 def dumps_text(text: str) -> bytes:
     """`orjson.dumps(text)`. Compiled, a token's few bytes are checked in a loop of C comparisons (`translate`
-    allocates a result before it finds it unchanged: ~200 instructions) and quoted in one new bytes object;
+    allocates a result before it finds it unchanged) and quoted in one new bytes object;
     interpreted, that loop would cost more than orjson, which does it all."""
     if not _NATIVE:
         return _dumps(text)

@@ -164,8 +164,8 @@ class Normalizer:
         extra = choice_extra = None
         tool_calls = None
         if self.chat:
-            # Typed, so that compiled its reads are dict lookups, not methods called by name (~500 instructions
-            # each); a delta that is not an object fails here (TypeError, compiled) or at its first read.
+            # Typed, so that compiled its reads are dict lookups, not methods called by name; a delta that is not
+            # an object fails here (TypeError, compiled) or at its first read.
             delta: dict[str, Any] = choice.get("delta") or {}
             reasoning = delta.get("reasoning_content")
             if reasoning is None:

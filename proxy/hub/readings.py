@@ -9,7 +9,7 @@ times `unit`: a value the upstream got wrong is left out, not an error.
 
 Why the list is not converted to seconds by the dialect: that list would be made only to be read once. Compiled, its
 float objects cost as much as the histogram's pass over them; read in place, the pass converts, checks, sums and
-counts each item as C doubles (callgrind, MindIE non-stream: docs/speed.md).
+counts each item as C doubles (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ _INF: Final = math.inf
 
 def finite(value: object) -> float:
     """`value` as a float if it is a finite non-negative number (a bool is not), else -1.0: compiled, a C double either
-    way, so an item is never boxed on the way (callgrind: ~300 -> ~100 instructions an item). One isinstance per type,
-    so that each `float` is a C conversion of a narrowed value (of an `object`, a generic call of the float type:
-    ~170 instructions). An exact int is tested first, by its type alone: MindIE's timings are integers, and a float
-    test of an int walks the int type's bases."""
+    way, so an item is never boxed on the way. One isinstance per type, so that each `float` is a C conversion of a
+    narrowed value (of an `object`, a generic call of the float type). An exact int is tested first, by its type
+    alone: MindIE's timings are integers, and a float test of an int walks the int type's bases."""
     if type(value) is int:
         f = float(value)
     elif isinstance(value, float):

@@ -21,9 +21,9 @@ __all__ = ["DONE", "KEEPALIVE", "SSEDecoder", "SSEEvent", "encode_comment", "enc
 DONE: Final = b"data: [DONE]\n\n"
 KEEPALIVE: Final = b": keep-alive\n\n"
 _BOM: Final = b"\xef\xbb\xbf"
-# A line end's byte as an int: `_LF in data` is one memchr. `data.find(b"\n")` costs ~1,000 instructions a call
-# compiled (a method looked up by name, its arguments packed and parsed), `b"\n" in data` first tries the needle as
-# an integer and makes and drops a TypeError; an int needle is what `bytes.__contains__` searches for at once.
+# A line end's byte as an int: `_LF in data` is one memchr. `data.find(b"\n")` compiled is a method looked up by
+# name, its arguments packed and parsed; `b"\n" in data` first tries the needle as an integer and makes and drops a
+# TypeError; an int needle is what `bytes.__contains__` searches for at once.
 _LF: Final = 0x0A
 _CR: Final = 0x0D
 _HEAD: Final = 1024  # bytes of a read looked at first for a second event (payloads: one search in a copy this long)
@@ -95,8 +95,8 @@ class SSEDecoder:
             events[0] = events[0][6:]
             events[-1] = events[-1][:-2]
             # The read is only such events if none of them holds a line end of its own. One search per event
-            # (memchr), not `chunk.count`: CPython counts a byte one byte at a time (~6 instructions a byte, several
-            # times the search's cost on 200-byte events, more on long full-text ones).
+            # (memchr), not `chunk.count`: CPython counts a byte one byte at a time, several times the search's cost
+            # on short events, more on long full-text ones.
             for event in events:
                 if _LF in event:
                     break

@@ -36,10 +36,9 @@ __all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeC
 
 def bucket_index(bounds: list[float], amount: float) -> int:
     """`bisect_left(bounds, amount)`, the index of the first bound >= amount (the bucket prometheus_client counts
-    it in), as a loop of float comparisons: compiled, C doubles (~150 instructions for 16 buckets), where
-    bisect_left makes a rich comparison of two float objects a probe (~700; callgrind of a paced stream, one sample
-    a read). Interpreted, bisect_left is the faster one, so callers take this one `if NATIVE_LOOPS` (a native call
-    compiled; a call through a variable would cost what it saves)."""
+    it in), as a loop of float comparisons: compiled, C doubles, where bisect_left makes a rich comparison of two
+    float objects a probe. Interpreted, bisect_left is the faster one, so callers take this one `if NATIVE_LOOPS` (a
+    native call compiled; a call through a variable would cost what it saves)."""
     lo = 0
     hi = len(bounds)
     while lo < hi:

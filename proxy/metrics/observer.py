@@ -214,8 +214,7 @@ class RequestObserver:
     def usage(self, usage: dict[str, Any] | None) -> None:
         """OpenAI-shaped usage from the upstream (recorded even when the client did not ask for usage). Only the
         first call counts. DeepSeek's ``prompt_cache_hit_tokens`` stands in for a missing ``cached_tokens``.
-        Objects are tested as `dict` (JSON's), not `Mapping`: an ABC's isinstance runs Python code (~1,800
-        instructions a test, callgrind)."""
+        Objects are tested as `dict` (JSON's), not `Mapping`: an ABC's isinstance runs Python code."""
         if self._usage_seen or not isinstance(usage, dict):
             return
         self._usage_seen = True

@@ -94,8 +94,7 @@ _STATUS_LINE: Final = {code: _status_line(code) for code in range(100, 600)}
 _BODY_HIGH_WATER: Final = 65536
 # A chunk of at least this many bytes (a fast stream's read of many events) is written as its pieces, its framing
 # around it, not copied into one framed buffer: uvloop writes the list with one writev. Below it the copy is the
-# cheaper (measured on loopback, uvloop 0.23: write of the framed copy vs writelines, 1.7 vs 2.6 µs at 256 bytes,
-# 4.1 vs 3.9 at 4 KiB, 7.2 vs 5.7 at 16 KiB).
+# cheaper (measured on loopback: docs/speed.md).
 _SCATTER: Final = 4096
 # The size line of a smaller chunk, made once per size seen: `b"%x" % n` parses its format at every call, where this
 # is a list index (docs/speed.md).
@@ -503,7 +502,7 @@ class GuardedHttpToolsProtocol:
 
     # -- guards -------------------------------------------------------------------------------------------------
     # One loop timer per connection, re-armed only when it fires early: a phase change just moves `_due` (a
-    # kept-alive connection's requests cost no timer calls; ~3 µs each here). `_due` None: no limit runs.
+    # kept-alive connection's requests cost no timer calls). `_due` None: no limit runs.
     def _arm(self, seconds: float) -> None:
         due = self.loop.time() + seconds
         self._due = due

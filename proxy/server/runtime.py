@@ -4,10 +4,10 @@
 A request allocates thousands of short-lived objects that reference counting frees at once, and leaves no reference
 cycles of its own behind (tests/test_gc.py). Yet at CPython's default first-generation threshold (700 net
 allocations) the collector ran every few requests, and each full collection walked every object alive since
-start-up (modules, settings, metric children). Measured under load here with gc.callbacks: ~26 µs of collector time
-per non-stream request and ~44 µs per 64-chunk stream (4–6 % of the proxy's CPU), and a 25–30 ms pause at each full
-collection. So, after start-up, its objects are moved out of every collection's way (`gc.freeze`) and the first
-generation is collected every GEN0_THRESHOLD net allocations: in the same runs, no collection at all in 6 s.
+start-up (modules, settings, metric children): a few percent of the proxy's CPU, and a pause of tens of milliseconds
+at each full collection (measured under load with gc.callbacks: docs/speed.md). So, after start-up, its objects are
+moved out of every collection's way (`gc.freeze`) and the first generation is collected every GEN0_THRESHOLD net
+allocations: in the same runs, no collection at all.
 """
 
 from __future__ import annotations

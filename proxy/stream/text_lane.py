@@ -45,8 +45,8 @@ _MAX_TRIES: Final = 4  # learns in a row without a single match in between: the 
 _SHORT: Final = 32
 _QUOTE: Final = 0x22
 _loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per call)
-# The direct read pays off compiled only (in C, its checks cost less than orjson's call; interpreted, more: +3 %
-# instructions per chunk of a pure Python OpenAI chat stream, measured), so the pure Python build skips it.
+# The direct read pays off compiled only (in C, its checks cost less than orjson's call; interpreted, more:
+# docs/speed.md), so the pure Python build skips it.
 _DIRECT: Final = BUILD == "mypyc"
 
 
@@ -148,7 +148,7 @@ def _text(data: bytes, start: int, end: int, direct: bool = _DIRECT) -> str | No
     """The value of `data[start:end]` if that is a JSON string token holding text, else None (not JSON, not a
     string, empty). With `direct` (compiled), a short token with no byte that JSON escapes inside (a control
     character, a quote, a backslash: `PLAIN` leaves it unchanged, and translate gives back the very object then) is
-    its UTF-8 between the quotes, without orjson's ~1,500 instructions a call (a tiny string's parse; callgrind).
+    its UTF-8 between the quotes, without a call of orjson (a tiny string's parse costs more than the check).
     Anything else, orjson decides."""
     if direct and end - start <= _SHORT and data[start] == _QUOTE and data[end - 1] == _QUOTE:
         inner = data[start + 1:end - 1]
