@@ -77,7 +77,7 @@ _BUILT_AT_START = {"proxy/dialects/base.py": {"ProbeListing"},  # once per `dial
 
 def test_dataclasses_made_per_request_write_out_their_init() -> None:
     """A dataclass's generated `__init__` is made by `dataclasses` with exec and runs interpreted in the compiled
-    build (~2x the time of a written-out one, docs/speed.md): one made per request or per event writes its own."""
+    build (about 8x the time of a written-out one, docs/speed.md): one made per request or per event writes its own."""
     import ast
     import pathlib
 
