@@ -120,6 +120,8 @@ UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
     ("upstream-queue-size", "requests that may wait per replica when it is at max-in-flight (default 0)", "int",
      None),
     ("upstream-queue-timeout", "seconds a request may wait in that queue before a 429 (default 30)", "float", None),
+    ("upstream-passthrough", "comma-separated client dialects sent to the upstream untranslated, where it serves "
+     "them natively (e.g. responses for openai, messages for deepseek; docs/passthrough.md)", "str", None),
 ]
 
 
@@ -329,7 +331,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._E
                           ("upstream-tls-key-file", "tls_key_file"), ("upstream-tls-verify", "tls_verify"),
                           ("upstream-retries", "retries"), ("upstream-balance", "balance"),
                           ("upstream-max-in-flight", "max_in_flight"), ("upstream-queue-size", "queue_size"),
-                          ("upstream-queue-timeout", "queue_timeout")):
+                          ("upstream-queue-timeout", "queue_timeout"), ("upstream-passthrough", "passthrough")):
             v = _value(args, flag, environ)
             if v is not None:
                 single[key] = v

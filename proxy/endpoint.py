@@ -31,12 +31,12 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from proxy.gateway.replicas import RETRY_STATUSES
 from proxy.gateway.upstream import StreamReads, read_body, release
 from proxy.hub import continuity
 from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.pipeline import Pipeline
+from proxy.passthrough import NATIVE, Passthrough
 from proxy.server.frontend import DISCONNECT_HOOK
 
 if TYPE_CHECKING:
@@ -168,6 +168,8 @@ class InferenceEndpoint:
         self.state = state
         self.client = client
         self.route = client.path
+        # Native passthrough (proxy/passthrough.py): None unless an upstream takes this client dialect as it is.
+        self.native = Passthrough.create(state, client)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         state = self.state
@@ -190,7 +192,11 @@ class InferenceEndpoint:
                 body = await _read_request_body(length, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
                     raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
-                call = await client.decode(_parse(body))
+                request = _parse(body)
+                native = self.native
+                call = None if native is None else native.call(request, body, scope["headers"])
+                if call is None:
+                    call = await client.decode(request)
                 ctx = self._context(call, request_id)
                 info.update(upstream=ctx.upstream.name, model=ctx.client_model, stream=ctx.stream)
                 obs = state.metrics.request(
@@ -199,7 +205,8 @@ class InferenceEndpoint:
                 if trace is not None:
                     trace.routed(call, ctx, state.dialects[ctx.upstream.name].name, obs.model)
                 watch = _Disconnect(receive, scope)
-                status = await self._serve(call, ctx, send, watch, obs, rid_header, info, trace)
+                serve = self._serve if native is None or NATIVE not in call.options else native.serve
+                status = await serve(call, ctx, send, watch, obs, rid_header, info, trace)
             except ProxyError as err:
                 state.redactor.sanitize(err)
                 status = err.status
@@ -344,43 +351,7 @@ class InferenceEndpoint:
         # Replicas (proxy/gateway/replicas.py): a pre-header failure (refused, reset, timeout, HTTP 502/503) may go to
         # another replica. Nothing has been sent to the client yet; the 200 is committed only later, in _relay.
         attempts = state.replicas[upstream.name].attempts(call.request, info)
-        while True:
-            ticket = await attempts.next()
-            # Per attempt: MindIE's req-id is unique per attempt. Content-Type and Accept (JSON) are the upstream
-            # session's defaults (proxy/gateway/upstream.py).
-            headers = dialect.request_headers(ctx)
-            if ctx.stream:
-                headers["Accept"] = "text/event-stream"
-            if trace is not None:  # the attempt's CLIENT span; its traceparent goes upstream
-                trace.attempt(ticket.replica, headers)
-            time_left = deadline - loop.time()
-            try:
-                resp = await ticket.client.open("POST", ticket.url + path, body=payload, headers=headers,
-                                                timeout=min(server.first_byte_timeout, max(time_left, 0.001)),
-                                                loop=loop)
-            except (UpstreamUnreachable, UpstreamTimeout) as failure:
-                if trace is not None:
-                    trace.attempt_failed(failure)
-                if attempts.retry(ticket, failure, deadline - loop.time()):
-                    ctx.attempt += 1
-                    continue
-                ticket.release()
-                state.metrics.upstream_up(upstream.name, False)
-                raise
-            except BaseException:  # cancelled (the client left, shutdown): the slot is free again
-                ticket.release()
-                raise
-            if resp.status in RETRY_STATUSES:
-                if attempts.retry(ticket, resp.status, deadline - loop.time()):
-                    if trace is not None:
-                        trace.attempt_failed(resp.status)
-                    resp.close()
-                    ctx.attempt += 1
-                    continue
-            else:
-                attempts.succeeded(ticket)
-            break
-        state.metrics.upstream_up(upstream.name, True)
+        ticket, resp = await attempts.open(ctx, path, payload, dialect.request_headers, deadline, loop, trace)
         reusable = False
         try:
             answer = Answer()

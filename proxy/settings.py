@@ -60,6 +60,8 @@ class UpstreamSettings:
     response_model: str = "client"
     response_format: str | None = None  # pass | reject | drop; None = the dialect's default (proxy/hub/params.py)
     max_connections: int = 1000
+    # Client dialects sent to this upstream untranslated (proxy/passthrough.py): names its spoke serves natively.
+    passthrough: tuple[str, ...] = ()
     # TLS to the upstream (MindIE with httpsEnabled uses mutual TLS): CA bundle to verify the server, client
     # certificate and key to present; tls_verify false accepts any server certificate (testing only).
     tls_ca_file: str | None = None
@@ -226,6 +228,7 @@ _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 _UPSTREAM_KEYS = (
     "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
     "thinking_models", "reasoning_replay", "keep_upstream_id", "response_model", "response_format", "max_connections",
+    "passthrough",
     "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify",
     "retries", "balance", "max_in_flight", "queue_size", "queue_timeout", "outlier_failures", "outlier_backoff",
     "outlier_backoff_max", "health_interval", "affinity_load", "affinity_turns",
@@ -260,6 +263,27 @@ def usage_field_names() -> tuple[str, ...]:
     from proxy.dialects import DIALECTS
 
     return tuple(name for name, spoke in DIALECTS.items() if spoke.offers_usage_fields)
+
+
+def passthrough_names(key: str, value: Any, dialect: str) -> tuple[str, ...]:
+    """`passthrough`: client dialect names (a list, or one string with commas), each one the dialect's spoke serves
+    natively (its mapping's `native`); `true` names them all, `false` none."""
+    from proxy.dialects import DIALECTS
+
+    served = tuple(DIALECTS[dialect].native_routes())
+    if value is None:
+        return ()
+    if value is True or value is False:
+        return served if value else ()
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    names = _str_list(key, value)
+    for name in names:
+        if name not in served:
+            which = ", ".join(served) if served else "none"
+            raise ConfigError(f"{key}: {name!r} is not a client dialect the {dialect} dialect serves natively "
+                              f"(it serves: {which})")
+    return tuple(dict.fromkeys(names))
 
 
 def dialect_name(key: str, value: Any) -> str:
@@ -362,6 +386,7 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         ),
         response_format=response_format,
         max_connections=max_connections,
+        passthrough=passthrough_names(prefix + "passthrough", data.get("passthrough"), dialect),
         tls_ca_file=tls["tls_ca_file"],
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],

@@ -28,12 +28,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.clients import tool_ids
-from proxy.clients.base import ClientCall, ClientDialect, Headers
+from proxy.clients.base import ClientCall, ClientDialect, Headers, NativeReader
 from proxy.clients.messages_encoder import MessagesEncoder
-from proxy.clients.messages_errors import error_response
+from proxy.clients.messages_errors import error_body, error_response
+from proxy.clients.messages_native import MessagesReader
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ClientRequestError, ProxyError
 from proxy.hub.canonical import CHAT
+from proxy.hub.sse import encode_event
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -111,6 +113,15 @@ class MessagesClient(ClientDialect):
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return error_response(err)
+
+    # Passthrough: the API version and beta features the client asked for go with its request.
+    native_headers = (b"anthropic-version", b"anthropic-beta")
+
+    def native_reader(self) -> NativeReader:
+        return MessagesReader()
+
+    def native_error(self, err: ProxyError) -> bytes:
+        return encode_event(b"error", orjson.dumps(error_body(err)))
 
     def routes(self) -> list[BaseRoute]:
         return [Route(self.count_path, self._count_tokens, methods=["POST"])]

@@ -19,9 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, NativeReader, openai_error_response
 from proxy.clients.responses_compact import CompactionEncoder, retained_items, summary_request
 from proxy.clients.responses_events import REASONING_EVENTS, Echo, ResponsesEncoder, item_response_hex
+from proxy.clients.responses_native import ResponsesReader, stream_error
 from proxy.clients.responses_request import COMPACTION_TRIGGER, SUMMARY_PREFIX, Decoded, ToolName, reasoning_of, to_chat
 from proxy.clients.signature import COMPACTION, ThinkingSigner
 from proxy.clients.validate import (
@@ -211,6 +212,12 @@ class ResponsesClient(ClientDialect):
             self.cache[encoder.ctx.response_id] = raw
         if store:
             await self.store.put(NAMESPACE, encoder.ctx.response_id, raw)
+
+    def native_reader(self) -> NativeReader:
+        return ResponsesReader()
+
+    def native_error(self, err: ProxyError) -> bytes:
+        return stream_error(err)
 
     def routes(self) -> list[BaseRoute]:
         return [Route(self.path + "/{response_id}", self._get_or_delete, methods=["GET", "DELETE"])]

@@ -112,6 +112,31 @@ class ProbeListing:
     plain_listed: bool  # `GET /models` (no /v1) listed models too
 
 
+class NativeRoute:
+    """Where an upstream serves a client dialect as it is (mappings/<name>.yaml `native`), for native passthrough
+    (proxy/passthrough.py): the path, and how the upstream's key goes with the request — `bearer` (Authorization:
+    Bearer) or the name of a header that carries the key as it is (an Anthropic-style `x-api-key`)."""
+
+    __slots__ = ("auth", "path")
+
+    def __init__(self, path: str, auth: str = "bearer") -> None:
+        self.path = path
+        self.auth = auth
+
+
+def native_routes(dialect: str) -> dict[str, NativeRoute]:
+    """The `native` section of a dialect's mapping: client dialect name -> its route. An entry is a path, or a
+    mapping with `path` and `auth`."""
+    raw = load_mapping(dialect).raw.get("native") or {}
+    out: dict[str, NativeRoute] = {}
+    for client, entry in raw.items():
+        if isinstance(entry, str):
+            out[client] = NativeRoute(entry)
+        else:
+            out[client] = NativeRoute(entry["path"], entry.get("auth", "bearer"))
+    return out
+
+
 class Dialect:
     name: ClassVar[str]  # the registry key: the spoke module's own name (proxy/dialects/__init__.py)
     session_class: ClassVar[type[UpstreamSession]]
@@ -189,6 +214,11 @@ class Dialect:
     def client_usage_fields(cls) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
         """What turns an OpenAI usage into this dialect's own for chat clients that ask (None: it is OpenAI's)."""
         return None
+
+    @classmethod
+    def native_routes(cls) -> dict[str, NativeRoute]:
+        """The client dialects this upstream serves natively, by name (what `passthrough` may name)."""
+        return native_routes(cls.name)
 
     def __init__(self) -> None:
         self.mapping: DialectMapping = load_mapping(self.name)

@@ -4,6 +4,8 @@ The YAML says *what* differs (paths, renames, drops, ranges, clamps, finish reas
 the dialect modules hold only what must be computed. Schema (every section optional):
 
     paths: {chat: /v1/chat/completions, completions: /v1/completions, models: /v1/models, health: /v1/models}
+    native: {responses: /v1/responses, messages: {path: /anthropic/v1/messages, auth: x-api-key}}
+                                                       # client dialects served as they are (proxy/dialects/base.py)
     request:
       rename: {max_completion_tokens: max_tokens}      # applied only when the target is absent
       drop: [stream_options, store]                    # removed before sending (safe to ignore, or computed)

@@ -6,9 +6,9 @@
      └── Attempts         one request's walk over the replicas: acquire a Ticket, report the outcome, maybe retry
 
 Failover happens only before the upstream's response headers are accepted (refused or reset connection, timeout
-before headers, HTTP 502/503), and so always before any byte reached the client; the handler
-(proxy/endpoint.py) asks `Attempts.retry()` only there. A retry goes to a replica the request has not tried yet,
-at most `retries` times, and only while the request's total deadline allows.
+before headers, HTTP 502/503), and so always before any byte reached the client: `Attempts.open` walks the
+replicas until an answer head is accepted, for translated and passed-through requests alike. A retry goes to a
+replica the request has not tried yet, at most `retries` times, and only while the request's total deadline allows.
 
 Passive health (outlier ejection): `outlier_failures` failed attempts in a row take a replica out for
 `outlier_backoff` seconds, doubled on each ejection up to `outlier_backoff_max`. Back in, it is on probation: its
@@ -30,7 +30,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -41,9 +41,13 @@ from proxy.gateway.health import UpstreamCheck, probe
 from proxy.gateway.upstream import UpstreamClient
 
 if TYPE_CHECKING:
+    from aiohttp import ClientResponse
+
     from proxy.dialects import Dialect
     from proxy.gateway.redact import Redactor
+    from proxy.hub.canonical import RequestContext
     from proxy.metrics.definitions import Metrics
+    from proxy.metrics.tracing import RequestTrace
     from proxy.settings import ReplicaSettings, ServerSettings, UpstreamSettings
 
 log: Final = logging.getLogger("dialect_proxy")
@@ -376,6 +380,52 @@ class Attempts:
             ok = replica.ok = m.child(m.upstream_attempts, *replica.labels, "ok")
         ok.inc()
         self._rset.succeeded(replica)
+
+    async def open(self, ctx: RequestContext, path: str, payload: bytes,
+                   headers_for: Callable[[RequestContext], dict[str, str]], deadline: float,
+                   loop: asyncio.AbstractEventLoop, trace: RequestTrace | None) -> tuple[Ticket, ClientResponse]:
+        """POST `payload` to `path` on one replica after another until one's answer head is accepted: a failure
+        before it (refused, reset, timeout, HTTP 502/503) goes to another replica while retries and the deadline
+        allow. Nothing has reached the client yet. The caller releases the returned ticket once the answer is done;
+        an error raised here has released it. `headers_for` is asked per attempt (`ctx.attempt` counts them: MindIE's
+        req-id is unique per attempt)."""
+        rset = self._rset
+        server = rset.server
+        while True:
+            ticket = await self.next()
+            headers = headers_for(ctx)
+            if ctx.stream:
+                headers["Accept"] = "text/event-stream"
+            if trace is not None:  # the attempt's CLIENT span; its traceparent goes upstream
+                trace.attempt(ticket.replica, headers)
+            time_left = deadline - loop.time()
+            try:
+                resp = await ticket.client.open("POST", ticket.url + path, body=payload, headers=headers,
+                                                timeout=min(server.first_byte_timeout, max(time_left, 0.001)),
+                                                loop=loop)
+            except (UpstreamUnreachable, UpstreamTimeout) as failure:
+                if trace is not None:
+                    trace.attempt_failed(failure)
+                if self.retry(ticket, failure, deadline - loop.time()):
+                    ctx.attempt += 1
+                    continue
+                ticket.release()
+                rset.metrics.upstream_up(rset.upstream.name, False)
+                raise
+            except BaseException:  # cancelled (the client left, shutdown): the slot is free again
+                ticket.release()
+                raise
+            if resp.status in RETRY_STATUSES:
+                if self.retry(ticket, resp.status, deadline - loop.time()):
+                    if trace is not None:
+                        trace.attempt_failed(resp.status)
+                    resp.close()
+                    ctx.attempt += 1
+                    continue
+            else:
+                self.succeeded(ticket)
+            rset.metrics.upstream_up(rset.upstream.name, True)
+            return ticket, resp
 
     def retry(self, ticket: Ticket, failure: ProxyError | int, time_left: float) -> bool:
         """The attempt on `ticket` failed before its response was accepted (an exception, or HTTP 502/503).
