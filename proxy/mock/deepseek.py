@@ -1,4 +1,5 @@
-"""Mock DeepSeek API: `POST /chat/completions` (also under `/v1` and `/beta`), `GET /models`.
+"""Mock DeepSeek API: `POST /chat/completions` (also under `/v1` and `/beta`), `GET /models`, and its Anthropic API
+(`POST /anthropic/v1/messages`: anthropic_api.py).
 
 Written from DeepSeek's API as it is today (docs/deepseek.md), specs/deepseek-chat-completions-zh.md and
 WIRE-NOTES.md, and strict like the real API:
@@ -51,6 +52,7 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.mock import anthropic_api
 from proxy.mock import scenario as scenarios
 from proxy.mock.asgi import JSON_HEADERS, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
 from proxy.mock.common import (
@@ -415,4 +417,11 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         Route("/beta/chat/completions", endpoint, methods=["POST"]),
         Route("/beta/completions", inference(cfg, stats, _handle_fim, scenarios.from_prompt), methods=["POST"]),
         *models_routes(stats, names, "deepseek", paths=("/models", "/v1/models"), check_auth=check),
+        *anthropic_api.routes(cfg, stats, "/anthropic/v1/messages", _anthropic_model),
     ]
+
+
+def _anthropic_model(model: str) -> str | None:
+    """DeepSeek's Anthropic API: `claude…` names map to its models, its own and other hosts' names are served as on
+    the chat route; the retired names are a 400."""
+    return "Model Not Exist" if model in RETIRED else None

@@ -1,4 +1,5 @@
-"""Mock plain OpenAI API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
+"""Mock plain OpenAI API: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, and the Responses
+API (`POST /v1/responses`, `/v1/responses/compact`: responses_api.py).
 
 The reference shape every other dialect is translated to:
 * stream: first delta `{"role":"assistant","content":"","refusal":null}`, then deltas carrying only the new
@@ -23,6 +24,7 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.mock import responses_api
 from proxy.mock import scenario as scenarios
 from proxy.mock.asgi import DONE, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
 from proxy.mock.common import (
@@ -377,6 +379,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     return [
         Route("/v1/chat/completions", inference(cfg, stats, _handler(True)), methods=["POST"]),
         Route("/v1/completions", inference(cfg, stats, _handler(False), scenarios.from_prompt), methods=["POST"]),
+        *responses_api.routes(cfg, stats, error_plan),
         *models_routes(stats, [cfg.served_model or STYLE.default_model], "mock",
                        check_auth=bearer_checker(cfg, denied)),
     ]
