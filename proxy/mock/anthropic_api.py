@@ -127,5 +127,5 @@ def _stream(call: Call, model: str, gen: Generation, thinking: bool, sc: Scenari
     return stream_plan(head, body, tail, headers=SSE, **stream_directives(sc))
 
 
-def routes(cfg: MockConfig, stats: Stats, path: str, model_check: Callable[[str], str | None]) -> list[Route]:
+def api_routes(cfg: MockConfig, stats: Stats, path: str, model_check: Callable[[str], str | None]) -> list[Route]:
     return [Route(path, inference(cfg, stats, handler(model_check), from_chat), methods=["POST"])]

@@ -417,7 +417,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         Route("/beta/chat/completions", endpoint, methods=["POST"]),
         Route("/beta/completions", inference(cfg, stats, _handle_fim, scenarios.from_prompt), methods=["POST"]),
         *models_routes(stats, names, "deepseek", paths=("/models", "/v1/models"), check_auth=check),
-        *anthropic_api.routes(cfg, stats, "/anthropic/v1/messages", _anthropic_model),
+        *anthropic_api.api_routes(cfg, stats, "/anthropic/v1/messages", _anthropic_model),
     ]
 
 

@@ -379,7 +379,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     return [
         Route("/v1/chat/completions", inference(cfg, stats, _handler(True)), methods=["POST"]),
         Route("/v1/completions", inference(cfg, stats, _handler(False), scenarios.from_prompt), methods=["POST"]),
-        *responses_api.routes(cfg, stats, error_plan),
+        *responses_api.api_routes(cfg, stats, error_plan),
         *models_routes(stats, [cfg.served_model or STYLE.default_model], "mock",
                        check_auth=bearer_checker(cfg, denied)),
     ]

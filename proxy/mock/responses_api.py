@@ -185,7 +185,7 @@ class _Responses:
                                "output": [*users, compaction], "usage": _usage(body, None, call.scenario)})
 
 
-def routes(cfg: MockConfig, stats: Stats, error_plan: Callable[[int], Plan]) -> list[Route]:
+def api_routes(cfg: MockConfig, stats: Stats, error_plan: Callable[[int], Plan]) -> list[Route]:
     """The Responses API's routes on a server whose errors `error_plan` renders."""
     api = _Responses(cfg, error_plan)
 
