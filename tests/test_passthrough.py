@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import anthropic
@@ -16,6 +17,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
 
 from proxy.settings import ConfigError, build_settings
 from tests.conftest import free_port, wait_for
@@ -173,6 +175,24 @@ def test_a_stream_cut_after_its_head_ends_with_the_client_dialects_error(openai_
                 pass
     assert "broke" in str(caught.value.message)
     assert metric(proxy, "dialect_proxy_requests_total", upstream="oai", outcome="truncated") == 1
+
+
+def test_websocket_mode_passes_through_over_http_streams(openai_pair: tuple[Any, Any]) -> None:
+    """The Responses WebSocket mode goes through the same endpoint: each `response.create` is a streamed request
+    passed through, its upstream events each one message, as they are."""
+    mock, proxy = openai_pair
+    url = proxy.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, additional_headers={"authorization": f"Bearer {CLIENT_KEY}"}) as ws:
+        events: list[dict[str, Any]] = []
+        ws.send(json.dumps({"type": "response.create", "model": "gpt-mock", "input": "hi",
+                            "tools": [{"type": "web_search"}]}))
+        deadline = time.monotonic() + 30
+        while not events or events[-1]["type"] not in ("response.completed", "response.failed", "error"):
+            events.append(json.loads(ws.recv(timeout=max(deadline - time.monotonic(), 0.01))))
+    assert events[-1]["type"] == "response.completed"
+    assert "response.web_search_call.searching" in [e["type"] for e in events]
+    assert events[-1]["response"] == _stored(mock, events[-1]["response"]["id"])
+    assert mock.last_request()["body"]["stream"] is True
 
 
 # -- Messages to DeepSeek's Anthropic API ---------------------------------------------------------------------------
