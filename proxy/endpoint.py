@@ -205,8 +205,10 @@ class InferenceEndpoint:
                 if trace is not None:
                     trace.routed(call, ctx, state.dialects[ctx.upstream.name].name, obs.model)
                 watch = _Disconnect(receive, scope)
-                serve = self._serve if native is None or NATIVE not in call.options else native.serve
-                status = await serve(call, ctx, send, watch, obs, rid_header, info, trace)
+                if native is not None and NATIVE in call.options:
+                    status = await native.serve(call, ctx, send, watch, obs, rid_header, info, trace)
+                else:
+                    status = await self._serve(call, ctx, send, watch, obs, rid_header, info, trace)
             except ProxyError as err:
                 state.redactor.sanitize(err)
                 status = err.status
