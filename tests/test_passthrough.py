@@ -16,24 +16,14 @@ import anthropic
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
 from proxy.settings import ConfigError, build_settings
 from tests.conftest import free_port, wait_for
+from tests.test_gateway import metric
 
 UPSTREAM_KEY = "sk-upstream-secret"
 CLIENT_KEY = "sk-client-key"
-
-
-def metric(proxy: Any, name: str, **labels: str) -> float:
-    text = httpx.get(proxy.url + "/metrics", timeout=5).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
 
 
 def _proxy(start_proxy: Any, upstream: dict[str, Any], **kw: Any) -> Any:

@@ -100,13 +100,20 @@ class _Responses:
                 "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0), "truncation": "disabled",
                 "usage": usage, "user": body.get("user"), "metadata": body.get("metadata") or {}}
 
-    def handle(self, call: Call) -> Plan:
+    def _refused(self, call: Call) -> Plan | None:
+        """The key, the connection and error directives, then a body without a model: what every route checks."""
         if (plan := preamble(call, self.error_plan)) is not None:
             return plan
         body = call.body
         if not call.json_ok or not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return openai_error(400, "Missing required parameter: 'model'.", "invalid_request_error",
                                 "missing_required_parameter", "model")
+        return None
+
+    def handle(self, call: Call) -> Plan:
+        if (plan := self._refused(call)) is not None:
+            return plan
+        body = call.body
         previous = body.get("previous_response_id")
         if previous is not None and previous not in self.stored:
             return openai_error(400, f"Previous response with id '{previous}' not found.", "invalid_request_error",
@@ -171,12 +178,9 @@ class _Responses:
         return stream_plan(head, body, tail, headers=SSE, **stream_directives(sc))
 
     def compact(self, call: Call) -> Plan:
-        if (plan := preamble(call, self.error_plan)) is not None:
+        if (plan := self._refused(call)) is not None:
             return plan
         body = call.body
-        if not call.json_ok or not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return openai_error(400, "Missing required parameter: 'model'.", "invalid_request_error",
-                                "missing_required_parameter", "model")
         items = body.get("input")
         users = [item for item in items if isinstance(item, dict) and item.get("role") == "user"] \
             if isinstance(items, list) else [{"role": "user", "content": items}] if isinstance(items, str) else []
