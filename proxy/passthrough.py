@@ -30,7 +30,8 @@ from proxy.hub.canonical import CHAT
 from proxy.hub.sse import KEEPALIVE
 
 if TYPE_CHECKING:
-    from proxy.clients.base import ClientCall, ClientDialect, NativeReader
+    from proxy.clients.base import ClientCall, ClientDialect
+    from proxy.clients.native import NativeReader
     from proxy.dialects.base import NativeRoute
     from proxy.hub.canonical import RequestContext
     from proxy.metrics.observer import RequestObserver

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.clients import tool_ids
-from proxy.clients.base import ClientCall, ClientDialect, Headers, NativeReader
+from proxy.clients.base import ClientCall, ClientDialect, Headers
 from proxy.clients.messages_encoder import MessagesEncoder
 from proxy.clients.messages_errors import error_body, error_response
 from proxy.clients.messages_native import MessagesReader
@@ -117,7 +117,7 @@ class MessagesClient(ClientDialect):
     # Passthrough: the API version and beta features the client asked for go with its request.
     native_headers = (b"anthropic-version", b"anthropic-beta")
 
-    def native_reader(self) -> NativeReader:
+    def native_reader(self) -> MessagesReader:
         return MessagesReader()
 
     def native_error(self, err: ProxyError) -> bytes:

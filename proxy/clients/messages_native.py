@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from proxy.clients.base import NativeReader
+from proxy.clients.native import NativeReader
 
 # Anthropic's stop reasons as the finish reasons the metrics count (`pause_turn` and others: as they are).
 _STOP: Final = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",

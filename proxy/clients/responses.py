@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, NativeReader, openai_error_response
+from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 from proxy.clients.responses_compact import CompactionEncoder, retained_items, summary_request
 from proxy.clients.responses_events import REASONING_EVENTS, Echo, ResponsesEncoder, item_response_hex
 from proxy.clients.responses_native import ResponsesReader, stream_error
@@ -213,7 +213,7 @@ class ResponsesClient(ClientDialect):
         if store:
             await self.store.put(NAMESPACE, encoder.ctx.response_id, raw)
 
-    def native_reader(self) -> NativeReader:
+    def native_reader(self) -> ResponsesReader:
         return ResponsesReader()
 
     def native_error(self, err: ProxyError) -> bytes:

@@ -7,7 +7,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.clients.base import NativeReader
+from proxy.clients.native import NativeReader
 from proxy.errors import ProxyError
 from proxy.hub.sse import encode_event
 
