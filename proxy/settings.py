@@ -60,7 +60,8 @@ class UpstreamSettings:
     response_model: str = "client"
     response_format: str | None = None  # pass | reject | drop; None = the dialect's default (proxy/hub/params.py)
     max_connections: int = 1000
-    # Client dialects sent to this upstream untranslated (proxy/passthrough.py): names its spoke serves natively.
+    # Client dialects sent to this upstream untranslated (proxy/endpoint/passthrough.py): names its spoke serves
+    # natively.
     passthrough: tuple[str, ...] = ()
     # TLS to the upstream (MindIE with httpsEnabled uses mutual TLS): CA bundle to verify the server, client
     # certificate and key to present; tls_verify false accepts any server certificate (testing only).

@@ -1,12 +1,13 @@
 """Ids: response ids name stored responses, so they are random (the system's CSPRNG), never handed out twice, not even
-by two processes forked from one (proxy/endpoint.py RandomHex); a request's own x-request-id is the first it sent."""
+by two processes forked from one (proxy/endpoint/inference.py RandomHex); a request's own x-request-id is the first it
+sent."""
 
 from __future__ import annotations
 
 import os
 import re
 
-from proxy.endpoint import RandomHex
+from proxy.endpoint.request import RandomHex
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -20,9 +21,9 @@ def test_ids_are_hex_and_never_repeat_across_batches() -> None:
 
 
 def test_a_forked_child_does_not_hand_out_the_parents_bytes() -> None:
-    from proxy import endpoint as handlers
+    from proxy.endpoint import request as handlers
 
-    source = handlers._response_random
+    source = handlers.response_random
     source.hex(12)  # the pool is filled: a child that kept it would hand out the parent's next bytes
     read, write = os.pipe()
     pid = os.fork()
@@ -49,7 +50,7 @@ def test_the_proxys_answers_carry_distinct_ids(start_mock, start_proxy) -> None:
 
 
 def test_the_first_request_id_and_length_count_in_any_order() -> None:
-    from proxy.endpoint import _scan_headers
+    from proxy.endpoint.request import scan_headers as _scan_headers
 
     assert _scan_headers([]) == (b"", b"")
     assert _scan_headers([(b"host", b"h"), (b"content-length", b"12"), (b"x-request-id", b"a")]) == (b"a", b"12")

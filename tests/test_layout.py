@@ -25,8 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "clients": {"settings", "hub", "dialects", "endpoint", "server"},  # endpoint, server: responses_ws.py only
     "gateway": {"settings"},
     "metrics": {"settings", "hub", "dialects"},  # dialects: the registry's names, the `dialect` label's values
-    "endpoint": {"settings", "hub", "clients", "gateway", "server", "passthrough"},  # server: the disconnect hook
-    "passthrough": {"hub", "clients", "gateway"},  # the endpoint's other path: native passthrough (docs/passthrough.md)
+    "endpoint": {"settings", "hub", "clients", "gateway", "server"},  # server: the front end's disconnect hook
     "probe": {"dialects", "gateway", "hub"},
     "mock": set(),
 }

@@ -104,7 +104,7 @@ class ClientDialect:
     async def completed(self, call: ClientCall, encoder: Encoder) -> None:
         """A complete answer, before its last bytes go to the client (store what must outlive the request)."""
 
-    # -- native passthrough (proxy/passthrough.py): an upstream that serves this API as it is ----------------------
+    # -- native passthrough (proxy/endpoint/passthrough.py): an upstream that serves this API as it is -----------------
     # Request headers of this API that go upstream with a passed-through request (never the client's credentials:
     # the upstream's own key replaces them).
     native_headers: ClassVar[tuple[bytes, ...]] = ()

@@ -1,5 +1,5 @@
-"""Reading a Messages answer that an upstream gave natively (native passthrough, proxy/passthrough.py): Anthropic's
-stream events and message object, read for metrics only."""
+"""Reading a Messages answer that an upstream gave natively (native passthrough, proxy/endpoint/passthrough.py):
+Anthropic's stream events and message object, read for metrics only."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The base of the readers that read an answer given in a client's own dialect, for native passthrough
-(proxy/passthrough.py). Not compiled (setup.py): each client spoke's reader subclasses it, and an interpreted class
-cannot subclass a compiled one."""
+(proxy/endpoint/passthrough.py). Not compiled (setup.py): each client spoke's reader subclasses it, and an interpreted
+class cannot subclass a compiled one."""
 
 from __future__ import annotations
 

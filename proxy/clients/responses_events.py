@@ -34,7 +34,8 @@ _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_
 # `reasoning.summary` values that ask for a summary. No upstream here summarises: the reasoning itself is sent as the
 # one summary part, for clients that show only summaries (the Vercel AI SDK; Codex by default).
 _SUMMARY: Final = frozenset({"auto", "concise", "detailed"})
-_HEX: Final = 24  # a response id's hex digits (12 random bytes: proxy/endpoint.py), which its items' ids carry
+# a response id's hex digits (12 random bytes: proxy/endpoint/inference.py), which its items' ids carry
+_HEX: Final = 24
 _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call)
 # The raw-reasoning stream events (a reasoning item's `reasoning_text` part), which the two Responses specifications
 # name differently, by `client.responses_spec`: OpenAI's API reference and SDK types (as vLLM and Codex) say
@@ -268,7 +269,7 @@ class ResponsesEncoder:
     def _new(self, prefix: str) -> _Item:
         # An item's id carries its response's (item_response_hex reads it back: item references).
         # Two digits at least. Not `format(n, "02d")` nor an f-string: compiled, str() of an int is a C conversion,
-        # a format spec a generic call (proxy/endpoint.py `_new_request_id`).
+        # a format spec a generic call (proxy/endpoint/inference.py `_new_request_id`).
         n = self._count
         item = _Item(prefix + "_" + self._hex + ("0" + str(n) if n < 10 else str(n)), n)
         self._count += 1
@@ -490,7 +491,7 @@ def _custom_input(arguments: str) -> str:
 def item_response_hex(item_id: str) -> str | None:
     """The hex part of the id of the response whose output item `item_id` is, None for an id not made here: items
     are `<kind>_<the response id's hex><the item's number, two digits at least>` (ResponsesEncoder._new), and response
-    ids carry 12 random bytes in hex (proxy/endpoint.py)."""
+    ids carry 12 random bytes in hex (proxy/endpoint/inference.py)."""
     kind, _, rest = item_id.partition("_")
     if not kind or len(rest) < _HEX + 2 or not rest[_HEX:].isdigit():
         return None

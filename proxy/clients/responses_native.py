@@ -1,5 +1,5 @@
-"""Reading a Responses answer that an upstream gave natively (native passthrough, proxy/passthrough.py): the stream's
-events and the response object as OpenAI's Responses API defines them, read for metrics only."""
+"""Reading a Responses answer that an upstream gave natively (native passthrough, proxy/endpoint/passthrough.py): the
+stream's events and the response object as OpenAI's Responses API defines them, read for metrics only."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
 Each text message `{"type": "response.create", ...rest of a Responses request body}` is one response, answered with
 the same events as the SSE stream, each event's JSON one text message. Responses are made one at a time, in the
 order asked (a message that arrives while one is in flight waits). Each goes through the inference endpoint
-(proxy/endpoint.py) as a streamed `POST /v1/responses` would: routing, retries, the upstream request, metrics, the
-access log line, cancellation — the endpoint's SSE bytes are read back into events here (proxy/hub/sse.py).
+(proxy/endpoint/inference.py) as a streamed `POST /v1/responses` would: routing, retries, the upstream request, metrics,
+the access log line, cancellation — the endpoint's SSE bytes are read back into events here (proxy/hub/sse.py).
 
 - Continuation: `previous_response_id` is looked up in the connection's own state first (the most recent response
   answered on it, `store: false` too), then in the state store (`store: true` responses of any connection);
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy.clients.responses import ResponsesClient
-from proxy.endpoint import KEY_NAME_SCOPE, InferenceEndpoint
+from proxy.endpoint.inference import KEY_NAME_SCOPE, InferenceEndpoint
 from proxy.hub.sse import SSEDecoder
 from proxy.server.frontend import DISCONNECT_HOOK
 from proxy.server.websocket import SHUTDOWN_HOOK

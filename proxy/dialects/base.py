@@ -114,8 +114,8 @@ class ProbeListing:
 
 class NativeRoute:
     """Where an upstream serves a client dialect as it is (mappings/<name>.yaml `native`), for native passthrough
-    (proxy/passthrough.py): the path, and how the upstream's key goes with the request — `bearer` (Authorization:
-    Bearer) or the name of a header that carries the key as it is (an Anthropic-style `x-api-key`)."""
+    (proxy/endpoint/passthrough.py): the path, and how the upstream's key goes with the request — `bearer`
+    (Authorization: Bearer) or the name of a header that carries the key as it is (an Anthropic-style `x-api-key`)."""
 
     __slots__ = ("auth", "path")
 

@@ -40,7 +40,7 @@ _STALE_RETRIES: Final = 3  # pooled connections found closed under one request b
 # The headers of every upstream request, as the session's defaults (each header passed per request is copied and
 # merged by aiohttp): the proxy's name (not aiohttp's "Python/3.x aiohttp/3.x"; the `skip_auto_headers` this
 # replaced cost a multidict built and merged per request), and JSON both ways. A stream request asks for
-# text/event-stream instead (proxy/endpoint.py); a GET carries no body, so its Content-Type says nothing.
+# text/event-stream instead (proxy/endpoint/inference.py); a GET carries no body, so its Content-Type says nothing.
 USER_AGENT: Final = f"dialect-proxy/{__version__}"
 _DEFAULT_HEADERS: Final = {"User-Agent": USER_AGENT, "Content-Type": "application/json", "Accept": "application/json"}
 log: Final = logging.getLogger("dialect_proxy")

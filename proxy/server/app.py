@@ -19,7 +19,7 @@ from proxy import __version__
 from proxy.build import BUILD
 from proxy.clients.responses import ResponsesClient
 from proxy.clients.responses_ws import ResponsesSocket
-from proxy.endpoint import InferenceEndpoint
+from proxy.endpoint.inference import InferenceEndpoint
 from proxy.errors import ProxyError
 from proxy.gateway.health import READY_CACHE, UpstreamCheck
 from proxy.gateway.redact import log_url

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.applications import Starlette
 
 from proxy.clients import ClientDialect
-from proxy.endpoint import KEY_NAME_SCOPE
+from proxy.endpoint.inference import KEY_NAME_SCOPE
 from proxy.errors import ProxyError
 
 

@@ -3,12 +3,12 @@ proxy/gateway/replicas.py).
 
     python tests/bench/micro_metrics.py [--rounds 7] [--multiprocess] [--profile SCENARIO]
 
-Each scenario does what the handler (proxy/endpoint.py) does to the metrics for one request: `Metrics.request`,
-upstream_started/headers, one `chunk()` per event, usage, `upstream_up`, `finish`; a stream has 66 events (role,
-64 tokens, finish). "replica acquire/release" is one attempt on a ReplicaSet: acquire a ticket, `succeeded`,
-release (the admission gauges). `--multiprocess` runs the same in prometheus_client's multiprocess mode (a temporary
-PROMETHEUS_MULTIPROC_DIR, as with `serve --workers N`): the updates are the same local ones, and it also times a
-worker's write of its changed values to the mmap files (proxy/metrics/files.py, once a second per worker) after a
+Each scenario does what the handler (proxy/endpoint/inference.py) does to the metrics for one request:
+`Metrics.request`, upstream_started/headers, one `chunk()` per event, usage, `upstream_up`, `finish`; a stream has 66
+events (role, 64 tokens, finish). "replica acquire/release" is one attempt on a ReplicaSet: acquire a ticket,
+`succeeded`, release (the admission gauges). `--multiprocess` runs the same in prometheus_client's multiprocess mode (a
+temporary PROMETHEUS_MULTIPROC_DIR, as with `serve --workers N`): the updates are the same local ones, and it also times
+a worker's write of its changed values to the mmap files (proxy/metrics/files.py, once a second per worker) after a
 request of each scenario, and one with nothing changed. Prints µs per request: the
 fastest over `rounds` alternating rounds (the machine is shared). Not a test: it asserts nothing.
 """

@@ -3,10 +3,10 @@ proxy/gateway/admission.py) and of a scrape.
 
     python tests/bench/micro_replicas.py [--rounds 5] [--ref GIT_REF] [--multiprocess]
 
-A walk is what the handler (proxy/endpoint.py) does per request: `ReplicaSet.attempts`, `Attempts.next` (acquire a
-ticket), `Attempts.succeeded`, `Ticket.release`; "walk" times all of it, "release" the release alone. Upstreams: one
-replica without an admission limit (the common case), one with `max_in_flight`, three replicas balanced by
-least_outstanding, three by prefix_affinity. "scrape" renders /metrics after the walks (the replica series and the
+A walk is what the handler (proxy/endpoint/inference.py) does per request: `ReplicaSet.attempts`, `Attempts.next`
+(acquire a ticket), `Attempts.succeeded`, `Ticket.release`; "walk" times all of it, "release" the release alone.
+Upstreams: one replica without an admission limit (the common case), one with `max_in_flight`, three replicas balanced
+by least_outstanding, three by prefix_affinity. "scrape" renders /metrics after the walks (the replica series and the
 attempt counters). Coroutines are stepped by hand (no wait happens on these paths), so the event loop's own cost is
 not in the figures.
 

@@ -8,9 +8,9 @@ input items: messages, reasoning, function_call / function_call_output; ~20 func
 nested JSON schemas), a Claude Code-like Messages request (~40 messages of content blocks: text, thinking,
 tool_use, tool_result; ~15 tools) and a Chat Completions request (system/user/assistant tool_calls/tool messages,
 ~20 tools). Each row is the decode-time validation of one request as the proxy does it: `check_depth` on the parsed
-body (proxy/endpoint.py `_parse`), then `check_types` with the client spoke's compiled table (Responses: proxy/
-clients/responses.py, Chat: proxy/clients/chat.py; the Messages spoke has its own checks, so only the depth bound).
-"before" is the algorithm this replaced, kept as the reference of tests/test_validate_equivalence.py; "after" is
+body (proxy/endpoint/inference.py `_parse`), then `check_types` with the client spoke's compiled table (Responses:
+proxy/ clients/responses.py, Chat: proxy/clients/chat.py; the Messages spoke has its own checks, so only the depth
+bound). "before" is the algorithm this replaced, kept as the reference of tests/test_validate_equivalence.py; "after" is
 proxy/clients/validate.py. Prints µs per request: the fastest over `rounds` alternating rounds (the machine is shared).
 Not a test: it asserts nothing.
 """
@@ -175,7 +175,7 @@ def runners(raw: bytes, fields: FieldTable | None, depth: Callable[..., None], t
     """"both": what one request costs; "depth", "types": each check alone."""
     body = orjson.loads(raw)
     table = compile(fields) if fields is not None else None
-    size = {"size": len(raw)} if depth is check_depth else {}  # as proxy/endpoint.py `_parse` calls it
+    size = {"size": len(raw)} if depth is check_depth else {}  # as proxy/endpoint/inference.py `_parse` calls it
 
     def both() -> None:
         depth(body, **size)

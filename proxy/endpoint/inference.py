@@ -13,16 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import os
-import re
 import time
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from proxy.clients.validate import check_depth
+from proxy.endpoint.passthrough import NATIVE, Passthrough
+from proxy.endpoint.request import (
+    ClientGone,
+    Disconnect,
+    Scope,
+    parse_body,
+    read_request_body,
+    response_random,
+    scan_headers,
+    send_json,
+    take_request_id,
+)
 from proxy.errors import (
     ClientRequestError,
     ProxyError,
@@ -36,8 +44,6 @@ from proxy.hub import continuity
 from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.pipeline import Pipeline
-from proxy.passthrough import NATIVE, Passthrough
-from proxy.server.frontend import DISCONNECT_HOOK
 
 if TYPE_CHECKING:
     from proxy.clients.base import ClientCall, ClientDialect, Encoder
@@ -49,116 +55,14 @@ log: Final = logging.getLogger("dialect_proxy")
 access_log: Final = logging.getLogger("dialect_proxy.access")
 # Functions of other modules called per request, as statics (compiled: no module attribute looked up per call)
 _clock: Final = time.perf_counter
-_current_task: Final = asyncio.current_task
-_ensure_future: Final = asyncio.ensure_future
-_running_loop: Final = asyncio.get_running_loop
-_urandom: Final = os.urandom
 _wall_clock: Final = time.time
 _dumps: Final = orjson.dumps
-_loads: Final = orjson.loads
 
-Scope = dict[str, Any]
-JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 KEY_NAME_SCOPE: Final = "dialect_proxy.key_name"  # set by proxy.server.asgi.ProxyApp: the name of the inbound key used
 SSE_HEADERS: Final = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-
-
-class _Disconnect:
-    """Cancels the request's task when the client goes away. Under the proxy's own front end (proxy/server/frontend.py)
-    the connection calls `_lost` directly; under any other server a watcher task reads `receive()` for
-    `http.disconnect`."""
-
-    __slots__ = ("_scope", "_task", "_watcher", "committed", "complete", "disconnected", "encoder", "loop")
-
-    def __init__(self, receive: Any, scope: Scope) -> None:
-        self.encoder: Encoder | None = None  # the client encoder, once the answer is being encoded
-        self.disconnected = False
-        self.complete = False  # set just before the final send: uvicorn then answers receive() with a disconnect
-        self.committed = False  # the 200 event-stream head has been sent
-        self._task = task = _current_task()
-        # The request's loop, for the calls below that need one: taken from its task (asyncio.get_running_loop is a
-        # getpid system call on Python 3.11, three a request saved).
-        self.loop = task.get_loop() if task is not None else _running_loop()
-        self._scope: Scope | None = None
-        self._watcher: asyncio.Future[None] | None = None
-        if DISCONNECT_HOOK in scope:
-            scope[DISCONNECT_HOOK] = self._lost
-            self._scope = scope
-        else:
-            self._watcher = _ensure_future(self._watch(receive))
-
-    async def _watch(self, receive: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self._lost()
-                return
-
-    def _lost(self) -> None:
-        if not self.complete and not self.disconnected and self._task is not None:
-            self.disconnected = True
-            self._task.cancel()
-
-    def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-        if self._scope is not None:
-            self._scope[DISCONNECT_HOOK] = None
-
-
-class _ClientGone(Exception):
-    """The client went away before its request body was complete."""
-
-
-def _scan_headers(headers: Any) -> tuple[bytes, bytes]:
-    """The request's x-request-id and content-length (b"" for none), in one pass over its headers (as the ASGI
-    server lists them: lower-case names): the first of each."""
-    rid: bytes | None = None
-    length: bytes | None = None
-    for item in headers:
-        key = item[0]  # an index, not an unpacking (compiled: no iterator per header)
-        if key == b"x-request-id":
-            if rid is None:
-                rid = item[1]
-                if length is not None:
-                    break
-        elif key == b"content-length" and length is None:
-            length = item[1]
-            if rid is not None:
-                break
-    return rid or b"", length or b""
-
-
-async def _read_request_body(length: bytes, receive: Any, limit: int) -> bytes:
-    """The request body (`length`: its content-length header, b"" for none), refused (413) beyond `limit`."""
-    if length.isdigit() and int(length) > limit:
-        raise ClientRequestError(
-            f"The request body is {int(length)} bytes; the limit is {limit} bytes.", 413, code="request_too_large"
-        )
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        body = message.get("body", b"")
-        if body:
-            size += len(body)
-            if size > limit:
-                raise ClientRequestError(
-                    f"The request body is larger than the limit of {limit} bytes.", 413, code="request_too_large"
-                )
-            chunks.append(body)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def send_json(send: Any, status: int, payload: bytes, extra: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS + extra})
-    await send({"type": "http.response.body", "body": payload})
 
 
 class InferenceEndpoint:
@@ -168,15 +72,16 @@ class InferenceEndpoint:
         self.state = state
         self.client = client
         self.route = client.path
-        # Native passthrough (proxy/passthrough.py): None unless an upstream takes this client dialect as it is.
+        # Native passthrough (proxy/endpoint/passthrough.py): None unless an upstream takes this client dialect as it
+        # is.
         self.native = Passthrough.create(state, client)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         state = self.state
         client = self.client
         started = _clock()
-        rid_raw, length = _scan_headers(scope["headers"])
-        request_id, rid_bytes = _request_id(rid_raw)
+        rid_raw, length = scan_headers(scope["headers"])
+        request_id, rid_bytes = take_request_id(rid_raw)
         rid_header = (b"x-request-id", rid_bytes)
         info: dict[str, Any] = {"request_id": request_id, "route": self.route}
         key_name = scope.get(KEY_NAME_SCOPE)
@@ -184,15 +89,15 @@ class InferenceEndpoint:
             info["key"] = key_name
         obs: RequestObserver | None = None
         status = 500
-        watch: _Disconnect | None = None
+        watch: Disconnect | None = None
         telemetry = state.telemetry  # OpenTelemetry (proxy/metrics/tracing.py): None unless configured
         trace = None if telemetry is None else telemetry.request(scope, self.route, started, info)
         try:
             try:
-                body = await _read_request_body(length, receive, state.settings.server.max_body_bytes)
+                body = await read_request_body(length, receive, state.settings.server.max_body_bytes)
                 if state.shutting_down:
                     raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
-                request = _parse(body)
+                request = parse_body(body)
                 native = self.native
                 call = None if native is None else native.call(request, body, scope["headers"])
                 if call is None:
@@ -204,7 +109,7 @@ class InferenceEndpoint:
                 )
                 if trace is not None:
                     trace.routed(call, ctx, state.dialects[ctx.upstream.name].name, obs.model)
-                watch = _Disconnect(receive, scope)
+                watch = Disconnect(receive, scope)
                 if native is not None and NATIVE in call.options:
                     status = await native.serve(call, ctx, send, watch, obs, rid_header, info, trace)
                 else:
@@ -226,10 +131,8 @@ class InferenceEndpoint:
                     obs.upstream_error(info.get("dialect", "any"), err.upstream_code or err.code)
                 if watch is not None:
                     watch.complete = True
-                err_status, err_headers, err_body = client.error_response(err)
-                status = err_status
-                await send_json(send, err_status, err_body, err_headers + [rid_header])
-            except _ClientGone:
+                status = await self._fail(send, err, watch, rid_header)
+            except ClientGone:
                 info["client_disconnected"] = True
                 status = 499
             except Exception:  # a bug of ours: the client still gets an error in its dialect, never a stack trace
@@ -238,11 +141,7 @@ class InferenceEndpoint:
                 info["error"] = "internal_error"
                 bug = ProxyError("Internal error in the proxy.", 500, type="server_error", code="internal_error")
                 if watch is None or not watch.complete:
-                    if watch is not None and watch.committed and watch.encoder is not None:
-                        await send({"type": "http.response.body", "body": watch.encoder.error(bug), "more_body": False})
-                    else:
-                        err_status, err_headers, err_body = client.error_response(bug)
-                        await send_json(send, err_status, err_body, err_headers + [rid_header])
+                    await self._fail(send, bug, watch, rid_header)
         except asyncio.CancelledError as cancelled:
             if watch is not None and watch.disconnected:
                 _uncancel()
@@ -262,13 +161,7 @@ class InferenceEndpoint:
                     obs.truncated("shutdown")
                 watch.complete = True
                 with contextlib.suppress(Exception):
-                    if watch.committed and watch.encoder is not None:
-                        await send(
-                            {"type": "http.response.body", "body": watch.encoder.error(drain_err), "more_body": False}
-                        )
-                    else:
-                        err_status, err_headers, err_body = client.error_response(drain_err)
-                        await send_json(send, err_status, err_body, err_headers + [rid_header])
+                    await self._fail(send, drain_err, watch, rid_header)
             else:
                 raise
         finally:
@@ -288,6 +181,16 @@ class InferenceEndpoint:
                 info["client_disconnected"] = disconnected
                 access_log.info(_dumps(info).decode())
 
+    async def _fail(self, send: Any, err: ProxyError, watch: Disconnect | None, rid_header: tuple[bytes, bytes]) -> int:
+        """Tell the client about `err` in its dialect: the error event that ends a stream already under way, else an
+        error response. The status the client got (a stream under way keeps its 200)."""
+        if watch is not None and watch.committed and watch.encoder is not None:
+            await send({"type": "http.response.body", "body": watch.encoder.error(err), "more_body": False})
+            return 200
+        status, headers, body = self.client.error_response(err)
+        await send_json(send, status, body, headers + [rid_header])
+        return status
+
     def _context(self, call: ClientCall, request_id: str) -> RequestContext:
         route = self.state.router.resolve(call.model)
         return RequestContext(
@@ -297,7 +200,7 @@ class InferenceEndpoint:
             upstream_model=route.upstream_model,
             upstream=route.upstream,
             stream=call.stream,
-            response_id=self.client.id_prefix + _response_random.hex(12),
+            response_id=self.client.id_prefix + response_random.hex(12),
             created=int(_wall_clock()),
         )
 
@@ -306,7 +209,7 @@ class InferenceEndpoint:
         call: ClientCall,
         ctx: RequestContext,
         send: Any,
-        watch: _Disconnect,
+        watch: Disconnect,
         obs: RequestObserver,
         rid_header: tuple[bytes, bytes],
         info: dict[str, Any],
@@ -420,7 +323,7 @@ class InferenceEndpoint:
         pipeline: Pipeline,
         encoder: Encoder,
         send: Any,
-        watch: _Disconnect,
+        watch: Disconnect,
         obs: RequestObserver,
         extra_headers: list[tuple[bytes, bytes]],
         info: dict[str, Any],
@@ -573,78 +476,3 @@ SHUTDOWN_CANCEL_MSG: Final = "graceful shutdown exceeded"
 def _is_shutdown_cancel(exc: asyncio.CancelledError) -> bool:
     return any(isinstance(a, str) and SHUTDOWN_CANCEL_MSG in a for a in exc.args)
 
-
-def _parse(body: bytes) -> dict[str, Any]:
-    try:
-        req = _loads(body)
-    except orjson.JSONDecodeError as e:
-        raise ClientRequestError(f"The request body is not valid JSON ({e}).", code="invalid_json") from None
-    if not isinstance(req, dict):
-        raise ClientRequestError("The request body must be a JSON object.", code="invalid_json")
-    check_depth(req, size=len(body))  # before anything serialises it: orjson parses 1024 levels but serialises only 254
-    return req
-
-
-_CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-# Request ids the proxy makes: unique, not secret (they are logged and returned), so a random prefix per process and
-# a counter (no system call per request). Response ids, which name stored responses, stay random (_context,
-# RandomHex).
-_ID_PREFIX: Final = os.urandom(8).hex()
-_id_counter: Final = itertools.count(1)
-
-
-class RandomHex:
-    """Random hex text for ids, from the system's CSPRNG as `os.urandom(n).hex()`, but drawn `BATCH` bytes at a time:
-    one getrandom system call per ~340 response ids instead of one per request. No byte is handed out twice, and a
-    forked child starts with an empty pool (`forget`), so two processes never share one."""
-
-    BATCH: Final = 4096
-
-    __slots__ = ("_pool", "_pos")
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._pos = 0
-
-    def hex(self, size: int) -> str:
-        pos = self._pos
-        if pos + size > len(self._pool):
-            self._pool = _urandom(max(self.BATCH, size))
-            pos = 0
-        self._pos = pos + size
-        return self._pool[pos:pos + size].hex()
-
-    def forget(self) -> None:
-        self._pool = b""
-        self._pos = 0
-
-
-_response_random: Final = RandomHex()
-os.register_at_fork(after_in_child=_response_random.forget)
-
-
-def _new_request_id() -> str:
-    # The counter in decimal: compiled, str() of an int is a C conversion, where a hex format spec is a generic
-    # str.format call.
-    return _ID_PREFIX + str(next(_id_counter))
-
-
-def _request_id(raw: bytes) -> tuple[str, bytes]:
-    """The client's x-request-id `raw` (or a new one, for b""): as text for logs and the upstream header, and as the
-    bytes to return. Valid UTF-8 reaches the upstream byte for byte (aiohttp writes header text as UTF-8); other bytes
-    as U+FFFD. Cut to 200 bytes (at a character boundary); control characters (which no header may carry) get a new
-    id instead."""
-    if not raw:
-        rid = _new_request_id()
-        return rid, rid.encode()
-    if len(raw) > 200:
-        cut = 200
-        while cut > 196 and 0x80 <= raw[cut] < 0xC0:  # the cut falls inside a UTF-8 character: cut before it
-            cut -= 1
-        raw = raw[:cut]
-    if not raw.strip() or _CONTROL.search(raw):
-        rid = _new_request_id()
-        return rid, rid.encode()
-    return raw.decode("utf-8", "replace"), raw

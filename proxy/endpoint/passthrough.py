@@ -5,7 +5,7 @@ An upstream opts in per client dialect (`passthrough: [responses]`, proxy/settin
 natively (mappings/<name>.yaml `native`, proxy/dialects/base.py `NativeRoute`). Everything around the request is as
 for a translated one: the inbound key check (proxy/server/asgi.py), the body limit, shutdown, admission and the
 replicas with their retries (proxy/gateway/replicas.py `Attempts.open`: only before the answer's head is accepted,
-so before any byte reached the client), the deadlines, metrics, traces and the access log (proxy/endpoint.py
+so before any byte reached the client), the deadlines, metrics, traces and the access log (proxy/endpoint/inference.py
 `InferenceEndpoint`).
 
 What is different: the body goes as the client sent it (only `model` is replaced by the upstream's name when the
