@@ -88,6 +88,18 @@ def thinking_kwarg(model: str) -> str:
     return "thinking" if _thinking_kwarg_model(model) else "enable_thinking"
 
 
+def set_template_thinking(body: dict[str, Any], model: str) -> None:
+    """The client's reasoning switch (`template_thinking`) into `chat_template_kwargs`, under the key the model's
+    template reads, unless the client put that key there itself (its other keys go through). `body` is the caller's
+    own copy."""
+    enable = template_thinking(body)
+    if enable is not None:
+        kwargs = body.get("chat_template_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+        kwargs.setdefault(thinking_kwarg(model), enable)
+        body["chat_template_kwargs"] = kwargs
+
+
 def template_thinking(body: dict[str, Any]) -> bool | None:
     """The chat template's thinking switch from `thinking`, a top-level `enable_thinking` or `reasoning_effort`
     (in that order of precedence); None when the client said nothing."""

@@ -43,7 +43,7 @@ from proxy.dialects.base import (
     ProbeListing,
     UpstreamSession,
     interleaved_thinking,
-    template_thinking,
+    set_template_thinking,
     thinking_kwarg,
 )
 from proxy.errors import ClientRequestError, ProxyError, StreamTruncated
@@ -278,12 +278,7 @@ class MindIEDialect(Dialect):
             body["messages"] = _messages(body.get("messages"))
         else:
             _completion_prompt(body)
-        enable = template_thinking(body)
-        if enable is not None:
-            kwargs = body.get("chat_template_kwargs")
-            kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
-            kwargs.setdefault(thinking_kwarg(ctx.upstream_model), enable)
-            body["chat_template_kwargs"] = kwargs
+        set_template_thinking(body, ctx.upstream_model)
         out = super().build_request(body, ctx)
         _check_stop(out)
         self._check_top_k(out)
