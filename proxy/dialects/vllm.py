@@ -10,7 +10,7 @@ refuse:
   keys go through;
 - `reasoning_effort` itself still goes (gpt-oss reads it) where every release takes it: `low`, `medium`, `high`.
   `none` and `minimal` are said by the template switch alone, `xhigh` goes as `high`: releases before the field
-  widened answer any other value with a 400;
+  widened answer any other value with a 400 (`max`, DeepSeek's grade, is taken as `xhigh`);
 - `stream_options.include_usage` is forced on (as for OpenAI); `continuous_usage_stats` is not sent: the proxy places
   usage itself (the final chunk, DECISIONS.md "Streams"), so per-chunk counts would only cost bytes.
 
@@ -81,6 +81,8 @@ class VLLMDialect(Dialect):
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
         if ctx.kind == CHAT:
             body = dict(body)
+            if body.get("reasoning_effort") == "max":  # DeepSeek's top grade, which newer vLLM takes for V4
+                body["reasoning_effort"] = "xhigh"
             set_template_thinking(body, ctx.upstream_model)
             effort = body.get("reasoning_effort")
             if effort in EFFORT_OFF:

@@ -152,6 +152,8 @@ def test_deepseek_templates_get_their_own_kwarg_and_completions_none() -> None:
                                "stream_options": {"continuous_usage_stats": True}}, ctx)
     assert out["chat_template_kwargs"] == {"thinking": False} and "reasoning_effort" not in out
     assert out["stream_options"] == {"include_usage": True}
+    out = spoke.build_request({"model": "x", "messages": [], "reasoning_effort": "max"}, ctx)
+    assert out["chat_template_kwargs"] == {"thinking": True} and out["reasoning_effort"] == "high"
 
 
 # ------------------------------------------------------------------------------------------------------ tool calls
