@@ -3,7 +3,10 @@
 The YAML says *what* differs (paths, renames, drops, ranges, clamps, finish reasons, error statuses, fields to strip);
 the dialect modules hold only what must be computed. Schema (every section optional):
 
-    paths: {chat: /v1/chat/completions, completions: /v1/completions, models: /v1/models, health: /v1/models}
+    paths: {chat: /v1/chat/completions, completions: /v1/completions, models: /v1/models, health: /health}
+                                                       # health: the server's own health endpoint (GET, 2xx when
+                                                       # serving), asked by /readyz when no health_url is set; null:
+                                                       # none on this port (proxy/gateway/health.py)
     native: {responses: /v1/responses, messages: {path: /anthropic/v1/messages, auth: x-api-key}}
                                                        # client dialects served as they are (proxy/dialects/base.py)
     request:

@@ -38,7 +38,14 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from proxy.dialects.base import Dialect, NameTest, ProbeListing, UpstreamSession
+from proxy.dialects.base import (
+    Dialect,
+    ProbeListing,
+    UpstreamSession,
+    interleaved_thinking,
+    set_template_thinking,
+    thinking_kwarg,
+)
 from proxy.errors import ClientRequestError, ProxyError, StreamTruncated
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from proxy.hub.events import Timings
@@ -58,24 +65,7 @@ MAX_INT32: Final = 2147483647
 _REQ_TAG: Final = os.urandom(3).hex()
 _req_counter: Final = itertools.count(1)
 
-# OpenAI reasoning_effort values; "none" and "minimal" ask for (next to) no thinking, which MindIE can only switch off.
-_EFFORT_OFF: Final = frozenset({"none", "minimal"})
-_EFFORT_ON: Final = frozenset({"low", "medium", "high", "xhigh"})
 _MEDIA_PARTS: Final = ("image_url", "video_url", "audio_url")
-# Chat templates whose thinking switch is the `thinking` kwarg (DeepSeek V3.1 and later); others (Qwen3, GLM ...)
-# read `enable_thinking`.
-_THINKING_KWARG_MODELS: Final = re.compile(r"(?i)deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4")
-# Thinking models whose chat templates render the reasoning of the current tool loop's assistant turns (Qwen3 keeps
-# `reasoning_content` after the last user query; DeepSeek V3.1+ and GLM-4.5+ interleave it with tool calls): a client
-# that drops it changes the prompt, so `reasoning_replay: auto` restores it (proxy/hub/continuity.py).
-_INTERLEAVED_THINKING: Final = re.compile(r"(?i)qwen3|deepseek[-_ ]?v3\.[1-9]|deepseek[-_ ]?v4|glm-?4\.[5-9]|kimi-k2")
-_interleaved_thinking: Final = NameTest(_INTERLEAVED_THINKING)  # asked once per request
-_thinking_kwarg_model: Final = NameTest(_THINKING_KWARG_MODELS)
-
-
-def thinking_kwarg(model: str) -> str:
-    """The chat_template_kwargs key that switches this model's thinking."""
-    return "thinking" if _thinking_kwarg_model(model) else "enable_thinking"
 
 # MindIE's "Model not found" (chat) and "Not found given model, please check modelName in config file." (completions)
 _MODEL_NOT_FOUND: Final = re.compile(r"(?i)model not found|not found given model")
@@ -270,7 +260,7 @@ class MindIEDialect(Dialect):
         """`auto`: R1-era models strip; thinking models whose templates render the tool loop's reasoning restore it
         (a turn never seen stays without: the template's own "no reasoning" form); others keep."""
         mode = super().reasoning_replay(body, ctx)
-        interleaved = _interleaved_thinking(ctx.upstream_model)
+        interleaved = interleaved_thinking(ctx.upstream_model)
         if ctx.upstream.reasoning_replay == "auto" and mode == "keep" and interleaved:
             return "restore"
         return mode
@@ -288,12 +278,7 @@ class MindIEDialect(Dialect):
             body["messages"] = _messages(body.get("messages"))
         else:
             _completion_prompt(body)
-        enable = _enable_thinking(body)
-        if enable is not None:
-            kwargs = body.get("chat_template_kwargs")
-            kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
-            kwargs.setdefault(thinking_kwarg(ctx.upstream_model), enable)
-            body["chat_template_kwargs"] = kwargs
+        set_template_thinking(body, ctx.upstream_model)
         out = super().build_request(body, ctx)
         _check_stop(out)
         self._check_top_k(out)
@@ -402,34 +387,6 @@ def _completion_prompt(body: dict[str, Any]) -> None:
         raise ClientRequestError("`suffix`: MindIE has no fill-in-the-middle completions.", param="suffix")
     body.pop("echo", None)
     body.pop("suffix", None)
-
-
-def _enable_thinking(body: dict[str, Any]) -> bool | None:
-    """chat_template_kwargs.enable_thinking from `thinking`, a top-level `enable_thinking` or `reasoning_effort`
-    (in that order of precedence); None when the client said nothing."""
-    thinking = body.get("thinking")
-    if thinking is not None:
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
-        if kind in ("enabled", "disabled"):
-            return bool(kind == "enabled")
-        raise ClientRequestError(
-            f'`thinking` must be {{"type": "enabled"}} or {{"type": "disabled"}}, got {thinking!r}.', param="thinking"
-        )
-    flag = body.get("enable_thinking")
-    if flag is not None:
-        if not isinstance(flag, bool):
-            raise ClientRequestError(f"`enable_thinking` must be a boolean, got {flag!r}.", param="enable_thinking")
-        return flag
-    effort = body.get("reasoning_effort")
-    if effort is None:
-        return None
-    if effort in _EFFORT_OFF:
-        return False
-    if effort in _EFFORT_ON:
-        return True
-    raise ClientRequestError(
-        f"`reasoning_effort` must be one of none, minimal, low, medium, high; got {effort!r}.", param="reasoning_effort"
-    )
 
 
 def _check_stop(out: dict[str, Any]) -> None:

@@ -1,8 +1,9 @@
 """Health checks of one upstream replica: what /readyz, the start-up log line and active health
 (proxy/gateway/replicas.py) ask, and why a replica is (not) ready.
 
-Ready means "a request would work": the operator's `health_url`, when set, answers 2xx, and the dialect's inference
-path exists and takes the configured key. The second is asked without generating anything: the spoke's readiness
+Ready means "a request would work": the operator's `health_url` (or, when none is set, the dialect's own health path:
+`paths.health` in its mapping, e.g. vLLM's `GET /health`) answers 2xx, and the dialect's inference path exists and
+takes the configured key. The second is asked without generating anything: the spoke's readiness
 request (`Dialect.readiness_request`, proxy/dialects/base.py) is a chat body that the upstream must refuse as invalid,
 and the spoke judges the answer (`Dialect.readiness_verdict`) — its validation error is ready, a 404 or an auth error
 is not, and so is an error body at HTTP 200 (Siliconstorm's `{"code": 801}`). The request carries CHECK_HEADER, so
@@ -54,13 +55,16 @@ class UpstreamCheck:
 
 async def probe(client: UpstreamClient, dialect: Dialect, u: UpstreamSettings, replica: ReplicaSettings,
                 timeout: float, redactor: Redactor) -> UpstreamCheck:
-    """The replica's health URL (if any) must answer 2xx, then its dialect's readiness request must get an answer
-    the dialect calls ready; each within `timeout`."""
+    """The replica's health URL (its own, else its dialect's health path), if any, must answer 2xx, then its dialect's
+    readiness request must get an answer the dialect calls ready; each within `timeout`."""
     health = None
+    own = dialect.path("health")
     if replica.health_url is not None:
-        health = await _health_url(client, replica.health_url, timeout, redactor)
-        if not health.ready:
-            return health
+        health = await _health_url(client, replica.health_url, timeout, redactor, "health_url")
+    elif own:
+        health = await _health_url(client, replica.url + own, timeout, redactor, f"the {u.dialect} health path")
+    if health is not None and not health.ready:
+        return health
     path, body = dialect.readiness_request(u)
     url = replica.url + path
     headers = dialect.readiness_headers(u)
@@ -79,7 +83,8 @@ async def probe(client: UpstreamClient, dialect: Dialect, u: UpstreamSettings, r
     return UpstreamCheck(url, ready, True, resp.status, redactor.for_client(reason))
 
 
-async def _health_url(client: UpstreamClient, url: str, timeout: float, redactor: Redactor) -> UpstreamCheck:
+async def _health_url(client: UpstreamClient, url: str, timeout: float, redactor: Redactor,
+                      label: str) -> UpstreamCheck:
     shown = urlsplit(url).path or "/"
     try:
         # An operator's health URL may answer plain text (JSON is the session default); no key goes there.
@@ -89,5 +94,5 @@ async def _health_url(client: UpstreamClient, url: str, timeout: float, redactor
         return UpstreamCheck(url, False, False, None, redactor.for_client(err.message))
     status = resp.status
     if 200 <= status < 300:
-        return UpstreamCheck(url, True, True, status, f"health_url GET {shown} answered HTTP {status}")
-    return UpstreamCheck(url, False, True, status, f"health_url GET {shown} answered HTTP {status} (expected 2xx)")
+        return UpstreamCheck(url, True, True, status, f"{label} GET {shown} answered HTTP {status}")
+    return UpstreamCheck(url, False, True, status, f"{label} GET {shown} answered HTTP {status} (expected 2xx)")

@@ -2,7 +2,8 @@
 "Anthropic API"), for the proxy's native passthrough (docs/passthrough.md). Written from Anthropic's Messages
 reference and DeepSeek's compatibility table, minimal but real:
 
-* auth: `x-api-key` (when the server has a key); a wrong or missing one is 401 `authentication_error`;
+* auth: `x-api-key` (when the server has a key; `Authorization: Bearer` where the server checks the key as on its
+  other routes, as vLLM's `--api-key`); a wrong or missing one is 401 `authentication_error`;
 * a `message` with `content` blocks: a `thinking` block (with a `signature`) when the request enables thinking, then
   one `text` block; `stop_reason` `end_turn` (`max_tokens` when cut), `usage` with `input_tokens`, `output_tokens`,
   `cache_read_input_tokens` and `cache_creation_input_tokens`;
@@ -49,12 +50,14 @@ def _usage(call: Call, gen: Generation | None, sc: Scenario) -> dict[str, Any]:
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
-def handler(model_check: Callable[[str], str | None]) -> Callable[[Call], Plan]:
-    """The Messages endpoint; `model_check` names what is wrong with a model name (None: served)."""
+def handler(model_check: Callable[[str], str | None], auth: str = "x-api-key") -> Callable[[Call], Plan]:
+    """The Messages endpoint; `model_check` names what is wrong with a model name (None: served); `auth` the header
+    that carries the key (`bearer`: Authorization with its Bearer scheme)."""
 
     def handle(call: Call) -> Plan:
         key = call.cfg.api_key
-        if key is not None and call.headers.get("x-api-key") != key:
+        given = call.headers.get(auth) if auth != "bearer" else call.headers.get("authorization", "")[len("Bearer "):]
+        if key is not None and given != key:
             return error_plan(401, "Authentication Fails, Your api key is invalid")
         sc = call.scenario
         if (plan := connection_directives(sc)) is not None:
@@ -127,5 +130,6 @@ def _stream(call: Call, model: str, gen: Generation, thinking: bool, sc: Scenari
     return stream_plan(head, body, tail, headers=SSE, **stream_directives(sc))
 
 
-def api_routes(cfg: MockConfig, stats: Stats, path: str, model_check: Callable[[str], str | None]) -> list[Route]:
-    return [Route(path, inference(cfg, stats, handler(model_check), from_chat), methods=["POST"])]
+def api_routes(cfg: MockConfig, stats: Stats, path: str, model_check: Callable[[str], str | None],
+               auth: str = "x-api-key") -> list[Route]:
+    return [Route(path, inference(cfg, stats, handler(model_check, auth), from_chat), methods=["POST"])]

@@ -25,10 +25,10 @@ def request_for(dialect: str, text: str, **extra: Any) -> tuple[str, dict[str, A
 
 
 def test_interface() -> None:
-    assert set(DIALECTS) == {"openai", "mindie", "siliconstorm", "deepseek", "engine"}
+    assert set(DIALECTS) == {"openai", "mindie", "siliconstorm", "deepseek", "engine", "vllm"}
     assert callable(run)
     with pytest.raises(ValueError, match="unknown mock dialect"):
-        create_app("vllm")
+        create_app("sglang")
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
