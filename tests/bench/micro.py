@@ -173,8 +173,9 @@ def nonstream_request(dialect_name: str, body: bytes) -> Callable[[], int]:
         answer = Answer()
         pipeline = Pipeline(session, answer)
         encoder = chat_encoder(ctx, answer)
-        events: list[Delta] = []
-        pipeline.complete(body, events)
+        events: list[Delta | TextRun] = []
+        pipeline.feed_body(body, events)
+        pipeline.finish(events)
         encoder.feed(events)
         return len(encoder.finish())
 
