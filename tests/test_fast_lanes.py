@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from proxy.clients.base import ClientCall, Encoder
 from proxy.clients.chat import ChatEncoder
-from proxy.clients.messages_encoder import MessagesEncoder
+from proxy.clients.messages_encoder import MessagesEncoder, consumer
 from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
@@ -101,7 +101,7 @@ def responses(ctx: Any, answer: Answer) -> Encoder:
 
 def messages(ctx: Any, answer: Answer) -> Encoder:
     call = ClientCall({"model": "m", "messages": []}, CHAT, "alias", True, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, answer, SIGNER)
+    return MessagesEncoder(call, ctx, answer, SIGNER, consumer(call, ctx))
 
 
 ENCODERS: dict[str, Callable[[Any, Answer], Encoder]] = {"chat": chat, "responses": responses, "messages": messages}

@@ -31,7 +31,7 @@ from timing import fastest  # noqa: E402  (tests/bench/timing.py)
 
 from proxy.clients.base import ClientCall  # noqa: E402
 from proxy.clients.chat import ChatEncoder  # noqa: E402
-from proxy.clients.messages_encoder import MessagesEncoder  # noqa: E402
+from proxy.clients.messages_encoder import MessagesEncoder, consumer  # noqa: E402
 from proxy.clients.responses_events import Echo, ResponsesEncoder  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
@@ -115,7 +115,7 @@ SIGNER = ThinkingSigner(b"k" * 32)
 
 def messages_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
     call = ClientCall({"model": "bench", "messages": []}, CHAT, "bench", ctx.stream, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, answer, SIGNER)
+    return MessagesEncoder(call, ctx, answer, SIGNER, consumer(call, ctx))
 
 
 METRICS = Metrics(None)

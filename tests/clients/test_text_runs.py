@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.clients.base import ClientCall, Encoder
-from proxy.clients.messages_encoder import MessagesEncoder
+from proxy.clients.messages_encoder import MessagesEncoder, consumer
 from proxy.clients.responses_events import Echo, ResponsesEncoder
 from proxy.clients.responses_request import ToolName
 from proxy.clients.signature import ThinkingSigner
@@ -45,7 +45,7 @@ def responses(stream: bool) -> Encoder:
 def messages(stream: bool) -> Encoder:
     ctx = request_context(CHAT, "m", UP, stream=stream, client_model="alias", response_id="msg_x")
     call = ClientCall({"model": "m", "messages": []}, CHAT, "alias", stream, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, Answer(), SIGNER)
+    return MessagesEncoder(call, ctx, Answer(), SIGNER, consumer(call, ctx))
 
 
 def output(encoder: Encoder, stream: bool, reads: list[list[Delta | TextRun]]) -> tuple[bytes, str | None]:
