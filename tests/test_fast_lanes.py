@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from proxy.clients.base import ClientCall, Encoder
 from proxy.clients.chat import ChatEncoder
-from proxy.clients.messages_encoder import MessagesEncoder, consumer
-from proxy.clients.responses_events import Echo, ResponsesEncoder
+from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
+from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
 from proxy.errors import ProxyError
@@ -96,12 +96,12 @@ def chat(ctx: Any, answer: Answer) -> Encoder:
 
 
 def responses(ctx: Any, answer: Answer) -> Encoder:
-    return ResponsesEncoder(ctx, answer, True, Echo({"store": False}), {}, None)
+    return ResponsesEncoder(ctx, answer, responses_consumer(True), Echo({"store": False}), {}, None)
 
 
 def messages(ctx: Any, answer: Answer) -> Encoder:
     call = ClientCall({"model": "m", "messages": []}, CHAT, "alias", True, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, answer, SIGNER, consumer(call, ctx))
+    return MessagesEncoder(call, ctx, answer, SIGNER, messages_consumer(call, ctx))
 
 
 ENCODERS: dict[str, Callable[[Any, Answer], Encoder]] = {"chat": chat, "responses": responses, "messages": messages}

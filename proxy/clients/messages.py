@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from proxy.clients import tool_ids
 from proxy.clients.base import ClientCall, ClientDialect, Headers
-from proxy.clients.messages_encoder import MessagesEncoder, consumer
+from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_response
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ClientRequestError, ProxyError
@@ -107,7 +107,7 @@ class MessagesClient(ClientDialect):
         return decode_request(body, self.signer)
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:
-        return MessagesEncoder(call, ctx, answer, self.signer, consumer(call, ctx))
+        return MessagesEncoder(call, ctx, answer, self.signer, messages_consumer(call, ctx))
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return error_response(err)

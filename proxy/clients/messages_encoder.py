@@ -224,7 +224,7 @@ def message_object(ctx: RequestContext, content: list[dict[str, Any]], stop_reas
             "usage": message_usage(usage)}
 
 
-def consumer(call: ClientCall, ctx: RequestContext) -> MessagesSink:
+def messages_consumer(call: ClientCall, ctx: RequestContext) -> MessagesSink:
     """Where a request's events go: the SSE writer for a stream, the fold for one Message."""
     return MessagesWriter() if call.stream else MessagesFold(ctx)
 

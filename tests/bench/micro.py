@@ -31,8 +31,8 @@ from timing import fastest  # noqa: E402  (tests/bench/timing.py)
 
 from proxy.clients.base import ClientCall  # noqa: E402
 from proxy.clients.chat import ChatEncoder  # noqa: E402
-from proxy.clients.messages_encoder import MessagesEncoder, consumer  # noqa: E402
-from proxy.clients.responses_events import Echo, ResponsesEncoder  # noqa: E402
+from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer  # noqa: E402
+from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
 from proxy.hub.canonical import CHAT, RequestContext  # noqa: E402
@@ -107,7 +107,7 @@ def chat_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
 
 
 def responses_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
-    return ResponsesEncoder(ctx, answer, ctx.stream, Echo({"store": False}), {}, None)
+    return ResponsesEncoder(ctx, answer, responses_consumer(ctx.stream), Echo({"store": False}), {}, None)
 
 
 SIGNER = ThinkingSigner(b"k" * 32)
@@ -115,7 +115,7 @@ SIGNER = ThinkingSigner(b"k" * 32)
 
 def messages_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
     call = ClientCall({"model": "bench", "messages": []}, CHAT, "bench", ctx.stream, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, answer, SIGNER, consumer(call, ctx))
+    return MessagesEncoder(call, ctx, answer, SIGNER, messages_consumer(call, ctx))
 
 
 METRICS = Metrics(None)
