@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from proxy.clients.base import Encoder
-from proxy.clients.chat import ChatEncoder
+from proxy.clients.chat import ChatEncoder, chat_encoder
 from proxy.dialects import dialect_usage_fields
 from proxy.dialects.base import Dialect, UpstreamSession
 from proxy.hub.canonical import RequestContext
@@ -79,7 +79,7 @@ class Run:
 
 def _encoder(c: RequestContext, answer: Answer, client: ClientSettings | None, stream: bool) -> ChatEncoder:
     client = client or ClientSettings()
-    return ChatEncoder(
+    return chat_encoder(
         c,
         answer,
         stream,

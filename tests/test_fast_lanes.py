@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.clients.base import ClientCall, Encoder
-from proxy.clients.chat import ChatEncoder
+from proxy.clients.chat import chat_encoder
 from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
 from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer
 from proxy.clients.signature import ThinkingSigner
@@ -92,7 +92,7 @@ def mindie_full_text_stream(draw: st.DrawFn) -> list[bytes]:
 
 
 def chat(ctx: Any, answer: Answer) -> Encoder:
-    return ChatEncoder(ctx, answer, True, True, "reasoning_content", None, True)
+    return chat_encoder(ctx, answer, True, True, "reasoning_content", None, True)
 
 
 def responses(ctx: Any, answer: Answer) -> Encoder:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import fastest  # noqa: E402  (tests/bench/timing.py)
 
 from proxy.clients.base import ClientCall  # noqa: E402
-from proxy.clients.chat import ChatEncoder  # noqa: E402
+from proxy.clients.chat import chat_encoder as make_chat_encoder  # noqa: E402
 from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer  # noqa: E402
 from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
@@ -103,7 +103,7 @@ Encoderish = Any
 
 
 def chat_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
-    return ChatEncoder(ctx, answer, ctx.stream, False, "reasoning_content", None, True)
+    return make_chat_encoder(ctx, answer, ctx.stream, False, "reasoning_content", None, True)
 
 
 def responses_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
