@@ -8,11 +8,11 @@ from typing import Any
 import orjson
 
 from proxy.clients.base import Encoder
-from proxy.clients.chat import ChatEncoder
+from proxy.clients.chat import ChatEncoder, chat_encoder
 from proxy.dialects import dialect_usage_fields
 from proxy.dialects.base import Dialect, UpstreamSession
 from proxy.hub.canonical import RequestContext
-from proxy.hub.events import Answer, Delta
+from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.pipeline import Pipeline
 from proxy.hub.sse import SSEDecoder
 from proxy.settings import ClientSettings, UpstreamSettings
@@ -79,7 +79,7 @@ class Run:
 
 def _encoder(c: RequestContext, answer: Answer, client: ClientSettings | None, stream: bool) -> ChatEncoder:
     client = client or ClientSettings()
-    return ChatEncoder(
+    return chat_encoder(
         c,
         answer,
         stream,
@@ -146,8 +146,9 @@ def complete_run(
     answer = Answer()
     pipeline = Pipeline(session, answer)
     encoder = _encoder(c, answer, client, False)
-    events: list[Delta] = []
-    pipeline.complete(orjson.dumps(data), events)
+    events: list[Delta | TextRun] = []
+    pipeline.feed_body(orjson.dumps(data), events)
+    pipeline.finish(events)
     encoder.feed(events)
     result: dict[str, Any] = orjson.loads(encoder.finish())
     return result, Run(session, answer)

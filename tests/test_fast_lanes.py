@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.clients.base import ClientCall, Encoder
-from proxy.clients.chat import ChatEncoder
-from proxy.clients.messages_encoder import MessagesEncoder
-from proxy.clients.responses_events import Echo, ResponsesEncoder
+from proxy.clients.chat import chat_encoder
+from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
+from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
 from proxy.errors import ProxyError
@@ -92,16 +92,16 @@ def mindie_full_text_stream(draw: st.DrawFn) -> list[bytes]:
 
 
 def chat(ctx: Any, answer: Answer) -> Encoder:
-    return ChatEncoder(ctx, answer, True, True, "reasoning_content", None, True)
+    return chat_encoder(ctx, answer, True, True, "reasoning_content", None, True)
 
 
 def responses(ctx: Any, answer: Answer) -> Encoder:
-    return ResponsesEncoder(ctx, answer, True, Echo({"store": False}), {}, None)
+    return ResponsesEncoder(ctx, answer, responses_consumer(True), Echo({"store": False}), {}, None)
 
 
 def messages(ctx: Any, answer: Answer) -> Encoder:
     call = ClientCall({"model": "m", "messages": []}, CHAT, "alias", True, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, answer, SIGNER)
+    return MessagesEncoder(call, ctx, answer, SIGNER, messages_consumer(call, ctx))
 
 
 ENCODERS: dict[str, Callable[[Any, Answer], Encoder]] = {"chat": chat, "responses": responses, "messages": messages}

@@ -6,8 +6,9 @@ Per request:
     body ─▶ ClientDialect.decode() ─▶ ClientCall (canonical chat/completions request + what the encoder needs)
     Delta events ─▶ ClientDialect.encoder(call, ctx, answer) ─▶ the client's wire bytes
 
-Streaming and non-streaming share one path: an encoder is fed the same `Delta` events either way. Streaming, `feed`
-returns SSE bytes to send at once; non-streaming, it accumulates and `finish` returns the whole JSON body.
+Streaming and non-streaming share one path: an encoder is fed the same `Delta` events either way and emits the
+client's events to a consumer the client dialect picks per request — an SSE writer (`feed` returns the bytes to send
+at once) or a fold (`feed` returns b"", `finish` the whole JSON body); docs/hub.md.
 
 Errors: before the stream head an error is an HTTP status with the client's own envelope (`error_response`); after
 it, `Encoder.error` renders the in-stream error that makes the client's SDK raise (never a silent end).

@@ -8,7 +8,8 @@ closest to the hub. The request already is the canonical form; the encoder puts 
   final `choices: []` chunk with the usage — zeros if the upstream reported none; no `usage` key without it;
   `client.usage_fields: <dialect>` adds that upstream dialect's own usage fields (its spoke's `client_usage_fields`);
 - fields the hub does not know pass through (lossless for an OpenAI upstream);
-- non-streaming, the same events are folded into one `chat.completion` / `text_completion`.
+- the encoder emits one chunk event per hub event to its consumer: `ChatWriter` writes them as SSE (a plain text
+  chunk from cached bytes), `ChatFold` folds them into one `chat.completion` / `text_completion` (docs/hub.md).
 """
 
 from __future__ import annotations
@@ -157,15 +158,8 @@ class ChatClient(ClientDialect):
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
         client = self.settings.client
-        return ChatEncoder(
-            ctx,
-            answer,
-            call.stream,
-            call.options["include_usage"],
-            client.reasoning,
-            self.usage_fields,
-            self.kind == CHAT,
-        )
+        return chat_encoder(ctx, answer, call.stream, call.options["include_usage"], client.reasoning,
+                            self.usage_fields, self.kind == CHAT)
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return openai_error_response(err)
@@ -183,45 +177,63 @@ class CompletionsClient(ChatClient):
             raise ClientRequestError("`prompt` is required.", param="prompt")
 
 
-class _Fold:
-    """One choice of a non-stream answer, accumulated."""
+class ChatSink:
+    """The consumer of one answer's chunk events (one per hub event, as the encoder formats them), and what both
+    consumers read of the answer: its id and usage."""
 
-    __slots__ = ("choice_extra", "content", "extra", "finish_reason", "logprobs", "reasoning", "tool_calls")
-
-    def __init__(self) -> None:
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.finish_reason: str | None = None
-        self.logprobs: Any = None
-        self.extra: dict[str, Any] = {}
-        self.choice_extra: dict[str, Any] = {}
-
-
-class ChatEncoder:
-    keepalive = KEEPALIVE
-
-    def __init__(
-        self,
-        ctx: RequestContext,
-        answer: Answer,
-        stream: bool,
-        include_usage: bool,
-        reasoning: str,
-        usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None,
-        chat: bool,
-    ) -> None:
+    def __init__(self, ctx: RequestContext, answer: Answer, chat: bool,
+                 usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None) -> None:
         self.ctx = ctx
         self.answer = answer
-        self.stream = stream
-        self.include_usage = include_usage
-        self.reasoning = reasoning
-        self.usage_fields = usage_fields
         self.chat = chat
-        self._object = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
+        self.usage_fields = usage_fields
         self._id: str | None = None
-        self._think_open: set[int] = set()  # think_tags: choices whose "<think>" was sent, "</think>" not yet
-        self._folds: dict[int, _Fold] = {}
+
+    def begin(self) -> None:
+        """Events of one read follow."""
+
+    def text(self, index: int, text: str) -> None:
+        """A chunk that only adds content (a Completions chunk: text) to choice `index`."""
+
+    def reasoning(self, index: int, text: str) -> None:
+        """A chunk that only adds reasoning to choice `index`, in the delta key the client asked for."""
+
+    def run(self, run: TextRun) -> None:
+        """One `text` (or `reasoning`) chunk per text of the run, in order."""
+
+    def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
+        """Any other chunk: event `d` with its content as the client gets it and its reasoning `fields`."""
+
+    def end(self) -> bytes:
+        """The answer is complete: the last bytes."""
+        return b""
+
+    def take(self) -> bytes:
+        return b""
+
+    def response_id(self) -> str:
+        if self._id is None:
+            upstream_id = self.answer.upstream_id
+            self._id = upstream_id if upstream_id and self.ctx.upstream.keep_upstream_id else self.ctx.response_id
+        return self._id
+
+    def usage(self) -> dict[str, Any] | None:
+        usage = self.answer.usage
+        if usage is not None and self.usage_fields is not None:
+            return self.usage_fields(usage)
+        return usage
+
+
+class ChatWriter(ChatSink):
+    """The chunks as SSE, `data: {...}` each, and `[DONE]`."""
+
+    def __init__(self, ctx: RequestContext, answer: Answer, chat: bool,
+                 usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None, include_usage: bool,
+                 reasoning_key: bytes | None) -> None:
+        super().__init__(ctx, answer, chat, usage_fields)
+        self.include_usage = include_usage
+        self._object = "chat.completion.chunk" if chat else "text_completion"
+        self.out: list[bytes] = []
         # The hot path (a chunk that only adds text to one choice) is built from cached bytes: the envelope up to
         # the choice's index, and what follows the delta (`_tail`). Rebuilt when the envelope's extra fields change.
         self._head = b""
@@ -231,77 +243,62 @@ class ChatEncoder:
         self._text_heads: dict[int, bytes] = {}
         self._reasoning_heads: dict[int, bytes] = {}
         self._extra_seen: dict[str, Any] | None = None
-        # The delta key the hot path may use for reasoning (None: reasoning takes the general path).
-        self._reasoning_key = {"reasoning_content": b'"reasoning_content":', "reasoning": b'"reasoning":'}.get(
-            reasoning
-        )
+        self._reasoning_key = reasoning_key  # b'"reasoning_content":' or b'"reasoning":'
 
-    # -- the Encoder protocol -----------------------------------------------------------------------------------
-    def head(self) -> bytes:
-        return b""
-
-    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
-        if not self.stream:
-            for d in deltas:
-                if type(d) is TextRun:
-                    for one in d.deltas():
-                        self._fold(one)
-                else:
-                    self._fold(d)
-            return b""
-        # One chunk per event: choices of one upstream chunk go out one by one, as OpenAI sends n > 1 streams.
+    def begin(self) -> None:
         if self._extra_seen != self.answer.envelope_extra:
             self._prefixes()
-        out: list[bytes] = []
-        for d in deltas:
-            if type(d) is TextRun:
-                self._run(d, out)
-                continue
-            # The common event adds text to a choice and nothing else: cached bytes around the one dumped string,
-            # byte for byte what the general path below produces (tests/clients/test_chat_encoder.py).
-            if not (d.first or d.tool_calls or d.finish_reason is not None or d.logprobs is not None or d.extra
-                    or d.choice_extra):
-                if not self.chat:
-                    head = self._text_heads.get(d.index) or self._cache(self._text_heads, d.index, b'"text":')
-                    out.append(head + dumps_text(d.content) + self._tail)
-                    continue
-                if not d.reasoning:
-                    if d.content and (d.index not in self._think_open):
-                        head = self._text_heads.get(d.index) or self._cache(
-                            self._text_heads, d.index, b'"delta":{"content":')
-                        out.append(head + dumps_text(d.content) + self._close)
-                        continue
-                elif not d.content and self._reasoning_key is not None:
-                    head = self._reasoning_heads.get(d.index) or self._cache(
-                        self._reasoning_heads, d.index, b'"delta":{' + self._reasoning_key)
-                    out.append(head + dumps_text(d.reasoning) + self._close)
-                    continue
-            out.append(self._chunk(d))
-        return b"".join(out)
 
-    def _run(self, run: TextRun, out: list[bytes]) -> None:
-        """A TextRun: one chunk per text, as `feed` writes each of its Deltas (plain text: the hot path), in one
-        loop; a run the hot path would not take (reasoning without a delta key, inside a `<think>` tag, a
-        Completions stream) goes through `feed` as its Deltas."""
-        index = run.index
+    # The common event adds text to a choice and nothing else: cached bytes around the one dumped string, byte for
+    # byte what the general path (`choice`) produces (tests/clients/test_chat_encoder.py).
+    def text(self, index: int, text: str) -> None:
         if not self.chat:
-            out.append(self.feed(run.deltas()))
+            head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"text":')
+            self.out.append(head + dumps_text(text) + self._tail)
             return
-        if run.reasoning:
-            if self._reasoning_key is None:
-                out.append(self.feed(run.deltas()))
-                return
-            head = self._reasoning_heads.get(index) or self._cache(
-                self._reasoning_heads, index, b'"delta":{' + self._reasoning_key)
-        elif index in self._think_open:
-            out.append(self.feed(run.deltas()))
-            return
-        else:
-            head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
+        head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
+        self.out.append(head + dumps_text(text) + self._close)
+
+    def reasoning(self, index: int, text: str) -> None:
+        head = self._reasoning_heads.get(index) or self._reasoning_head(index)
+        self.out.append(head + dumps_text(text) + self._close)
+
+    def run(self, run: TextRun) -> None:
         # One chunk per text, head + text + close each: written as the texts' JSON strings joined by close + head,
         # between head and close (the same bytes in one piece: proxy/hub/jsontext.py dumps_joined).
+        index = run.index
+        if run.reasoning:
+            head = self._reasoning_heads.get(index) or self._reasoning_head(index)
+        else:
+            head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
         close = self._close
-        out.append(dumps_joined(run.texts, close + head, head, close))
+        self.out.append(dumps_joined(run.texts, close + head, head, close))
+
+    def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
+        """The general path: one event -> one framed chunk."""
+        made = self._chat_choice(d, content, fields) if self.chat else self._text_choice(d)
+        self.out.append(encode_data(orjson.dumps(self._envelope([made]))))
+
+    def end(self) -> bytes:
+        if self.include_usage:
+            final = self._envelope([])
+            final["usage"] = self.usage() or dict(_ZERO_USAGE)
+            self.out.append(encode_data(orjson.dumps(final)))
+        self.out.append(DONE)
+        return self.take()
+
+    def take(self) -> bytes:
+        out = self.out
+        if len(out) == 1:  # (a paced stream's one chunk: that very object, no copy)
+            data = out[0]
+        else:
+            data = b"".join(out)
+        out.clear()
+        return data
+
+    def _reasoning_head(self, index: int) -> bytes:
+        assert self._reasoning_key is not None  # (the encoder sends plain reasoning here only with a delta key)
+        return self._cache(self._reasoning_heads, index, b'"delta":{' + self._reasoning_key)
 
     def _cache(self, heads: dict[int, bytes], index: int, key: bytes) -> bytes:
         """The bytes of a hot-path chunk of choice `index` up to the value of `key` (kept until the envelope
@@ -309,15 +306,10 @@ class ChatEncoder:
         head = heads[index] = b"%s%d,%s" % (self._head, index, key)
         return head
 
-    def _chunk(self, d: Delta) -> bytes:
-        """The general path: one event -> one framed chunk."""
-        make = self._chat_choice if self.chat else self._text_choice
-        return encode_data(orjson.dumps(self._envelope([make(d)])))
-
     def _prefixes(self) -> None:
         extra = self.answer.envelope_extra
         self._extra_seen = dict(extra)
-        envelope = orjson.dumps({"id": self._response_id(), "object": self._object, "created": self.ctx.created,
+        envelope = orjson.dumps({"id": self.response_id(), "object": self._object, "created": self.ctx.created,
                                  "model": self.ctx.response_model})
         self._head = b"data: " + envelope[:-1] + b',"choices":[{"index":'
         rest: dict[str, Any] = dict(extra)
@@ -329,22 +321,10 @@ class ChatEncoder:
         self._text_heads.clear()
         self._reasoning_heads.clear()
 
-    def finish(self) -> bytes:
-        if not self.stream:
-            return orjson.dumps(self._folded())
-        if not self.include_usage:
-            return DONE
-        final = self._envelope([])
-        final["usage"] = self._usage() or dict(_ZERO_USAGE)
-        return encode_data(orjson.dumps(final)) + DONE
-
-    def error(self, err: ProxyError) -> bytes:
-        return encode_data(err.body())
-
-    # -- streams --------------------------------------------------------------------------------------------------
-    def _chat_choice(self, d: Delta) -> dict[str, Any]:
+    def _chat_choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> dict[str, Any]:
         out_delta: dict[str, Any] = {"role": "assistant"} if d.first else {}
-        content = self._format(d, out_delta)
+        if fields:
+            out_delta.update(fields)
         if content:
             out_delta["content"] = content
         elif d.first and len(out_delta) == 1:
@@ -368,30 +348,9 @@ class ChatEncoder:
         out["finish_reason"] = d.finish_reason
         return out
 
-    def _format(self, d: Delta, out: dict[str, Any]) -> str:
-        """Put reasoning where the client wants it; returns the (maybe re-inlined) content."""
-        mode = self.reasoning
-        if mode == "think_tags":
-            prefix = ""
-            is_open = d.index in self._think_open
-            if d.reasoning:
-                prefix = d.reasoning if is_open else "<think>" + d.reasoning
-                self._think_open.add(d.index)
-                is_open = True
-            if is_open and (d.content or d.finish_reason is not None):
-                prefix += "</think>\n\n"
-                self._think_open.discard(d.index)
-            return prefix + d.content
-        if d.reasoning:
-            if mode == "reasoning_content":
-                out["reasoning_content"] = d.reasoning
-            elif mode == "reasoning":
-                out["reasoning"] = d.reasoning
-        return d.content
-
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self._response_id(),
+            "id": self.response_id(),
             "object": self._object,
             "created": self.ctx.created,
             "model": self.ctx.response_model,
@@ -403,31 +362,55 @@ class ChatEncoder:
             out["usage"] = None
         return out
 
-    def _response_id(self) -> str:
-        if self._id is None:
-            upstream_id = self.answer.upstream_id
-            self._id = upstream_id if upstream_id and self.ctx.upstream.keep_upstream_id else self.ctx.response_id
-        return self._id
 
-    def _usage(self) -> dict[str, Any] | None:
-        usage = self.answer.usage
-        if usage is not None and self.usage_fields is not None:
-            return self.usage_fields(usage)
-        return usage
+class _Fold:
+    """One choice of a non-stream answer, accumulated."""
 
-    # -- non-stream: the same events, folded --------------------------------------------------------------------
-    def _fold(self, d: Delta) -> None:
-        f = self._folds.get(d.index)
+    __slots__ = ("choice_extra", "content", "extra", "finish_reason", "logprobs", "reasoning", "tool_calls")
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.logprobs: Any = None
+        self.extra: dict[str, Any] = {}
+        self.choice_extra: dict[str, Any] = {}
+
+
+class ChatFold(ChatSink):
+    """The chunks folded into one `chat.completion` / `text_completion`."""
+
+    def __init__(self, ctx: RequestContext, answer: Answer, chat: bool,
+                 usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None, reasoning: str) -> None:
+        super().__init__(ctx, answer, chat, usage_fields)
+        self.reasoning_key = "reasoning" if reasoning == "reasoning" else "reasoning_content"
+        self._folds: dict[int, _Fold] = {}
+
+    def _choice(self, index: int) -> _Fold:
+        f = self._folds.get(index)
         if f is None:
-            f = self._folds[d.index] = _Fold()
-        if self.chat:
-            out: dict[str, Any] = {}
-            content = self._format(d, out)
-            reasoning = out.get("reasoning_content") or out.get("reasoning")
+            f = self._folds[index] = _Fold()
+        return f
+
+    def text(self, index: int, text: str) -> None:
+        f = self._choice(index)
+        if text:
+            f.content.append(text)
+
+    def reasoning(self, index: int, text: str) -> None:
+        self._choice(index).reasoning.append(text)
+
+    def run(self, run: TextRun) -> None:
+        f = self._choice(run.index)
+        (f.reasoning if run.reasoning else f.content).extend(run.texts)
+
+    def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
+        f = self._choice(d.index)
+        if fields:
+            reasoning = fields.get("reasoning_content") or fields.get("reasoning")
             if reasoning:
                 f.reasoning.append(reasoning)
-        else:
-            content = d.content
         if content:
             f.content.append(content)
         for call in d.tool_calls or ():
@@ -450,7 +433,7 @@ class ChatEncoder:
         if d.finish_reason is not None:
             f.finish_reason = d.finish_reason
 
-    def _folded(self) -> dict[str, Any]:
+    def end(self) -> bytes:
         choices = []
         for index in sorted(self._folds):
             f = self._folds[index]
@@ -460,8 +443,7 @@ class ChatEncoder:
                 message: dict[str, Any] = {"role": "assistant"}
                 message["content"] = text if text else (None if calls or f.extra.get("refusal") else "")
                 if f.reasoning:
-                    key = "reasoning" if self.reasoning == "reasoning" else "reasoning_content"
-                    message[key] = "".join(f.reasoning)
+                    message[self.reasoning_key] = "".join(f.reasoning)
                 if calls:
                     message["tool_calls"] = calls
                 for key, value in f.extra.items():
@@ -478,17 +460,117 @@ class ChatEncoder:
             choice["finish_reason"] = f.finish_reason
             choices.append(choice)
         result: dict[str, Any] = {
-            "id": self._response_id(),
-            "object": self._object,
+            "id": self.response_id(),
+            "object": "chat.completion" if self.chat else "text_completion",
             "created": self.ctx.created,
             "model": self.ctx.response_model,
             "choices": choices,
         }
         result.update(self.answer.envelope_extra)
-        usage = self._usage()
+        usage = self.usage()
         if usage is not None:
             result["usage"] = usage
-        return result
+        return orjson.dumps(result)
+
+
+_REASONING_KEYS: Final = {"reasoning_content": b'"reasoning_content":', "reasoning": b'"reasoning":'}
+
+
+def chat_encoder(ctx: RequestContext, answer: Answer, stream: bool, include_usage: bool, reasoning: str,
+                 usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None, chat: bool) -> ChatEncoder:
+    """The encoder of one request and its consumer: the SSE writer for a stream, the fold for one object."""
+    sink: ChatSink
+    if stream:
+        sink = ChatWriter(ctx, answer, chat, usage_fields, include_usage, _REASONING_KEYS.get(reasoning))
+    else:
+        sink = ChatFold(ctx, answer, chat, usage_fields, reasoning)
+    return ChatEncoder(sink, reasoning, chat)
+
+
+class ChatEncoder:
+    """Hub events -> chunk events for its consumer (`ChatSink`): reasoning where the client wants it, `<think>` tags
+    re-inlined (their open/closed state per choice), and which events are plain text (the hot path)."""
+
+    keepalive = KEEPALIVE
+
+    def __init__(self, sink: ChatSink, reasoning: str, chat: bool) -> None:
+        self.sink = sink
+        self.reasoning = reasoning
+        self.chat = chat
+        self._think_open: set[int] = set()  # think_tags: choices whose "<think>" was sent, "</think>" not yet
+        # Plain reasoning takes the hot path only into a delta key of its own.
+        self._reasoning_key = reasoning in _REASONING_KEYS
+
+    # -- the Encoder protocol -----------------------------------------------------------------------------------
+    def head(self) -> bytes:
+        return b""
+
+    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+        # One chunk per event: choices of one upstream chunk go out one by one, as OpenAI sends n > 1 streams.
+        sink = self.sink
+        sink.begin()
+        self._events(deltas)
+        return sink.take()
+
+    def _events(self, deltas: Sequence[Delta | TextRun]) -> None:
+        sink = self.sink
+        for d in deltas:
+            if type(d) is TextRun:
+                # The hot path's plain text, one chunk per text; a run it would not take (reasoning without a
+                # delta key, inside a `<think>` tag, a Completions stream) goes as its Deltas.
+                if self.chat and (self._reasoning_key if d.reasoning else d.index not in self._think_open):
+                    sink.run(d)
+                else:
+                    self._events(d.deltas())
+                continue
+            if not (d.first or d.tool_calls or d.finish_reason is not None or d.logprobs is not None or d.extra
+                    or d.choice_extra):
+                if not self.chat:
+                    sink.text(d.index, d.content)
+                    continue
+                if not d.reasoning:
+                    if d.content and (d.index not in self._think_open):
+                        sink.text(d.index, d.content)
+                        continue
+                elif not d.content and self._reasoning_key:
+                    sink.reasoning(d.index, d.reasoning)
+                    continue
+            self._general(d)
+
+    def _general(self, d: Delta) -> None:
+        """Any event, as a chunk of its own (the hot path's events too: tests/clients/test_chat_encoder.py)."""
+        if self.chat:
+            fields: dict[str, Any] = {}
+            self.sink.choice(d, self._format(d, fields), fields)
+        else:
+            self.sink.choice(d, d.content, None)
+
+    def finish(self) -> bytes:
+        return self.sink.end()
+
+    def error(self, err: ProxyError) -> bytes:
+        return encode_data(err.body())
+
+    def _format(self, d: Delta, out: dict[str, Any]) -> str:
+        """Put reasoning where the client wants it; returns the (maybe re-inlined) content."""
+        mode = self.reasoning
+        if mode == "think_tags":
+            prefix = ""
+            is_open = d.index in self._think_open
+            if d.reasoning:
+                prefix = d.reasoning if is_open else "<think>" + d.reasoning
+                self._think_open.add(d.index)
+                is_open = True
+            if is_open and (d.content or d.finish_reason is not None):
+                prefix += "</think>\n\n"
+                self._think_open.discard(d.index)
+            return prefix + d.content
+        if d.reasoning:
+            if mode == "reasoning_content":
+                out["reasoning_content"] = d.reasoning
+            elif mode == "reasoning":
+                out["reasoning"] = d.reasoning
+        return d.content
 
 
 def _merge_logprobs(a: Any, b: Any) -> Any:

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from proxy.clients import tool_ids
 from proxy.clients.base import ClientCall, ClientDialect, Headers
-from proxy.clients.messages_encoder import MessagesEncoder
+from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_body, error_response
 from proxy.clients.messages_native import MessagesReader
 from proxy.clients.signature import ThinkingSigner
@@ -109,7 +109,7 @@ class MessagesClient(ClientDialect):
         return decode_request(body, self.signer)
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:
-        return MessagesEncoder(call, ctx, answer, self.signer)
+        return MessagesEncoder(call, ctx, answer, self.signer, messages_consumer(call, ctx))
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return error_response(err)

@@ -1,13 +1,14 @@
-"""Hub events -> Anthropic Messages: SSE events (streaming) or one `Message` (non-streaming), from one state machine.
+"""Hub events -> Anthropic Messages: one state machine (`MessagesEncoder`) emits the client's events to a consumer,
+the SSE writer for a stream or the fold for one `Message` (docs/hub.md "One path").
 
 Content blocks open in the order the answer produces them and one at a time, as Anthropic streams them: reasoning
 opens a `thinking` block, content a `text` block, each new tool call a `tool_use` block; a change of kind closes the
-open block (a `thinking` block closes with its `signature_delta`, proxy/clients/signature.py). Streaming:
+open block (a `thinking` block closes with its signature, proxy/clients/signature.py). The events:
 
     message_start · (content_block_start · content_block_delta* · content_block_stop)* · message_delta · message_stop
 
-Non-streaming, the same machine keeps the blocks and `finish()` returns the Message, so both give the same final
-message (tests/clients/test_messages.py checks it through the anthropic SDK's own accumulator).
+`MessagesWriter` writes them as SSE; `MessagesFold` keeps the blocks' text and makes the Message at the end, so both
+give the same final message (tests/clients/test_messages.py checks it through the anthropic SDK's own accumulator).
 
 Per chunk: a text or thinking delta costs one orjson dump of the delta's string and one bytes join.
 """
@@ -68,19 +69,172 @@ class _Block:
     def __init__(self, kind: str, index: int) -> None:
         self.kind = kind  # "thinking" | "text" | "tool_use"
         self.index = index
-        self.parts: list[str] = []  # text / thinking / argument fragments (kept when needed)
+        self.parts: list[str] = []  # thinking that is signed but not sent (omit_thinking)
         self.mac: hmac.HMAC | None = None
         self.id = ""  # tool_use
         self.name = ""  # tool_use
         self.signature = ""  # thinking, once closed
-        self.delta_head = b""  # text / thinking, streaming: a delta event's bytes up to its string (_delta_event's)
+        self.delta_head = b""  # the SSE writer's: a delta event's bytes up to its string (_delta_event's)
+
+
+class MessagesSink:
+    """The consumer of one answer's Messages events, in the order above. `take` hands over what is ready to send;
+    `end` is the last event and returns the last bytes (the stream's tail, or the whole Message)."""
+
+    def opening(self, message: dict[str, Any]) -> bytes:
+        """message_start, with the Message as it stands before any content."""
+        return b""
+
+    def start(self, block: _Block) -> None:
+        """content_block_start."""
+
+    def delta(self, block: _Block, text: str) -> None:
+        """content_block_delta: text, thinking, or a tool call's argument fragment, by the block's kind."""
+
+    def texts(self, block: _Block, texts: list[str]) -> None:
+        """One content_block_delta per text, in order (a TextRun's)."""
+        for text in texts:
+            self.delta(block, text)
+
+    def stop(self, block: _Block) -> None:
+        """content_block_stop (a thinking block carries its signature by now)."""
+
+    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> bytes:
+        """message_delta and message_stop: `usage` is a message_delta's (MessageDeltaUsage)."""
+        return b""
+
+    def failure(self, err: ProxyError) -> bytes:
+        """The in-stream error after the head."""
+        return b""
+
+    def take(self) -> bytes:
+        return b""
+
+
+class MessagesWriter(MessagesSink):
+    """The events as Anthropic's SSE stream."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+
+    def opening(self, message: dict[str, Any]) -> bytes:
+        return encode_event(b"message_start", orjson.dumps({"type": "message_start", "message": message}))
+
+    def start(self, block: _Block) -> None:
+        if block.kind == "tool_use":
+            block.delta_head = _delta_head(block.index, b"input_json_delta", b"partial_json")
+            self.out.append(encode_event(_START, orjson.dumps({
+                "type": "content_block_start", "index": block.index,
+                "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {},
+                                  "caller": _DIRECT}})))
+            return
+        block.delta_head = _delta_head(block.index, *_DELTA_KINDS[block.kind])
+        body = b'{"type":"thinking","thinking":"","signature":""}' if block.kind == "thinking" else _TEXT_START
+        self.out.append(encode_event(_START, b'{"type":"content_block_start","index":%d,"content_block":%s}' % (
+            block.index, body)))
+
+    def delta(self, block: _Block, text: str) -> None:
+        self.out.append(block.delta_head + dumps_text(text) + _END)
+
+    def texts(self, block: _Block, texts: list[str]) -> None:
+        # One delta event per text, head + text + _END each, in one piece: the texts' JSON strings joined by
+        # _END + head, between head and _END (proxy/hub/jsontext.py dumps_joined).
+        head = block.delta_head
+        self.out.append(dumps_joined(texts, _END + head, head, _END))
+
+    def stop(self, block: _Block) -> None:
+        if block.kind == "thinking":
+            self.out.append(_delta_event(block.index, b"signature_delta", b"signature", block.signature))
+        self.out.append(encode_event(_STOP, b'{"type":"content_block_stop","index":%d}' % block.index))
+
+    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> bytes:
+        self.out.append(encode_event(b"message_delta", orjson.dumps({
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence, **_STOP_NULLS},
+            "usage": usage})))
+        self.out.append(encode_event(b"message_stop", b'{"type":"message_stop"}'))
+        return self.take()
+
+    def failure(self, err: ProxyError) -> bytes:
+        return encode_event(b"error", orjson.dumps(error_body(err)))
+
+    def take(self) -> bytes:
+        out = self.out
+        if not out:
+            return b""
+        data = b"".join(out)
+        out.clear()
+        return data
+
+
+class MessagesFold(MessagesSink):
+    """The events folded into one Message (a non-stream answer)."""
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+        self.blocks: list[_Block] = []
+        self.parts: list[list[str]] = []  # per block, in block order: its text, thinking or argument fragments
+
+    def start(self, block: _Block) -> None:
+        self.blocks.append(block)
+        self.parts.append([])
+
+    def delta(self, block: _Block, text: str) -> None:
+        self.parts[block.index].append(text)
+
+    def texts(self, block: _Block, texts: list[str]) -> None:
+        self.parts[block.index].extend(texts)
+
+    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> bytes:
+        content = [_content(block, "".join(self.parts[block.index]), stop_reason) for block in self.blocks]
+        return orjson.dumps(message_object(self.ctx, content, stop_reason, stop_sequence, usage))
+
+
+def _content(block: _Block, text: str, stop_reason: str) -> dict[str, Any]:
+    if block.kind == "text":
+        return {"type": "text", "text": text, "citations": []}
+    if block.kind == "thinking":  # (empty when the thinking is omitted: signed, never sent)
+        return {"type": "thinking", "thinking": text, "signature": block.signature}
+    if not text.strip():
+        value: Any = {}
+    else:
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            value = None
+        if not isinstance(value, dict):
+            if stop_reason != "max_tokens":
+                raise UpstreamError(
+                    f"The upstream's arguments for tool call {block.name!r} are not a JSON object: {text[:200]!r}")
+            value = {}  # cut off by max_tokens: the call is incomplete, and stop_reason says so
+    return {"type": "tool_use", "id": block.id, "name": block.name, "input": value, "caller": _DIRECT}
+
+
+def message_usage(delta_usage: dict[str, Any]) -> dict[str, Any]:
+    """A Message's usage (Usage): the message_delta's, and what only a whole Message carries — no cache written
+    (zero by TTL), and no service tier or inference region that any upstream here reports."""
+    return {**delta_usage, "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+            "service_tier": None, "inference_geo": None}
+
+
+def message_object(ctx: RequestContext, content: list[dict[str, Any]], stop_reason: str | None,
+                   stop_sequence: str | None, usage: dict[str, Any]) -> dict[str, Any]:
+    return {"id": ctx.response_id, "type": "message", "role": "assistant", "model": ctx.response_model,
+            "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence, **_STOP_NULLS,
+            "usage": message_usage(usage)}
+
+
+def messages_consumer(call: ClientCall, ctx: RequestContext) -> MessagesSink:
+    """Where a request's events go: the SSE writer for a stream, the fold for one Message."""
+    return MessagesWriter() if call.stream else MessagesFold(ctx)
 
 
 class MessagesEncoder:
     keepalive = PING
 
-    def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner) -> None:
-        self.stream = call.stream
+    def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner,
+                 sink: MessagesSink) -> None:
+        self.sink = sink
         self.omit_thinking = bool(call.options.get("omit_thinking"))
         # Thinking blocks only when the request enabled thinking (DECISIONS.md): otherwise an upstream's reasoning is
         # left out of the answer (usage still counts it; continuity records it from the hub's events).
@@ -96,7 +250,7 @@ class MessagesEncoder:
         self.stop_sequence: str | None = None
 
     # ------------------------------------------------------------------ the block machine
-    def _close(self, out: list[bytes]) -> None:
+    def _close(self) -> None:
         block = self.open
         if block is None:
             return
@@ -104,110 +258,79 @@ class MessagesEncoder:
         if block.kind == "thinking":
             assert block.mac is not None
             block.signature = self.signer.sign(block.mac, "".join(block.parts) if self.omit_thinking else None)
-            if self.stream:
-                out.append(_delta_event(block.index, b"signature_delta", b"signature", block.signature))
-        if self.stream:
-            out.append(encode_event(_STOP, b'{"type":"content_block_stop","index":%d}' % block.index))
+        self.sink.stop(block)
 
-    def _start(self, kind: str, out: list[bytes]) -> _Block:
-        self._close(out)
+    def _start(self, kind: str) -> _Block:
+        self._close()
         block = _Block(kind, len(self.blocks))
         self.blocks.append(block)
         self.open = block
         if kind == "thinking":
             block.mac = self.signer.mac()
-        if self.stream:
-            block.delta_head = _delta_head(block.index, *_DELTA_KINDS[kind])
-            if kind == "thinking":
-                body = b'{"type":"thinking","thinking":"","signature":""}'
-            else:
-                body = _TEXT_START
-            out.append(encode_event(_START, b'{"type":"content_block_start","index":%d,"content_block":%s}' % (
-                block.index, body)))
+        self.sink.start(block)
         return block
 
-    def _reasoning(self, text: str, out: list[bytes]) -> None:
+    def _reasoning(self, text: str) -> None:
         if not self.show_thinking:
             return
         block = self.open
         if block is None or block.kind != "thinking":
-            block = self._start("thinking", out)
+            block = self._start("thinking")
         assert block.mac is not None
         block.mac.update(text.encode())
-        if self.omit_thinking or not self.stream:
+        if self.omit_thinking:  # signed, never sent
             block.parts.append(text)
         else:
-            out.append(block.delta_head + dumps_text(text) + _END)
+            self.sink.delta(block, text)
 
-    def _text(self, text: str, out: list[bytes]) -> None:
-        block = self.open
-        if block is None or block.kind != "text":
-            block = self._start("text", out)
-        if self.stream:
-            out.append(block.delta_head + dumps_text(text) + _END)
-        else:
-            block.parts.append(text)
-
-    def _tool(self, fragment: dict[str, Any], out: list[bytes]) -> None:
+    def _tool(self, fragment: dict[str, Any]) -> None:
         position = fragment.get("index", 0)
         function = fragment.get("function") or {}
         block = self.tools.get(position)
         if block is None:
             upstream_id = fragment.get("id") or f"call_{self.ctx.response_id}_{position}"
-            self._close(out)
+            self._close()
             block = _Block("tool_use", len(self.blocks))
             block.id = tool_ids.to_client(upstream_id)
             block.name = function.get("name") or ""
             self.tools[position] = block
             self.blocks.append(block)
             self.open = block
-            if self.stream:
-                out.append(encode_event(_START, orjson.dumps({
-                    "type": "content_block_start", "index": block.index,
-                    "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {},
-                                      "caller": _DIRECT}})))
+            self.sink.start(block)
         args = function.get("arguments")
         if args:
-            if self.stream:
-                out.append(_delta_event(block.index, b"input_json_delta", b"partial_json", args))
-            else:
-                block.parts.append(args)
+            self.sink.delta(block, args)
 
-    def _events(self, deltas: Sequence[Delta | TextRun]) -> list[bytes]:
-        out: list[bytes] = []
+    def _events(self, deltas: Sequence[Delta | TextRun]) -> None:
+        sink = self.sink
         for delta in deltas:
             if type(delta) is TextRun:
                 if delta.index:
                     continue
                 block = self.open
-                if delta.reasoning or block is None or block.kind != "text" or not self.stream:
-                    out.extend(self._events(delta.deltas()))  # not the hot path below: as its Deltas
+                if delta.reasoning or block is None or block.kind != "text":
+                    self._events(delta.deltas())  # not the open text block: as its Deltas
                     continue
-                # The hot path below for each text, head + text + _END each, in one piece: the texts' JSON strings
-                # joined by _END + head, between head and _END (proxy/hub/jsontext.py dumps_joined).
-                head = block.delta_head
-                out.append(dumps_joined(delta.texts, _END + head, head, _END))
+                sink.texts(block, delta.texts)
                 continue
             if delta.index:
                 continue  # Anthropic has one answer per request (the proxy never asks for more)
             if delta.reasoning:
-                self._reasoning(delta.reasoning, out)
+                self._reasoning(delta.reasoning)
             if delta.content:
                 block = self.open
-                if block is not None and block.kind == "text" and self.stream:  # the hot path, as _text does
-                    out.append(block.delta_head + dumps_text(delta.content) + _END)
-                else:
-                    self._text(delta.content, out)
+                if block is None or block.kind != "text":
+                    block = self._start("text")
+                sink.delta(block, delta.content)
             if delta.tool_calls:
                 for fragment in delta.tool_calls:
-                    self._tool(fragment, out)
+                    self._tool(fragment)
             if delta.finish_reason is not None:
                 self.finish_reason = delta.finish_reason
                 extra = delta.choice_extra
                 matched = extra.get("stop_reason") if extra else None
                 if isinstance(matched, str) and matched in self.stop_sequences:
                     self.stop_sequence = matched
-        return out
 
     # ------------------------------------------------------------------ summary
     def stop_reason(self) -> str:
@@ -238,67 +361,22 @@ class MessagesEncoder:
                 "output_tokens_details": {"thinking_tokens": thinking} if isinstance(thinking, int) else None,
                 "server_tool_use": None}
 
-    def message_usage(self, delta_usage: dict[str, Any]) -> dict[str, Any]:
-        """A Message's usage (Usage): the message_delta's, and what only a whole Message carries — no cache written
-        (zero by TTL), and no service tier or inference region that any upstream here reports."""
-        return {**delta_usage, "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
-                "service_tier": None, "inference_geo": None}
-
-    def _message(self, content: list[dict[str, Any]], stop_reason: str | None,
-                 usage: dict[str, Any]) -> dict[str, Any]:
-        return {"id": self.ctx.response_id, "type": "message", "role": "assistant", "model": self.ctx.response_model,
-                "content": content, "stop_reason": stop_reason,
-                "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None, **_STOP_NULLS,
-                "usage": self.message_usage(usage)}
-
     # ------------------------------------------------------------------ the Encoder protocol
     def head(self) -> bytes:
         # The upstream's counts arrive with its last chunk: message_delta carries them all (the SDK takes them).
-        start = self._message([], None, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                                         "cache_read_input_tokens": 0, "output_tokens_details": None,
-                                         "server_tool_use": None})
-        return encode_event(b"message_start", orjson.dumps({"type": "message_start", "message": start}))
+        return self.sink.opening(message_object(self.ctx, [], None, None, {
+            "input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+            "output_tokens_details": None, "server_tool_use": None}))
 
     def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
-        out = self._events(deltas)
-        return b"".join(out) if out else b""
+        self._events(deltas)
+        return self.sink.take()
 
     def finish(self) -> bytes:
-        out: list[bytes] = []
-        self._close(out)
+        self._close()
         stop_reason = self.stop_reason()
-        if self.stream:
-            out.append(encode_event(b"message_delta", orjson.dumps({
-                "type": "message_delta",
-                "delta": {"stop_reason": stop_reason,
-                          "stop_sequence": self.stop_sequence if stop_reason == "stop_sequence" else None,
-                          **_STOP_NULLS},
-                "usage": self.usage()})))
-            out.append(encode_event(b"message_stop", b'{"type":"message_stop"}'))
-            return b"".join(out)
-        return orjson.dumps(self._message([self._content(b, stop_reason) for b in self.blocks], stop_reason,
-                                          self.usage()))
-
-    def _content(self, block: _Block, stop_reason: str) -> dict[str, Any]:
-        if block.kind == "text":
-            return {"type": "text", "text": "".join(block.parts), "citations": []}
-        if block.kind == "thinking":
-            return {"type": "thinking", "thinking": "" if self.omit_thinking else "".join(block.parts),
-                    "signature": block.signature}
-        args = "".join(block.parts)
-        if not args.strip():
-            value: Any = {}
-        else:
-            try:
-                value = orjson.loads(args)
-            except orjson.JSONDecodeError:
-                value = None
-            if not isinstance(value, dict):
-                if stop_reason != "max_tokens":
-                    raise UpstreamError(
-                        f"The upstream's arguments for tool call {block.name!r} are not a JSON object: {args[:200]!r}")
-                value = {}  # cut off by max_tokens: the call is incomplete, and stop_reason says so
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": value, "caller": _DIRECT}
+        return self.sink.end(stop_reason, self.stop_sequence if stop_reason == "stop_sequence" else None,
+                             self.usage())
 
     def error(self, err: ProxyError) -> bytes:
-        return encode_event(b"error", orjson.dumps(error_body(err)))
+        return self.sink.failure(err)

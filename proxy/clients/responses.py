@@ -21,7 +21,13 @@ from starlette.routing import BaseRoute, Route
 
 from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
 from proxy.clients.responses_compact import CompactionEncoder, retained_items, summary_request
-from proxy.clients.responses_events import REASONING_EVENTS, Echo, ResponsesEncoder, item_response_hex
+from proxy.clients.responses_events import (
+    REASONING_EVENTS,
+    Echo,
+    ResponsesEncoder,
+    item_response_hex,
+    responses_consumer,
+)
 from proxy.clients.responses_native import ResponsesReader, stream_error
 from proxy.clients.responses_request import COMPACTION_TRIGGER, SUMMARY_PREFIX, Decoded, ToolName, reasoning_of, to_chat
 from proxy.clients.signature import COMPACTION, ThinkingSigner
@@ -180,8 +186,9 @@ class ResponsesClient(ClientDialect):
 
     def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
         decoded: Decoded = call.options["decoded"]
-        encoder = ResponsesEncoder(ctx, answer, call.stream, call.options["echo"], decoded.tools,
-                                   self.signer if call.options["seal"] else None, self.reasoning_events)
+        sink = responses_consumer(call.stream, self.reasoning_events)
+        encoder = ResponsesEncoder(ctx, answer, sink, call.options["echo"], decoded.tools,
+                                   self.signer if call.options["seal"] else None)
         if "compact" in call.options:
             return CompactionEncoder(encoder, self.sealer, call.options.get("retained"))
         return encoder

@@ -1,4 +1,6 @@
-"""Hub events -> a Responses API answer: the event stream the SDKs and Codex parse, or (folded) one `response`.
+"""Hub events -> a Responses API answer: one item machine (`ResponsesEncoder`) emits the client's events to a
+consumer, the SSE writer (`ResponsesWriter`: the event stream the SDKs and Codex parse) or the fold
+(`ResponsesFold`: one `response` object) (docs/hub.md "One path").
 
     reasoning deltas ─▶ a `reasoning` item   (reasoning_text deltas, or with `reasoning.summary` asked for one
                                               summary_text part; sealed `encrypted_content` when included)
@@ -6,7 +8,7 @@
     tool-call deltas ─▶ `function_call` items, or `custom_tool_call` items for freeform tools
     finish, usage    ─▶ `response.completed` / `response.incomplete` with the whole response
 
-A streamed answer is `response.created`, `response.in_progress`, then per item `output_item.added`, its deltas and
+The events are `response.created`, `response.in_progress`, then per item `output_item.added`, its deltas and
 `…done` events and `output_item.done`, then the terminal event; every event has a `sequence_number`. Items come in
 the order the upstream produced them (a reasoning item before the message it belongs to); an item is done when the
 next kind starts or the answer ends. A failure after the head is `response.failed` whose data also carries a
@@ -104,23 +106,225 @@ class _Item:
         self.custom = False
 
 
+class ResponsesSink:
+    """The consumer of one answer's Responses events, in order: the items' opening, delta and closing events (their
+    done items, which the encoder keeps for the response object and the store, come with them), then the terminal
+    event with the whole response. `take` hands over what is ready to send; `end` returns the last bytes (the
+    stream's tail, or the response object's JSON)."""
+
+    def opening(self, response: dict[str, Any]) -> bytes:
+        """response.created and response.in_progress, with the response as it stands before any output."""
+        return b""
+
+    def reasoning_added(self, item: _Item, summary: bool) -> None:
+        """A reasoning item opens (`summary`: its text goes out as one summary part, not as reasoning_text)."""
+
+    def message_added(self, item: _Item) -> None:
+        """A message item opens, with its one output_text part."""
+
+    def call_added(self, item: _Item) -> None:
+        """A function_call (or custom_tool_call) item opens."""
+
+    def delta(self, item: _Item, text: str) -> None:
+        """More text for an open item: reasoning, output text, or a function call's arguments."""
+
+    def texts(self, item: _Item, texts: list[str]) -> None:
+        """One delta per text, in order (a TextRun's)."""
+        for text in texts:
+            self.delta(item, text)
+
+    def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
+        """A reasoning item closes: `done` is the item as the response holds it."""
+
+    def message_done(self, item: _Item, done: dict[str, Any], text: str) -> None:
+        """A message item closes."""
+
+    def call_done(self, item: _Item, done: dict[str, Any], payload: str) -> None:
+        """A tool call item closes: `payload` is its arguments (a custom tool's input)."""
+
+    def whole_item(self, done: dict[str, Any], index: int) -> None:
+        """An item made whole, not from deltas (compaction): it opens and closes at once."""
+
+    def end(self, status: str, response: dict[str, Any]) -> bytes:
+        """The terminal event: response.completed or response.incomplete, with the whole response."""
+        return b""
+
+    def failure(self, failed: dict[str, Any], err: ProxyError) -> bytes:
+        """response.failed, after the head."""
+        return b""
+
+    def take(self) -> bytes:
+        return b""
+
+
+class ResponsesWriter(ResponsesSink):
+    """The events as the Responses API's SSE stream, each with its `sequence_number`."""
+
+    def __init__(self, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> None:
+        self.reasoning_events = reasoning_events  # (delta, done) event names: REASONING_EVENTS
+        self.out: list[bytes] = []
+        self.seq = 2  # 0 and 1 are the head's (sent when the endpoint commits the stream, after the first feed)
+
+    def opening(self, response: dict[str, Any]) -> bytes:
+        # Both events carry the same response object: serialised once (orjson's cost is per key, and this object
+        # has many), each event's JSON is the bytes orjson would make of it.
+        skeleton = _dumps(response)
+        return b"".join(encode_event(name, b'{"type":"%s","response":%s,"sequence_number":%d}' % (name, skeleton, n))
+                        for n, name in enumerate((b"response.created", b"response.in_progress")))
+
+    def reasoning_added(self, item: _Item, summary: bool) -> None:
+        if summary:
+            self._added({"id": item.id, "type": "reasoning", "summary": []}, item.index)
+            self._event(b"response.reasoning_summary_part.added", {
+                "type": "response.reasoning_summary_part.added", "item_id": item.id, "output_index": item.index,
+                "summary_index": 0, "part": {"type": "summary_text", "text": ""}})
+            item.delta_head = _delta_head(b"response.reasoning_summary_text.delta", item, summary_index=True)
+        else:
+            self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
+            item.delta_head = _delta_head(self.reasoning_events[0], item, content_index=True)
+
+    def message_added(self, item: _Item) -> None:
+        self._added({"id": item.id, "type": "message", "role": "assistant", "status": "in_progress",
+                     "content": []}, item.index)
+        self._event(b"response.content_part.added", {
+            "type": "response.content_part.added", "item_id": item.id, "output_index": item.index,
+            "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
+        item.delta_head = _delta_head(b"response.output_text.delta", item, content_index=True, logprobs=True)
+
+    def call_added(self, item: _Item) -> None:
+        self._added(call_item(item, "", "in_progress"), item.index)
+        if not item.custom:
+            item.delta_head = _delta_head(b"response.function_call_arguments.delta", item)
+
+    def delta(self, item: _Item, text: str) -> None:
+        self.out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, dumps_text(text), self.seq))
+        self.seq += 1
+
+    def texts(self, item: _Item, texts: list[str]) -> None:
+        seq, head = self.seq, item.delta_head
+        self.out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, dumps_text(text), seq + n)
+                         for n, text in enumerate(texts)])
+        self.seq = seq + len(texts)
+
+    def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
+        ends: tuple[tuple[str, dict[str, Any]], ...]  # the item's closing events before output_item.done
+        if summary:
+            ends = (("response.reasoning_summary_text.done", {"summary_index": 0, "text": text}),
+                    ("response.reasoning_summary_part.done", {"summary_index": 0, "part": done["summary"][0]}))
+        else:
+            ends = ((self.reasoning_events[1], {"content_index": 0, "text": text}),)
+        for name, data in ends:
+            self._event(name.encode(), {"type": name, "item_id": item.id, "output_index": item.index, **data})
+        self._done(done, item.index)
+
+    def message_done(self, item: _Item, done: dict[str, Any], text: str) -> None:
+        common = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        self._event(b"response.output_text.done",
+                    {"type": "response.output_text.done", **common, "text": text, "logprobs": []})
+        self._event(b"response.content_part.done", {"type": "response.content_part.done", **common,
+                                                    "part": done["content"][0]})
+        self._done(done, item.index)
+
+    def call_done(self, item: _Item, done: dict[str, Any], payload: str) -> None:
+        common = {"item_id": item.id, "output_index": item.index}
+        if item.custom:
+            if payload:
+                self._event(b"response.custom_tool_call_input.delta",
+                            {"type": "response.custom_tool_call_input.delta", **common, "delta": payload})
+            self._event(b"response.custom_tool_call_input.done",
+                        {"type": "response.custom_tool_call_input.done", **common, "input": payload})
+        else:
+            self._event(b"response.function_call_arguments.done",
+                        {"type": "response.function_call_arguments.done", **common, "name": item.name,
+                         "arguments": payload})
+        self._done(done, item.index)
+
+    def whole_item(self, done: dict[str, Any], index: int) -> None:
+        self._added(done, index)
+        self._done(done, index)
+
+    def end(self, status: str, response: dict[str, Any]) -> bytes:
+        kind = "response." + status
+        self._event(kind.encode(), {"type": kind, "response": response})
+        return self.take()
+
+    def failure(self, failed: dict[str, Any], err: ProxyError) -> bytes:
+        self._event(b"response.failed", {"type": "response.failed", "response": failed,
+                                         "error": err.envelope()["error"]})
+        return self.take()
+
+    def take(self) -> bytes:
+        data = b"".join(self.out)
+        self.out.clear()
+        return data
+
+    # -- event framing --------------------------------------------------------------------------------------------
+    def _event(self, name: bytes, data: dict[str, Any]) -> None:
+        data["sequence_number"] = self.seq
+        self.seq += 1
+        self.out.append(encode_event(name, _dumps(data)))
+
+    def _added(self, item: dict[str, Any], index: int) -> None:
+        self._event(b"response.output_item.added", {"type": "response.output_item.added", "output_index": index,
+                                                    "item": item})
+
+    def _done(self, item: dict[str, Any], index: int) -> None:
+        self._event(b"response.output_item.done", {"type": "response.output_item.done", "output_index": index,
+                                                   "item": item})
+
+
+class ResponsesFold(ResponsesSink):
+    """The events folded into one response object (a non-stream answer): the terminal event carries it whole."""
+
+    def end(self, status: str, response: dict[str, Any]) -> bytes:
+        return _dumps(response)
+
+
+def responses_consumer(stream: bool, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> ResponsesSink:
+    """Where a request's events go: the SSE writer for a stream, the fold for one response object."""
+    return ResponsesWriter(reasoning_events) if stream else ResponsesFold()
+
+
+def _delta_head(name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
+                summary_index: bool = False) -> bytes:
+    # The per-token events are the hot path: their fixed part is serialised once per item.
+    head = b'event: ' + name + b'\ndata: {"type":"' + name + b'","item_id":"' + item.id.encode() + \
+        b'","output_index":' + str(item.index).encode()
+    if content_index:
+        head += b',"content_index":0'
+    if summary_index:
+        head += b',"summary_index":0'
+    if logprobs:
+        head += b',"logprobs":[]'
+    return head + b',"delta":'
+
+
+def call_item(item: _Item, payload: str, status: str) -> dict[str, Any]:
+    """A tool call item (function_call, or custom_tool_call for a freeform tool)."""
+    if item.custom:
+        out: dict[str, Any] = {"id": item.id, "type": "custom_tool_call", "status": status,
+                               "call_id": item.call_id, "name": item.name, "input": payload}
+    else:
+        out = {"id": item.id, "type": "function_call", "status": status, "call_id": item.call_id,
+               "name": item.name, "arguments": payload}
+    if item.namespace is not None:
+        out["namespace"] = item.namespace
+    return out
+
+
 class ResponsesEncoder:
     keepalive = KEEPALIVE
 
-    def __init__(self, ctx: RequestContext, answer: Answer, stream: bool, echo: Echo,
-                 tools: dict[str, ToolName], signer: ThinkingSigner | None,
-                 reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> None:
+    def __init__(self, ctx: RequestContext, answer: Answer, sink: ResponsesSink, echo: Echo,
+                 tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:
         self.ctx = ctx
         self.answer = answer
-        self.stream = stream
+        self.sink = sink
         self.echo = echo  # request fields the response object repeats (instructions, tools, temperature ...)
         self.tools = tools
         self.signer = signer  # set when the client asked for reasoning.encrypted_content
-        self.reasoning_events = reasoning_events  # (delta, done) event names: REASONING_EVENTS
         self.items: list[dict[str, Any]] = []  # finished output items, in output order
         self.finish_reason: str | None = None
-        self._seq = 2  # 0 and 1 are the head's (sent when the handler commits the stream, after the first feed)
-        self._out: list[bytes] = []
         self._hex = ctx.response_id.partition("_")[2] or ctx.response_id
         self._summary = echo.reasoning["summary"] in _SUMMARY  # reasoning as a summary, not reasoning_text
         self._count = 0
@@ -130,28 +334,24 @@ class ResponsesEncoder:
 
     # -- the Encoder protocol -----------------------------------------------------------------------------------
     def head(self) -> bytes:
-        # Both events carry the same response object: serialised once (orjson's cost is per key, and this object
-        # has many), each event's JSON is the bytes orjson would make of it.
-        skeleton = _dumps(self.response("in_progress", with_output=False))
-        return b"".join(encode_event(name, b'{"type":"%s","response":%s,"sequence_number":%d}' % (name, skeleton, n))
-                        for n, name in enumerate((b"response.created", b"response.in_progress")))
+        return self.sink.opening(self.response("in_progress", with_output=False))
 
     def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+        self._events(deltas)
+        return self.sink.take()
+
+    def _events(self, deltas: Sequence[Delta | TextRun]) -> None:
+        sink = self.sink
         for d in deltas:
             if type(d) is TextRun:
                 item = self._message
                 if d.index != 0:
                     continue
-                if d.reasoning or item is None or not self.stream:
-                    # Not the hot path below: as its Deltas (what `feed` takes from _out goes back, in order).
-                    self._out.append(self.feed(d.deltas()))
+                if d.reasoning or item is None:
+                    self._events(d.deltas())  # not more text for the open message: as its Deltas
                     continue
-                # The hot path below for each text, in one loop.
                 item.parts.extend(d.texts)
-                seq, head = self._seq, item.delta_head
-                self._out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, dumps_text(text), seq + n)
-                                  for n, text in enumerate(d.texts)])
-                self._seq = seq + len(d.texts)
+                sink.texts(item, d.texts)
                 continue
             if d.index != 0:
                 continue
@@ -159,37 +359,25 @@ class ResponsesEncoder:
                 self._reason(d.reasoning)
             if d.content:
                 item = self._message
-                if item is not None and self.stream:  # the hot path: more text for the open message, as _text does
-                    item.parts.append(d.content)
-                    self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head,
-                                                                            dumps_text(d.content), self._seq))
-                    self._seq += 1
-                else:
-                    self._text(d.content)
+                if item is None:
+                    item = self._open_message()
+                item.parts.append(d.content)
+                sink.delta(item, d.content)
             if d.tool_calls:
                 for fragment in d.tool_calls:
                     self._call(fragment)
             if d.finish_reason is not None:
                 self.finish_reason = d.finish_reason
-        return self._take() if self.stream else b""
 
     def finish(self) -> bytes:
         self._close_all()
         status = "incomplete" if self.finish_reason in _INCOMPLETE else "completed"
-        final = self.response(status)
-        if not self.stream:
-            self._out.clear()
-            return _dumps(final)
-        kind = "response." + status
-        self._event(kind.encode(), {"type": kind, "response": final})
-        return self._take()
+        return self.sink.end(status, self.response(status))
 
     def error(self, err: ProxyError) -> bytes:
         failed = self.response("failed")
         failed["error"] = {"code": err.code, "message": err.message}
-        self._event(b"response.failed", {"type": "response.failed", "response": failed,
-                                         "error": err.envelope()["error"]})
-        return self._take()
+        return self.sink.failure(failed, err)
 
     # -- the response object --------------------------------------------------------------------------------------
     def response(self, status: str, with_output: bool = True) -> dict[str, Any]:
@@ -237,9 +425,7 @@ class ResponsesEncoder:
         (`<prefix>_...`, carrying the response's), and, streaming, its `output_item.added` and `.done` events."""
         item = self._new(prefix)
         done = {"id": item.id, **fields}
-        if self.stream:
-            self._added(done, item.index)
-            self._done(done, item.index)
+        self.sink.whole_item(done, item.index)
         self.items.append(done)
         return done
 
@@ -280,35 +466,15 @@ class ResponsesEncoder:
         if item is None:
             self._close_message()
             item = self._reasoning = self._new("rs")
-            if self.stream and self._summary:
-                self._added({"id": item.id, "type": "reasoning", "summary": []}, item.index)
-                self._event(b"response.reasoning_summary_part.added", {
-                    "type": "response.reasoning_summary_part.added", "item_id": item.id, "output_index": item.index,
-                    "summary_index": 0, "part": {"type": "summary_text", "text": ""}})
-                item.delta_head = self._delta_head(b"response.reasoning_summary_text.delta", item, summary_index=True)
-            elif self.stream:
-                self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
-                item.delta_head = self._delta_head(self.reasoning_events[0], item, content_index=True)
+            self.sink.reasoning_added(item, self._summary)
         item.parts.append(text)
-        if self.stream:
-            self._delta(item, text)
+        self.sink.delta(item, text)
 
-    def _text(self, text: str) -> None:
-        item = self._message
-        if item is None:
-            self._close_reasoning()
-            item = self._message = self._new("msg")
-            if self.stream:
-                self._added({"id": item.id, "type": "message", "role": "assistant", "status": "in_progress",
-                             "content": []}, item.index)
-                self._event(b"response.content_part.added", {
-                    "type": "response.content_part.added", "item_id": item.id, "output_index": item.index,
-                    "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
-                item.delta_head = self._delta_head(b"response.output_text.delta", item, content_index=True,
-                                                   logprobs=True)
-        item.parts.append(text)
-        if self.stream:
-            self._delta(item, text)
+    def _open_message(self) -> _Item:
+        self._close_reasoning()
+        item = self._message = self._new("msg")
+        self.sink.message_added(item)
+        return item
 
     def _call(self, fragment: dict[str, Any]) -> None:
         index = fragment.get("index", 0)
@@ -323,27 +489,12 @@ class ResponsesEncoder:
             item.call_id = fragment.get("id") or "call_" + item.id.partition("_")[2]
             item.name, item.namespace, item.custom = tool.name, tool.namespace, tool.custom
             self._calls[index] = item
-            if self.stream:
-                added = self._call_item(item, "", "in_progress")
-                self._added(added, item.index)
-                if not item.custom:
-                    item.delta_head = self._delta_head(b"response.function_call_arguments.delta", item)
+            self.sink.call_added(item)
         arguments = fn.get("arguments")
         if arguments:
             item.parts.append(arguments)
-            if self.stream and not item.custom:  # a custom tool's input is known once its JSON is complete
-                self._delta(item, arguments)
-
-    def _call_item(self, item: _Item, payload: str, status: str) -> dict[str, Any]:
-        if item.custom:
-            out: dict[str, Any] = {"id": item.id, "type": "custom_tool_call", "status": status,
-                                   "call_id": item.call_id, "name": item.name, "input": payload}
-        else:
-            out = {"id": item.id, "type": "function_call", "status": status, "call_id": item.call_id,
-                   "name": item.name, "arguments": payload}
-        if item.namespace is not None:
-            out["namespace"] = item.namespace
-        return out
+            if not item.custom:  # a custom tool's input is known once its JSON is complete: no deltas
+                self.sink.delta(item, arguments)
 
     # -- closing items ----------------------------------------------------------------------------------------------
     def _close_all(self) -> None:
@@ -364,22 +515,14 @@ class ResponsesEncoder:
         self._reasoning = None
         text = "".join(item.parts)
         done: dict[str, Any]
-        ends: tuple[tuple[str, dict[str, Any]], ...]  # the item's closing events before output_item.done
         if self._summary:
-            part = {"type": "summary_text", "text": text}
-            done = {"id": item.id, "type": "reasoning", "summary": [part]}
-            ends = (("response.reasoning_summary_text.done", {"summary_index": 0, "text": text}),
-                    ("response.reasoning_summary_part.done", {"summary_index": 0, "part": part}))
+            done = {"id": item.id, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
         else:
             done = {"id": item.id, "type": "reasoning", "summary": [],
                     "content": [{"type": "reasoning_text", "text": text}]}
-            ends = ((self.reasoning_events[1], {"content_index": 0, "text": text}),)
         if self.signer is not None:
             done["encrypted_content"] = self.signer.sign_text(text, carry=True)
-        if self.stream:
-            for name, data in ends:
-                self._event(name.encode(), {"type": name, "item_id": item.id, "output_index": item.index, **data})
-            self._done(done, item.index)
+        self.sink.reasoning_done(item, done, text, self._summary)
         self.items.append(done)
 
     def _close_message(self) -> None:
@@ -391,69 +534,15 @@ class ResponsesEncoder:
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         done = {"id": item.id, "type": "message", "role": "assistant", "status": self._item_status(),
                 "content": [part]}
-        if self.stream:
-            common = {"item_id": item.id, "output_index": item.index, "content_index": 0}
-            self._event(b"response.output_text.done",
-                        {"type": "response.output_text.done", **common, "text": text, "logprobs": []})
-            self._event(b"response.content_part.done", {"type": "response.content_part.done", **common,
-                                                        "part": part})
-            self._done(done, item.index)
+        self.sink.message_done(item, done, text)
         self.items.append(done)
 
     def _close_call(self, item: _Item) -> None:
         raw = "".join(item.parts)
         payload = _custom_input(raw) if item.custom else raw
-        done = self._call_item(item, payload, self._item_status())
-        if self.stream:
-            common = {"item_id": item.id, "output_index": item.index}
-            if item.custom:
-                if payload:
-                    self._event(b"response.custom_tool_call_input.delta",
-                                {"type": "response.custom_tool_call_input.delta", **common, "delta": payload})
-                self._event(b"response.custom_tool_call_input.done",
-                            {"type": "response.custom_tool_call_input.done", **common, "input": payload})
-            else:
-                self._event(b"response.function_call_arguments.done",
-                            {"type": "response.function_call_arguments.done", **common, "name": item.name,
-                             "arguments": payload})
-            self._done(done, item.index)
+        done = call_item(item, payload, self._item_status())
+        self.sink.call_done(item, done, payload)
         self.items.append(done)
-
-    # -- event framing --------------------------------------------------------------------------------------------
-    def _event(self, name: bytes, data: dict[str, Any]) -> None:
-        data["sequence_number"] = self._seq
-        self._seq += 1
-        self._out.append(encode_event(name, _dumps(data)))
-
-    def _added(self, item: dict[str, Any], index: int) -> None:
-        self._event(b"response.output_item.added", {"type": "response.output_item.added", "output_index": index,
-                                                    "item": item})
-
-    def _done(self, item: dict[str, Any], index: int) -> None:
-        self._event(b"response.output_item.done", {"type": "response.output_item.done", "output_index": index,
-                                                   "item": item})
-
-    def _delta_head(self, name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
-                    summary_index: bool = False) -> bytes:
-        # The per-token events are the hot path: their fixed part is serialised once per item.
-        head = b'event: ' + name + b'\ndata: {"type":"' + name + b'","item_id":"' + item.id.encode() + \
-            b'","output_index":' + str(item.index).encode()
-        if content_index:
-            head += b',"content_index":0'
-        if summary_index:
-            head += b',"summary_index":0'
-        if logprobs:
-            head += b',"logprobs":[]'
-        return head + b',"delta":'
-
-    def _delta(self, item: _Item, text: str) -> None:
-        self._out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, dumps_text(text), self._seq))
-        self._seq += 1
-
-    def _take(self) -> bytes:
-        data = b"".join(self._out)
-        self._out.clear()
-        return data
 
 
 def _or(value: Any, default: Any) -> Any:

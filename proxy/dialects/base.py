@@ -453,9 +453,10 @@ class Dialect:
 class UpstreamSession:
     """One request's view of its upstream: builds the body and turns each upstream answer into canonical chunks.
 
-    Canonical chunks are OpenAI chat (or completions) chunks whose text fields are true deltas; a non-stream answer
-    becomes one chunk whose choices carry the message as their `delta` and their finish_reason, so that the rest of
-    the pipeline is the same for both (DESIGN.md "Streaming and non-streaming share one path").
+    Canonical chunks are OpenAI chat (or completions) chunks whose text fields are true deltas. One entry, `chunk`,
+    takes stream events and whole non-stream answers alike: a whole answer becomes one final chunk whose choices
+    carry the message as their `delta` and their finish_reason, so that the rest of the pipeline is the same for
+    both (docs/hub.md "One path").
     """
 
     def __init__(self, dialect: Dialect, ctx: RequestContext) -> None:
@@ -487,38 +488,19 @@ class UpstreamSession:
         return is_thinking_model(model) or model in self.ctx.upstream.thinking_models
 
     # -- answers ----------------------------------------------------------------------------------------------
-    def response(self, data: Any) -> ChatChunk:
-        """A non-stream JSON answer -> one final canonical chunk."""
-        dialect = self.dialect
-        err = dialect.error_in_json(data)
-        if err is not None:
-            raise err
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-            raise UpstreamError("The upstream answered with JSON that is not a completion.", 502)
-        self._strip(data)
-        choices = []
-        for choice in data["choices"]:
-            if not isinstance(choice, dict):
-                continue
-            finish = choice.get("finish_reason")
-            if finish in ERROR_FINISH_REASONS:
-                raise finish_error(finish, stream=False)
-            out = {k: v for k, v in choice.items() if k != "message"}
-            if self.ctx.kind == CHAT:
-                message = choice.get("message")
-                out["delta"] = message if isinstance(message, dict) else {}
-            choices.append(out)
-        dialect.map_finish(choices)
-        data["choices"] = choices
-        return data
+    def chunk(self, data: Any, whole: bool = False) -> ChatChunk | None:
+        """One parsed upstream answer -> a canonical chunk (None: nothing for the client).
 
-    def chunk(self, data: Any) -> ChatChunk | None:
-        """One parsed stream event -> a canonical chunk (None: nothing for the client). Raises StreamTruncated for an
-        error the upstream reports in the stream."""
+        `data` is a stream event, or (`whole`) a non-stream JSON answer, which becomes one final chunk whose choices
+        carry their message as their `delta`: the rest of the pipeline is the same for both. An error the upstream
+        reports mid-stream is a StreamTruncated (the client may have part of the answer); in a whole answer it is
+        the dialect's error itself, and an error finish reason discards the partial answer."""
         if self._pending is not None:
             raise self._pending
         err = self._error_in_json(data)
         if err is not None:
+            if whole:
+                raise err
             raise StreamTruncated(
                 err.message,
                 reason="upstream_error",
@@ -527,21 +509,45 @@ class UpstreamSession:
                 code=err.code,
                 upstream_code=err.upstream_code,
             )
-        if not isinstance(data, dict):
+        chunk: ChatChunk
+        if whole:
+            chunk = self._whole(data)
+        elif isinstance(data, dict):
+            chunk = data
+        else:
             raise StreamTruncated("The upstream sent a stream event that is not a JSON object.", reason="invalid_data")
         if self._strip_keys:
-            self._strip(data)
-        choices = data.get("choices")
+            self._strip(chunk)
+        choices = chunk.get("choices")
         if choices:
             if self._finish_map:
                 self.dialect.map_finish(choices)
             for choice in choices:
                 finish = choice.get("finish_reason")
                 if finish is not None and finish in ERROR_FINISH_REASONS:
+                    if whole:
+                        raise finish_error(finish, stream=False)
                     # The partial content of this chunk still reaches the client; the error follows it.
                     choice["finish_reason"] = None
                     if self._pending is None:
                         self._pending = finish_error(finish, stream=True)
+        return chunk
+
+    def _whole(self, data: Any) -> ChatChunk:
+        """A non-stream answer's choices as a final chunk's: each message becomes its choice's delta."""
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise UpstreamError("The upstream answered with JSON that is not a completion.", 502)
+        chat = self.ctx.kind == CHAT
+        choices = []
+        for choice in data["choices"]:
+            if not isinstance(choice, dict):
+                continue
+            out = {k: v for k, v in choice.items() if k != "message"}
+            if chat:
+                message = choice.get("message")
+                out["delta"] = message if isinstance(message, dict) else {}
+            choices.append(out)
+        data["choices"] = choices
         return data
 
     # A session whose `chunk` turns a plain event's text into other text (MindIE's cumulative snapshots) sets this and

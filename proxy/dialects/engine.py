@@ -30,15 +30,14 @@ _MESSAGE_DROP: Final = ("name", "reasoning_content", "reasoning")
 
 
 class EngineSession(UpstreamSession):
-    def response(self, data: Any) -> ChatChunk:
-        if isinstance(data, dict):
-            _hoist_into_choice(data, "message")
-        return super().response(data)
-
     def lane_open(self) -> bool:
         return False  # its events are reshaped (hoisted into a choice) before the normaliser sees them
 
-    def chunk(self, data: Any) -> ChatChunk | None:
+    def chunk(self, data: Any, whole: bool = False) -> ChatChunk | None:
+        if whole:  # into the message, before it becomes the choice's delta
+            if isinstance(data, dict):
+                _hoist_into_choice(data, "message")
+            return super().chunk(data, True)
         chunk = super().chunk(data)
         if chunk is not None:
             _hoist_into_choice(chunk, "delta")

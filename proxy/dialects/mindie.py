@@ -136,9 +136,9 @@ class MindIESession(UpstreamSession):
             tracker = cumulative[index] = CumulativeText()
         return tracker.feed(text)
 
-    def chunk(self, data: Any) -> ChatChunk | None:
+    def chunk(self, data: Any, whole: bool = False) -> ChatChunk | None:
         full_text = data.get("full_text") if isinstance(data, dict) else None  # rides on a choice's final chunk
-        out = super().chunk(data)
+        out = super().chunk(data, whole)
         self.extras.pop("full_text", None)  # a check, not a metric
         if out is None:
             return None

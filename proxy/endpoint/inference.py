@@ -282,18 +282,19 @@ class InferenceEndpoint:
                         data = None
                     err = dialect.error_in_json(data)
                     raise err or UpstreamError("The upstream answered a stream request without an event stream.")
-                events: list[Delta] = []
+                events: list[Delta | TextRun] = []
                 try:
-                    pipeline.complete(raw, events)
+                    pipeline.feed_body(raw, events)
+                    pipeline.finish(events)
                 finally:
                     self._observe(obs, session, answer, info)
                 tap = None if trace is None else trace.output  # content capture (opt-in)
                 if tap is not None:
                     tap.feed(events)
                 info["finish_reason"] = answer.finish_reason
-                obs.chunks(len(events), sum(1 for event in events if event.has_token))
+                obs.chunks(len(events), sum(1 for event in events if type(event) is Delta and event.has_token))
                 if recorder is not None:
-                    recorder.feed(events)
+                    recorder.feed(events)  # type: ignore[arg-type]  # a whole body gives Deltas only
                 encoder.feed(events)
                 result = encoder.finish()
                 if recorder is not None:

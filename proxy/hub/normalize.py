@@ -8,7 +8,8 @@ The normaliser evens out what any upstream may vary, whatever its dialect, and a
     usage ─▶ normalize_usage ─▶ Answer.usage (+ upstream-only fields ─▶ Answer.usage_extras)
 
 Dialect quirks are undone before this (proxy/dialects, the upstream session: cumulative text, error finish reasons);
-client formats are applied after it (proxy/clients). A non-stream answer is one final chunk through the same code.
+client formats are applied after it (proxy/clients). A non-stream answer is one final chunk through the same code
+(`feed(chunk, final=True)`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Normalizer:
         self._lanes: set[int] = set()  # the choices whose plain text chunks may take the fast lane (feed)
         self._keys: set[str] = set()  # the fields of the last chunk, and those of them the hub does not know
         self._extra: tuple[str, ...] = ()
+        self._whole = False  # a final chunk (a whole non-stream answer) was fed: it ended every choice
         # Counts the changes of answer.envelope_extra: a text lane template holds the envelope of its time
         # (proxy/hub/pipeline.py drops the templates when this moves on).
         self.envelope_version = 0
@@ -84,6 +86,7 @@ class Normalizer:
         # mostly have the same fields: they are sorted out again only when the fields change.
         keys = chunk.keys()
         if final:
+            self._whole = True
             extra: tuple[str, ...] | list[str] = () if keys <= _CHUNK_OWN else [
                 key for key in keys if key not in _CHUNK_OWN]
         elif keys != self._keys:
@@ -128,7 +131,10 @@ class Normalizer:
         return out
 
     def finish(self, saw_done: bool) -> None:
-        """End of the upstream answer: raise StreamTruncated unless every choice has finished."""
+        """End of the upstream answer: raise StreamTruncated unless every choice has finished (a whole answer has
+        ended them all, even one with no choice)."""
+        if self._whole:
+            return
         if self._choices and all(st.finished for st in self._choices.values()):
             return
         if not saw_done:

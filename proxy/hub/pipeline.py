@@ -1,13 +1,15 @@
 """One request's answer pipeline, without I/O: upstream bytes (or a JSON body) in, hub events out.
 
-    bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (streams)
+    bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed`: streams)
                       └──▶ TextLane (events that repeat a plain text event's template) ─▶ [Delta]
                                     (several in one read, with `runs`: one TextRun)
-    JSON  ─────────────────────────▶ UpstreamSession.response ─▶ Normalizer ─▶ [Delta]  (non-stream: one chunk)
+    JSON body ──────────▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed_body`: non-stream,
+                                  (whole=True: one final chunk)                        one final chunk)
 
-The handler feeds it what it reads and gives the events to the client encoder; tests drive the very same object
-in-process (cutting the upstream bytes anywhere). Failures raise `StreamTruncated` (or the dialect's error); events
-produced before the failure are already in `out`, so the caller can still deliver them ahead of the error.
+Either way `finish` ends the answer. The endpoint feeds it what it reads and gives the events to the client encoder;
+tests drive the very same object in-process (cutting the upstream bytes anywhere). Failures raise `StreamTruncated`
+(or the dialect's error); events produced before the failure are already in `out`, so the caller can still deliver
+them ahead of the error.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Pipeline:
         self._decoder = SSEDecoder()
         self._chunk = session.chunk
         self._feed = self.normalizer.feed
-        self.done = False  # [DONE] was seen
+        self.done = False  # the answer is complete: [DONE] was seen, or a whole body was fed
         # The shortcut for plain text events (proxy/stream/text_lane.py): chat streams whose session lets a plain
         # event skip `chunk` (not the engine's). `text_lane=False` is the full path for every event
         # (tests/stream/test_text_lane.py compares the two).
@@ -67,19 +69,23 @@ class Pipeline:
         self.session.end()
         self.normalizer.finish(self.done)
 
-    def complete(self, raw: bytes, out: list[Delta]) -> None:
-        """A whole non-stream JSON body -> its events (the same normaliser, one final chunk)."""
+    def feed_body(self, raw: bytes, out: list[Delta | TextRun]) -> None:
+        """A whole non-stream JSON body: append its events (the session's one entry and the same normaliser, one
+        final chunk). `finish` follows, as after a stream."""
         try:
-            data = orjson.loads(raw)
+            data = _json_loads(raw)
         except orjson.JSONDecodeError:
             try:  # invalid UTF-8 inside the JSON: U+FFFD, as the stream decoder does (docs/behaviour.md "Streams")
-                data = orjson.loads(raw.decode("utf-8", "replace"))
+                data = _json_loads(raw.decode("utf-8", "replace"))
             except orjson.JSONDecodeError:
                 raise UpstreamError(
                     "The upstream answered with a body that is not JSON: " + preview(raw), 502
                 ) from None
+        self.done = True  # nothing follows a whole answer
         try:
-            out.extend(self._feed(self.session.response(data), True))
+            chunk = self._chunk(data, True)
+            if chunk is not None:
+                out.extend(self._feed(chunk, True))
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, UpstreamError) from None
 

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import fastest  # noqa: E402  (tests/bench/timing.py)
 
 from proxy.clients.base import ClientCall  # noqa: E402
-from proxy.clients.chat import ChatEncoder  # noqa: E402
-from proxy.clients.messages_encoder import MessagesEncoder  # noqa: E402
-from proxy.clients.responses_events import Echo, ResponsesEncoder  # noqa: E402
+from proxy.clients.chat import chat_encoder as make_chat_encoder  # noqa: E402
+from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer  # noqa: E402
+from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
 from proxy.hub.canonical import CHAT, RequestContext  # noqa: E402
@@ -103,11 +103,11 @@ Encoderish = Any
 
 
 def chat_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
-    return ChatEncoder(ctx, answer, ctx.stream, False, "reasoning_content", None, True)
+    return make_chat_encoder(ctx, answer, ctx.stream, False, "reasoning_content", None, True)
 
 
 def responses_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
-    return ResponsesEncoder(ctx, answer, ctx.stream, Echo({"store": False}), {}, None)
+    return ResponsesEncoder(ctx, answer, responses_consumer(ctx.stream), Echo({"store": False}), {}, None)
 
 
 SIGNER = ThinkingSigner(b"k" * 32)
@@ -115,7 +115,7 @@ SIGNER = ThinkingSigner(b"k" * 32)
 
 def messages_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
     call = ClientCall({"model": "bench", "messages": []}, CHAT, "bench", ctx.stream, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, answer, SIGNER)
+    return MessagesEncoder(call, ctx, answer, SIGNER, messages_consumer(call, ctx))
 
 
 METRICS = Metrics(None)
@@ -174,8 +174,9 @@ def nonstream_request(dialect_name: str, body: bytes) -> Callable[[], int]:
         answer = Answer()
         pipeline = Pipeline(session, answer)
         encoder = chat_encoder(ctx, answer)
-        events: list[Delta] = []
-        pipeline.complete(body, events)
+        events: list[Delta | TextRun] = []
+        pipeline.feed_body(body, events)
+        pipeline.finish(events)
         encoder.feed(events)
         return len(encoder.finish())
 

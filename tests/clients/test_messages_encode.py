@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.clients.base import ClientCall
-from proxy.clients.messages_encoder import PING, MessagesEncoder
+from proxy.clients.messages_encoder import PING, MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_response
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
@@ -62,7 +62,8 @@ def run(pieces: list[bytes], stream: bool = True, **options: Any) -> bytes:
     answer = Answer()
     session = get_dialect("openai").session(ctx)
     pipeline = Pipeline(session, answer)
-    encoder = MessagesEncoder(call(stream, **options), ctx, answer, SIGNER)
+    request = call(stream, **options)
+    encoder = MessagesEncoder(request, ctx, answer, SIGNER, messages_consumer(request, ctx))
     out = encoder.head() if stream else b""
     events: list[Delta] = []
     for piece in pieces:
@@ -196,7 +197,7 @@ def test_arguments_that_are_not_an_object_fail_the_non_stream_answer():
 
 def test_error_event_and_ping():
     ctx = request_context(CHAT, "m", UP, stream=True, response_id="msg_x")
-    encoder = MessagesEncoder(call(True), ctx, Answer(), SIGNER)
+    encoder = MessagesEncoder(call(True), ctx, Answer(), SIGNER, messages_consumer(call(True), ctx))
     name, data = events_of(encoder.error(StreamTruncated("upstream cut", status=502)))[0]
     assert name == "error" and data == {"type": "error", "error": {"type": "api_error", "message": "upstream cut"},
                                         "request_id": None}

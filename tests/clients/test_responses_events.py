@@ -12,7 +12,7 @@ from hub_harness import drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.clients.responses_events import Echo, ResponsesEncoder
+from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer
 from proxy.clients.responses_request import ToolName, to_chat
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
@@ -64,7 +64,8 @@ def run(pieces: list[bytes], dialect: str, stream: bool = True, **up: Any) -> by
     answer = Answer()
     session = get_dialect(dialect).session(ctx)
     pipeline = Pipeline(session, answer)
-    encoder = ResponsesEncoder(ctx, answer, stream, Echo({"store": False}), TOOLS, ThinkingSigner(b"k"))
+    encoder = ResponsesEncoder(ctx, answer, responses_consumer(stream), Echo({"store": False}), TOOLS,
+                               ThinkingSigner(b"k"))
     return drive(pieces, pipeline, encoder, stream)
 
 
@@ -200,7 +201,7 @@ def test_output_item_ids_are_distinct_and_numbered_in_output_order() -> None:
     """Each output item's id is its kind, the response's id and its place in the output (two digits at least):
     distinct within the response, and readable in order past the ninth item."""
     ctx = context("openai")
-    encoder = ResponsesEncoder(ctx, Answer(), False, Echo({}), {}, None)
+    encoder = ResponsesEncoder(ctx, Answer(), responses_consumer(False), Echo({}), {}, None)
     calls = [{"index": i, "id": f"call_{i}", "function": {"name": "get", "arguments": "{}"}} for i in range(11)]
     encoder.feed([Delta(reasoning="Hmm"), Delta(content="Calling."),
                   Delta(tool_calls=calls, finish_reason="tool_calls")])

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.clients.base import ClientCall, Encoder
-from proxy.clients.messages_encoder import MessagesEncoder
-from proxy.clients.responses_events import Echo, ResponsesEncoder
+from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
+from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer
 from proxy.clients.responses_request import ToolName
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
@@ -39,13 +39,14 @@ EVENTS = st.one_of(
 
 def responses(stream: bool) -> Encoder:
     ctx = request_context(CHAT, "m", UP, stream=stream, client_model="alias", response_id="resp_0123456789abcdef")
-    return ResponsesEncoder(ctx, Answer(), stream, Echo({"store": False}), {"get": ToolName("get")}, SIGNER)
+    return ResponsesEncoder(ctx, Answer(), responses_consumer(stream), Echo({"store": False}),
+                            {"get": ToolName("get")}, SIGNER)
 
 
 def messages(stream: bool) -> Encoder:
     ctx = request_context(CHAT, "m", UP, stream=stream, client_model="alias", response_id="msg_x")
     call = ClientCall({"model": "m", "messages": []}, CHAT, "alias", stream, {"stop_sequences": ()})
-    return MessagesEncoder(call, ctx, Answer(), SIGNER)
+    return MessagesEncoder(call, ctx, Answer(), SIGNER, messages_consumer(call, ctx))
 
 
 def output(encoder: Encoder, stream: bool, reads: list[list[Delta | TextRun]]) -> tuple[bytes, str | None]:

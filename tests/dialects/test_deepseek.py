@@ -12,7 +12,7 @@ import pytest
 from hub_harness import Run, complete, request_context
 from hub_harness import relay as hub_relay
 
-from proxy.clients.chat import ChatEncoder
+from proxy.clients.chat import chat_encoder
 from proxy.dialects.deepseek import DeepSeekDialect, merge_successive
 from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
 from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
@@ -416,7 +416,7 @@ def test_insufficient_system_resource_stream_is_an_error_after_the_partial_conte
     session = DS.session(c)
     answer = Answer()
     normalizer = Normalizer(c.kind, session.reasoning_source, session.starts_in_reasoning, answer)
-    encoder = ChatEncoder(c, answer, True, False, "reasoning_content", None, True)
+    encoder = chat_encoder(c, answer, True, False, "reasoning_content", None, True)
     sent = b""
     for event in SSEDecoder().feed(raw):
         if event.data != "[DONE]":

@@ -534,7 +534,7 @@ def test_siliconstorm_codes_whatever_the_http_status(
 def test_siliconstorm_code_in_a_completion_or_a_stream_event() -> None:
     body = {"code": 701, "result": None, "message": "Insufficient balance"}
     with pytest.raises(Exception) as e:
-        SILICON.session(ctx(dialect="siliconstorm")).response(body)
+        SILICON.session(ctx(dialect="siliconstorm")).chunk(body, whole=True)
     assert getattr(e.value, "status", None) == 402
     with pytest.raises(StreamTruncated) as t:
         SILICON.session(ctx(dialect="siliconstorm", stream=True)).chunk(dict(body))
