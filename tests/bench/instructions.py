@@ -98,9 +98,9 @@ def control(pid: int, flag: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def instructions(out: str) -> int:
+def instructions(out: str, pid: int) -> int:
     """The Ir of the first dump after the counters were zeroed (callgrind_control -d writes `<out>.<pid>.1`)."""
-    (path,) = glob.glob(out + ".*.1")
+    (path,) = glob.glob(f"{out}.{pid}.1")
     with open(path) as f:
         for line in f:
             if line.startswith(("summary:", "totals:")):
@@ -143,7 +143,7 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
         per = len(result.latencies) * (CHUNKS if row.stream else 1)
     finally:
         bench.stop(relay, mock)
-    return instructions(out) / per
+    return instructions(out, relay.pid) / per
 
 
 async def main() -> None:
@@ -152,6 +152,8 @@ async def main() -> None:
     ap.add_argument("--requests", type=int, default=200, help="measured requests per relay and row (bounded)")
     ap.add_argument("--ref", help="also count the proxy of this commit (git archive), for a before/after")
     ap.add_argument("--compiled", action="store_true", help="the proxy is a compiled copy of this tree (mypyc)")
+    ap.add_argument("--ref-compiled", action="store_true", help="the --ref commit is compiled too (mypyc)")
+    ap.add_argument("--keep", metavar="DIR", help="keep callgrind's dumps in DIR (tests/bench/layers.py reads them)")
     ap.add_argument("--frontend", choices=["uvicorn"],
                     help="ref: this tree's proxy behind uvicorn's own httptools protocol; not with --ref")
     ap.add_argument("--rows", help="comma-separated row names (default: all): " + ", ".join(r.name for r in ROWS))
@@ -162,6 +164,13 @@ async def main() -> None:
     if not rows:
         sys.exit("no such row; rows: " + ", ".join(r.name for r in ROWS))
     ref_tree = bench.export_ref(args.ref) if args.ref else None
+    if ref_tree and args.ref_compiled:
+        sys.path.insert(0, os.path.dirname(HERE))
+        import compiled_tree  # tests/compiled_tree.py
+
+        source = bench.export_ref(args.ref)
+        compiled_tree.build(ref_tree, src=source)
+        shutil.rmtree(source, ignore_errors=True)
     proxy_tree = ROOT
     if args.compiled:
         proxy_tree = bench.compiled_copy()
@@ -169,9 +178,11 @@ async def main() -> None:
         if ref_tree:
             sys.exit("--ref and --frontend both use the ref column: give one")
         FRONTEND = args.frontend
-    workdir = tempfile.mkdtemp(prefix="bench-instructions-")
+    workdir = args.keep if args.keep else tempfile.mkdtemp(prefix="bench-instructions-")
+    os.makedirs(workdir, exist_ok=True)
     unit = "instructions per request (non-stream) or per upstream chunk (streams)"
     build = " (proxy: compiled copy of this tree)" if args.compiled else ""
+    build += " (ref: compiled)" if ref_tree and args.ref_compiled else ""
     print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent (the paced row:"
           f" a quarter of them, one at a time){build}\n")
     head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree or FRONTEND else "")
@@ -187,7 +198,8 @@ async def main() -> None:
                 line += f" {ref:,.0f} | {ref / bare:.2f} | {proxy / ref:.3f} |"
             print(line, flush=True)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
         for tree in (ref_tree, proxy_tree if args.compiled else None):
             if tree:
                 shutil.rmtree(tree, ignore_errors=True)

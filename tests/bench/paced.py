@@ -1,11 +1,12 @@
-"""The ratio table's 5 ms-paced row, round by round: CPU per chunk of the bare relay and the proxy next to the system
-calls and wake-ups each made per chunk, to tell a change of work from the machine's noise.
+"""The ratio table's 5 ms-paced row, round by round: CPU per chunk of nginx, the bare relay and the proxy next to the
+system calls and wake-ups each made per chunk, to tell a change of work from the machine's noise.
 
     python tests/bench/paced.py [--rounds 6] [--api chat|responses|messages] [--compiled]
 
 The paced rows of tests/bench/bench.py (64 concurrent streams of 64 chunks, 5 ms apart, through an OpenAI mock)
-swing more from run to run than the others. Each round here runs the bare relay then the proxy for 2 s under that
-load, as the ratio table does, and prints for each: CPU time per chunk, the read and write system calls per chunk
+swing more from run to run than the others. Each round here runs nginx (the floor, when installed: master and
+worker counted together), the bare relay then the proxy for 2 s under that load, as the ratio table does, and
+prints for each: CPU time per chunk, the read and write system calls per chunk
 (`syscr`/`syscw` of /proc/PID/io) and the wake-ups per chunk (voluntary context switches, /proc/PID/status: each a
 return from an idle wait for the network). Equal counts in every round with a moving CPU time per chunk mean the
 same work costing a different time. Linux only; loopback only; every run bounded in time and count. Not a test: it
@@ -26,18 +27,21 @@ import bench  # noqa: E402  (tests/bench/bench.py: the load generator, the relay
 
 
 def counters(pid: int) -> tuple[int, int, int]:
-    """(read calls, write calls, voluntary context switches) of a process so far."""
-    io: dict[str, int] = {}
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            io[key] = int(value)
-    switches = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches:"):
-                switches = int(line.split()[1])
-    return io["syscr"], io["syscw"], switches
+    """(read calls, write calls, voluntary context switches) of a process and its children (nginx's worker) so far."""
+    reads = writes = switches = 0
+    for pid_ in [pid, *bench.children(pid)]:
+        with open(f"/proc/{pid_}/io") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key == "syscr":
+                    reads += int(value)
+                elif key == "syscw":
+                    writes += int(value)
+        with open(f"/proc/{pid_}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    switches += int(line.split()[1])
+    return reads, writes, switches
 
 
 async def main() -> None:
@@ -56,11 +60,12 @@ async def main() -> None:
         await up.ready()
         print(f"5 ms-paced row: 64 streams of 64 chunks, 2 s per run; proxy client dialect {args.api}; per chunk: "
               "CPU µs, reads, writes, wake-ups")
+        procs = {"nginx": up.nginx, "bare": up.bare, "proxy": up.proxy}
         for n in range(args.rounds):
             cells = []
-            for target in ("bare", "proxy"):
-                proc = up.bare if target == "bare" else up.proxy
-                assert proc is not None
+            for target, proc in procs.items():
+                if proc is None:  # nginx not installed
+                    continue
                 api = args.api if target == "proxy" else "chat"
                 await bench.load(up.urls[target], True, 64, 5, 64, 0.3, 200, api)  # warm-up, as measure_row
                 c0, before = bench.cpu_seconds(proc.pid), counters(proc.pid)
