@@ -8,9 +8,12 @@ swing more from run to run than the others. Each round here runs nginx (the floo
 worker counted together), the bare relay then the proxy for 2 s under that load, as the ratio table does, and
 prints for each: CPU time per chunk, the read and write system calls per chunk
 (`syscr`/`syscw` of /proc/PID/io) and the wake-ups per chunk (voluntary context switches, /proc/PID/status: each a
-return from an idle wait for the network). Equal counts in every round with a moving CPU time per chunk mean the
-same work costing a different time. Linux only; loopback only; every run bounded in time and count. Not a test: it
-asserts nothing.
+return from an idle wait for the network). /proc/PID/io counts only read(2)/readv and write(2)/writev, not
+recv/send (nginx reads its sockets with recv): with `perf` (Debian package linux-perf) each round also counts every
+system call per chunk from the kernel's tracepoints — all, the reads (read, readv, recvfrom, recvmsg), the writes
+(write, writev, sendto, sendmsg) and the epoll waits. Equal counts in every round with a moving CPU time per chunk
+mean the same work costing a different time. Linux only; loopback only; every run bounded in time and count. Not a
+test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +50,41 @@ def counters(pid: int) -> tuple[int, int, int]:
     return reads, writes, switches
 
 
+READS = ("read", "readv", "recvfrom", "recvmsg")
+WRITES = ("write", "writev", "sendto", "sendmsg")
+WAITS = ("epoll_wait", "epoll_pwait", "epoll_pwait2")
+PERF_EVENTS = ",".join(["raw_syscalls:sys_enter", *(f"syscalls:sys_enter_{n}" for n in (*READS, *WRITES, *WAITS))])
+
+
+def perf_start(pids: list[int]) -> tuple[subprocess.Popen[bytes], str] | None:
+    """`perf stat` counting the system calls of `pids` until perf_stop; None without perf."""
+    if shutil.which("perf") is None:
+        return None
+    fd, out = tempfile.mkstemp(prefix="bench-perf-")
+    os.close(fd)
+    proc = subprocess.Popen(["perf", "stat", "-x", ",", "-o", out, "-e", PERF_EVENTS, "-p",
+                             ",".join(map(str, pids))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, out
+
+
+def perf_stop(started: tuple[subprocess.Popen[bytes], str] | None) -> dict[str, int]:
+    """{'all', 'reads', 'writes', 'waits'} system calls counted since perf_start."""
+    if started is None:
+        return {}
+    proc, out = started
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    counts: dict[str, int] = {}
+    with open(out) as f:
+        for line in f:
+            parts = line.strip().split(",")
+            if len(parts) > 2 and parts[0].isdigit():
+                counts[parts[2].split(":")[-1].removeprefix("sys_enter_")] = int(parts[0])
+    os.unlink(out)
+    return {"all": counts.get("sys_enter", 0), "reads": sum(counts.get(n, 0) for n in READS),
+            "writes": sum(counts.get(n, 0) for n in WRITES), "waits": sum(counts.get(n, 0) for n in WAITS)}
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
@@ -59,7 +100,7 @@ async def main() -> None:
     try:
         await up.ready()
         print(f"5 ms-paced row: 64 streams of 64 chunks, 2 s per run; proxy client dialect {args.api}; per chunk: "
-              "CPU µs, reads, writes, wake-ups")
+              "CPU µs, reads, writes, wake-ups (/proc); with perf: all system calls, reads, writes, epoll waits")
         procs = {"nginx": up.nginx, "bare": up.bare, "proxy": up.proxy}
         for n in range(args.rounds):
             cells = []
@@ -68,14 +109,19 @@ async def main() -> None:
                     continue
                 api = args.api if target == "proxy" else "chat"
                 await bench.load(up.urls[target], True, 64, 5, 64, 0.3, 200, api)  # warm-up, as measure_row
+                perf = perf_start([proc.pid, *bench.children(proc.pid)])
+                await asyncio.sleep(0.3)  # perf attached
                 c0, before = bench.cpu_seconds(proc.pid), counters(proc.pid)
                 r = await bench.load(up.urls[target], True, 64, 5, 64, 2.0, 200_000, api)
                 cpu, after = bench.cpu_seconds(proc.pid) - c0, counters(proc.pid)
                 chunks = max(len(r.latencies) * 64, 1)
+                calls = {k: v / chunks for k, v in perf_stop(perf).items()}
                 reads, writes, wakes = ((a - b) / chunks for a, b in zip(after, before, strict=True))
+                syscalls = (f" | syscalls {calls['all']:4.2f}: reads {calls['reads']:4.2f}"
+                            f" writes {calls['writes']:4.2f} epoll {calls['waits']:4.2f}") if calls else ""
                 cells.append(f"{target:<5} {cpu / chunks * 1e6:5.1f} µs {reads:5.2f} {writes:5.2f} {wakes:5.2f}"
-                             f"{f'  err {r.errors}' if r.errors else ''}")
-            print(f"round {n}: " + "  |  ".join(cells), flush=True)
+                             f"{syscalls}{f'  err {r.errors}' if r.errors else ''}")
+            print(f"round {n}:\n  " + "\n  ".join(cells), flush=True)
     finally:
         up.stop()
         if bench.PROXY_TREE is not None:
