@@ -2,6 +2,7 @@
 
     python tests/bench/instructions.py [--requests 200] [--ref COMMIT] [--compiled] [--rows NAME,...]
                                                                             (`make bench-instructions`)
+    python tests/bench/instructions.py --nginx [...]            adds nginx (the floor, bench.py's relay) and x nginx
     python tests/bench/instructions.py --frontend uvicorn [...]   ref: this tree's proxy behind uvicorn's own
                                                                   httptools protocol (tests/bench/frontends.py)
 
@@ -74,6 +75,7 @@ ROWS = [
 ]
 CHUNKS = 64  # per streamed answer, as in the ratio table
 FRONTEND: str | None = None  # --frontend
+NGINX: str | None = None  # --nginx: its binary
 
 
 def callgrind(argv: list[str], cwd: str, out: str) -> subprocess.Popen[bytes]:
@@ -108,6 +110,16 @@ def instructions(out: str, pid: int) -> int:
     raise RuntimeError(f"no totals in {path}")
 
 
+def nginx_argv(conf_dir: str, port: int, upstream: int) -> list[str]:
+    """nginx as bench.py's floor relay, in one process (master_process off) for callgrind to follow."""
+    for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(conf_dir, sub), exist_ok=True)
+    conf = os.path.join(conf_dir, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write("master_process off;\n" + bench.NGINX_RELAY_CONF.format(dir=conf_dir, port=port, upstream=upstream))
+    return [NGINX or "nginx", "-c", conf, "-p", conf_dir]
+
+
 async def measure(row: Row, target: str, tree: str, requests: int, workdir: str) -> float:
     """Instructions per request (non-stream) or per upstream chunk (streams) of one relay."""
     mock_port, port = bench.free_port(), bench.free_port()
@@ -118,6 +130,9 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
     if target == "bare":
         relay = callgrind([sys.executable, os.path.join(HERE, "bare_relay.py"), str(port), upstream], ROOT, out)
         health, api = "/", "chat"
+    elif target == "nginx":
+        relay = callgrind(nginx_argv(os.path.join(workdir, f"nginx-{port}"), port, mock_port), ROOT, out)
+        health, api = "/health", "chat"
     else:
         serve = ["serve", "--port", str(port), "--upstream-url", upstream, "--upstream-dialect", row.dialect,
                  "--log-level", "warning", *ft]
@@ -147,12 +162,13 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
 
 
 async def main() -> None:
-    global FRONTEND
+    global FRONTEND, NGINX
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=200, help="measured requests per relay and row (bounded)")
     ap.add_argument("--ref", help="also count the proxy of this commit (git archive), for a before/after")
     ap.add_argument("--compiled", action="store_true", help="the proxy is a compiled copy of this tree (mypyc)")
     ap.add_argument("--ref-compiled", action="store_true", help="the --ref commit is compiled too (mypyc)")
+    ap.add_argument("--nginx", action="store_true", help="also count nginx relaying the same rows (the floor)")
     ap.add_argument("--keep", metavar="DIR", help="keep callgrind's dumps in DIR (tests/bench/layers.py reads them)")
     ap.add_argument("--frontend", choices=["uvicorn"],
                     help="ref: this tree's proxy behind uvicorn's own httptools protocol; not with --ref")
@@ -185,14 +201,24 @@ async def main() -> None:
     build += " (ref: compiled)" if ref_tree and args.ref_compiled else ""
     print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent (the paced row:"
           f" a quarter of them, one at a time){build}\n")
-    head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree or FRONTEND else "")
+    if args.nginx:
+        NGINX = bench.nginx_binary()
+        if NGINX is None:
+            sys.exit("--nginx: nginx is not installed (Debian package nginx)")
+    head = "| row |" + (" nginx | x nginx |" if NGINX else "") + " bare | proxy | ratio |" + (
+        " ref | ref ratio | proxy / ref |" if ref_tree or FRONTEND else "")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     try:
         for row in rows:
+            line = f"| {row.name} |"
+            if NGINX:
+                floor = await measure(row, "nginx", ROOT, args.requests, workdir)
             bare = await measure(row, "bare", ROOT, args.requests, workdir)
             proxy = await measure(row, "proxy", proxy_tree, args.requests, workdir)
-            line = f"| {row.name} | {bare:,.0f} | {proxy:,.0f} | {proxy / bare:.2f} |"
+            if NGINX:
+                line += f" {floor:,.0f} | {proxy / floor:.1f} |"
+            line += f" {bare:,.0f} | {proxy:,.0f} | {proxy / bare:.2f} |"
             if ref_tree or FRONTEND:
                 ref = await measure(row, "ref", ref_tree or proxy_tree, args.requests, workdir)
                 line += f" {ref:,.0f} | {ref / bare:.2f} | {proxy / ref:.3f} |"

@@ -100,10 +100,11 @@ class Dump:
 
     def __init__(self, path: str) -> None:
         self.self_cost: dict[str, int] = defaultdict(int)
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)  # (caller, callee) -> the calls' inclusive cost
         self.obj: dict[str, str] = {}
         self.total = 0
         names: dict[str, dict[str, str]] = {"ob": {}, "fn": {}}
-        ob = fn = ""
+        ob = fn = cfn = ""
         in_call = False
         with open(path, errors="replace") as f:
             for line in f:
@@ -111,6 +112,8 @@ class Dump:
                 if c.isdigit() or c in ("+", "-", "*"):
                     if in_call:  # the line after `calls=` is the call's inclusive cost, not the caller's own
                         in_call = False
+                        parts = line.split()
+                        self.calls[fn, cfn] += int(parts[1]) if len(parts) > 1 else 0
                     else:
                         parts = line.split()
                         self.self_cost[fn] += int(parts[1]) if len(parts) > 1 else 0
@@ -127,7 +130,7 @@ class Dump:
                     fn = self._name(names["fn"], value)
                     self.obj.setdefault(fn, ob)
                 elif key == "cfn":
-                    self._name(names["fn"], value)
+                    cfn = self._name(names["fn"], value)
                 elif key == "calls":
                     in_call = True
 
@@ -152,6 +155,43 @@ def callgrind_layer(fn: str, obj: str) -> str:
     if "__mypyc" in base:
         return "compiled proxy code (mypyc runtime)"
     return library_layer(base) or f"other ({base})"
+
+
+def inclusive(d: Dump, pattern: str) -> float:
+    """What the calls into functions matching `pattern` cost, all they called included: the sum of the calls' costs
+    from callers outside the pattern (callgrind measures each call from entry to return: exact for functions that
+    do not recurse)."""
+    rx = re.compile(pattern)
+    return sum(cost for (caller, callee), cost in d.calls.items() if rx.search(callee) and not rx.search(caller))
+
+
+# The request path's entry points in a compiled build (mypyc's C names: module, class, function; both module
+# layouts), each measured with all it calls (`inclusive`). Indented rows are parts of the row above.
+ENTRIES: list[tuple[str, str]] = [
+    ("front end: request head and body parsed (httptools), task started",
+     r"^CPyDef_frontend___\w*Protocol___data_received$"),
+    ("request task (ASGI entry and all below)", r"^CPyDef_frontend___run_asgi_\w*helper__$"),
+    ("  endpoint, all it calls", r"^CPyDef_(handlers|endpoint)_____call___\w*InferenceEndpoint_gen_\w*helper__$"),
+    ("    client spoke: decode (validation, canonical request)", r"^CPyDef_\w+___decode_\w*_gen_\w*helper__$"),
+    ("    JSON parse of the request", r"^CPyDef_(handlers|endpoint)____parse$"),
+    ("    upstream spoke: the upstream request built", r"^CPyDef_\w*(Session|Dialect)___build_request$"),
+    ("    upstream client: request sent, answer's head read (aiohttp)", r"^CPyDef_upstream___open_\w*helper__$"),
+    ("    upstream client: body or stream reads (aiohttp)",
+     r"^CPyDef_upstream___(read_body|read_StreamReads)\w*helper__$"),
+    ("    upstream client: connection released", r"^CPyDef_upstream___release\w*helper__$"),
+    ("    hub: upstream events decoded, normalised (pipeline)",
+     r"^CPyDef_pipeline___Pipeline___(feed|complete|finish)$"),
+    ("    client spoke: encode", r"^CPyDef_\w+Encoder___(feed|finish|head|keepalive|error)$"),
+    ("    metrics observer", r"^CPyDef_(metrics|local_metrics|prometheus|observer)___\w+$"),
+    ("    front end: the answer written (ASGI send)", r"^CPyDef_frontend___send_\w*helper__$"),
+]
+
+
+def entries(d: Dump) -> list[tuple[str, float]]:
+    rows = [(name, inclusive(d, pattern)) for name, pattern in ENTRIES]
+    inside = rows[0][1] + rows[1][1]
+    rows.append(("outside these (event loop, aiohttp's response protocol, timers, GC)", d.total - inside))
+    return rows
 
 
 def by_layer_callgrind(d: Dump) -> dict[str, float]:
@@ -249,6 +289,12 @@ async def run_profile(args: argparse.Namespace) -> None:
     layers, total = by_layer_profile(out)
     units = len(r.latencies) * (chunks if args.stream else 1)
     show(layers, total, f"profiled (cProfile) µs per {'chunk' if args.stream else 'request'}", units, scale=1e6)
+    if args.functions:
+        stats = pstats.Stats(out).stats  # type: ignore[attr-defined]
+        top = sorted(stats.items(), key=lambda kv: -kv[1][2])[: args.functions]
+        for (filename, line, name), (_cc, nc, tt, _ct, _callers) in top:
+            where = filename.split("site-packages/")[-1].split("/proxy/")[-1]
+            print(f"  {tt * 1e6 / units:>8,.1f} µs  {nc / units:6.2f} calls  {name}  {where}:{line}")
 
 
 def show(layers: dict[str, float], total: float, unit: str, per: float, scale: float = 1.0) -> None:
@@ -267,20 +313,37 @@ def main() -> None:
     cg.add_argument("dump")
     cg.add_argument("--per", type=float, default=1.0, help="requests (or chunks) the dump counted")
     cg.add_argument("--functions", type=int, default=0, help="also list the N costliest functions (own cost)")
+    cg.add_argument("--entries", action="store_true", help="the request path's entry points (ENTRIES), each with"
+                    " all it calls: a compiled build's layers")
+    cg.add_argument("--inclusive", type=int, default=0, help="also list the N costliest compiled proxy functions,"
+                    " what they call included")
     pr = sub.add_parser("profile", help="the pure build under cProfile")
     pr.add_argument("--dialect", default="openai")
     pr.add_argument("--api", default="chat", choices=["chat", "responses", "messages"])
     pr.add_argument("--stream", action="store_true")
     pr.add_argument("--delay-ms", type=int, default=0, help="between the mock's chunks (5: the paced row)")
     pr.add_argument("--requests", type=int, default=200)
+    pr.add_argument("--functions", type=int, default=0, help="also list the N costliest functions (own time)")
     args = ap.parse_args()
     if args.mode == "profile":
         asyncio.run(run_profile(args))
         return
     d = Dump(args.dump)
+    if args.entries:
+        print(f"instructions per unit: {d.total / args.per:,.0f} in all; entry points, all they call included")
+        for name, cost in entries(d):
+            print(f"  {name:<72} {cost / args.per:>10,.0f}  {cost / d.total:6.1%}")
+        return
     show(by_layer_callgrind(d), d.total, "instructions", args.per)
     for fn, cost in sorted(d.self_cost.items(), key=lambda kv: -kv[1])[: args.functions]:
         print(f"  {cost / args.per:>10,.0f}  {fn}  [{d.obj.get(fn, '').rsplit('/', 1)[-1]}]")
+    if args.inclusive:
+        into: dict[str, int] = defaultdict(int)
+        for (caller, callee), cost in d.calls.items():
+            if caller != callee and MYPYC.match(callee):
+                into[callee] += cost
+        for fn, cost in sorted(into.items(), key=lambda kv: -kv[1])[: args.inclusive]:
+            print(f"  {cost / args.per:>10,.0f}  {fn}")
 
 
 if __name__ == "__main__":
