@@ -54,7 +54,8 @@ LAYERS: list[tuple[str, str]] = [
     ("gateway", "upstream client"), ("upstream", "upstream client"), ("replicas", "upstream client"),
     ("admission", "upstream client"), ("deadlines", "upstream client"), ("routing", "upstream client"),
     ("metrics.tracing", "tracing"), ("tracing", "tracing"),
-    ("metrics", "metrics"), ("local_metrics", "metrics"),
+    ("metrics", "metrics"), ("local_metrics", "metrics"), ("prometheus", "metrics"), ("local", "metrics"),
+    ("files", "metrics"), ("process", "server"), ("runtime", "server"),
     ("settings", "settings"), ("errors", "endpoint"),
 ]
 # shared object (file name prefix) or site-packages package -> layer
@@ -182,7 +183,7 @@ ENTRIES: list[tuple[str, str]] = [
     ("    hub: upstream events decoded, normalised (pipeline)",
      r"^CPyDef_pipeline___Pipeline___(feed|complete|finish)$"),
     ("    client spoke: encode", r"^CPyDef_\w+Encoder___(feed|finish|head|keepalive|error)$"),
-    ("    metrics observer", r"^CPyDef_(metrics|local_metrics|prometheus|observer)___\w+$"),
+    ("    metrics observer", r"^CPyDef_(metrics|local_metrics|prometheus|local|observer)___\w+$"),
     ("    front end: the answer written (ASGI send)", r"^CPyDef_frontend___send_\w*helper__$"),
 ]
 
