@@ -1,7 +1,9 @@
-"""Where a relay's work goes, by layer of the request path (docs/speed.md "Where the CPU goes, by layer").
+"""Where a relay's work goes, by layer of the request path (docs/speed.md, "How it is measured" and "2026-11-26,
+second session").
 
     python tests/bench/instructions.py --compiled --keep DIR [--rows ...]   # callgrind dumps: DIR/<relay>-<row>.<pid>.1
-    python tests/bench/layers.py callgrind DUMP --per 200 [--functions 20]   # instructions per request, by layer
+    python tests/bench/layers.py callgrind DUMP --per 200 [--functions 20]   # instructions per request, by library
+    python tests/bench/layers.py callgrind DUMP --per 200 --entries   # by entry point of the request path (ENTRIES)
     python tests/bench/layers.py profile [--stream] [--delay-ms 5] [--api chat] [--requests 200]   # pure build
 
 `callgrind` reads one dump of tests/bench/instructions.py and splits its instructions (exclusive: each function's
