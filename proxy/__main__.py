@@ -155,7 +155,7 @@ def _value(args: argparse.Namespace, flag: str, environ: dict[str, str] | os._En
 
 
 def parser() -> argparse.ArgumentParser:
-    from proxy.mock.server import DEFAULT_DIALECT
+    from proxy.mock import DEFAULT_DIALECT
 
     p = argparse.ArgumentParser(
         prog="dialect-proxy",
@@ -438,8 +438,8 @@ def demo(args: argparse.Namespace) -> None:
     import uvicorn
 
     from proxy.dialects import DIALECTS
+    from proxy.mock import DEFAULT_DIALECT
     from proxy.mock import create_app as create_mock
-    from proxy.mock.server import DEFAULT_DIALECT
     from proxy.server.app import create_app
     from proxy.server.frontend import frontend_options
     from proxy.settings import coerce_value
@@ -516,8 +516,8 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
 
 
 def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
-    from proxy.mock import run
-    from proxy.mock.server import DEFAULT_DIALECT, flavours
+    from proxy.mock import DEFAULT_DIALECT, run
+    from proxy.mock.server import flavours
     from proxy.settings import coerce_value
 
     host = args.host or environ.get(_mock_env("host")) or "127.0.0.1"

@@ -22,9 +22,12 @@ def build(dest: str, src: str = ROOT, python: str = sys.executable) -> str:
     """Copy `src`'s files into `dest` (emptied first) and compile them there; returns `dest`'s absolute path."""
     dest = os.path.abspath(dest)
     shutil.rmtree(dest, ignore_errors=True)
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=src,
-                            capture_output=True, check=True).stdout
-    for name in listed.decode().split("\0"):
+    if os.path.isdir(os.path.join(src, ".git")) or os.path.isfile(os.path.join(src, ".git")):
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=src,
+                                capture_output=True, check=True).stdout.decode().split("\0")
+    else:  # an exported commit (tests/bench/bench.py export_ref): every file is the commit's
+        listed = [os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs]
+    for name in listed:
         path = os.path.join(src, name)
         if name and os.path.isfile(path):  # (a deleted file git still lists is skipped)
             os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)

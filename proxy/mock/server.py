@@ -36,9 +36,6 @@ def _dialect_mocks() -> dict[str, ModuleType]:
 
 MOCKS: dict[str, ModuleType] = _dialect_mocks()
 DIALECTS: tuple[str, ...] = tuple(MOCKS)
-# The dialect `dialect-proxy mock` and `dialect-proxy demo` serve unless told otherwise: the upstream this project
-# was first written for.
-DEFAULT_DIALECT = "mindie"
 
 
 def flavours(dialect: str) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
     python tests/bench/instructions.py [--requests 200] [--ref COMMIT] [--compiled] [--rows NAME,...]
                                                                             (`make bench-instructions`)
+    python tests/bench/instructions.py --nginx [...]            adds nginx (the floor, bench.py's relay) and x nginx
     python tests/bench/instructions.py --frontend uvicorn [...]   ref: this tree's proxy behind uvicorn's own
                                                                   httptools protocol (tests/bench/frontends.py)
 
@@ -74,6 +75,7 @@ ROWS = [
 ]
 CHUNKS = 64  # per streamed answer, as in the ratio table
 FRONTEND: str | None = None  # --frontend
+NGINX: str | None = None  # --nginx: its binary
 
 
 def callgrind(argv: list[str], cwd: str, out: str) -> subprocess.Popen[bytes]:
@@ -98,14 +100,24 @@ def control(pid: int, flag: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def instructions(out: str) -> int:
+def instructions(out: str, pid: int) -> int:
     """The Ir of the first dump after the counters were zeroed (callgrind_control -d writes `<out>.<pid>.1`)."""
-    (path,) = glob.glob(out + ".*.1")
+    (path,) = glob.glob(f"{out}.{pid}.1")
     with open(path) as f:
         for line in f:
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
     raise RuntimeError(f"no totals in {path}")
+
+
+def nginx_argv(conf_dir: str, port: int, upstream: int) -> list[str]:
+    """nginx as bench.py's floor relay, in one process (master_process off) for callgrind to follow."""
+    for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(conf_dir, sub), exist_ok=True)
+    conf = os.path.join(conf_dir, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write("master_process off;\n" + bench.NGINX_RELAY_CONF.format(dir=conf_dir, port=port, upstream=upstream))
+    return [NGINX or "nginx", "-c", conf, "-p", conf_dir]
 
 
 async def measure(row: Row, target: str, tree: str, requests: int, workdir: str) -> float:
@@ -118,6 +130,9 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
     if target == "bare":
         relay = callgrind([sys.executable, os.path.join(HERE, "bare_relay.py"), str(port), upstream], ROOT, out)
         health, api = "/", "chat"
+    elif target == "nginx":
+        relay = callgrind(nginx_argv(os.path.join(workdir, f"nginx-{port}"), port, mock_port), ROOT, out)
+        health, api = "/health", "chat"
     else:
         serve = ["serve", "--port", str(port), "--upstream-url", upstream, "--upstream-dialect", row.dialect,
                  "--log-level", "warning", *ft]
@@ -143,15 +158,18 @@ async def measure(row: Row, target: str, tree: str, requests: int, workdir: str)
         per = len(result.latencies) * (CHUNKS if row.stream else 1)
     finally:
         bench.stop(relay, mock)
-    return instructions(out) / per
+    return instructions(out, relay.pid) / per
 
 
 async def main() -> None:
-    global FRONTEND
+    global FRONTEND, NGINX
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=200, help="measured requests per relay and row (bounded)")
     ap.add_argument("--ref", help="also count the proxy of this commit (git archive), for a before/after")
     ap.add_argument("--compiled", action="store_true", help="the proxy is a compiled copy of this tree (mypyc)")
+    ap.add_argument("--ref-compiled", action="store_true", help="the --ref commit is compiled too (mypyc)")
+    ap.add_argument("--nginx", action="store_true", help="also count nginx relaying the same rows (the floor)")
+    ap.add_argument("--keep", metavar="DIR", help="keep callgrind's dumps in DIR (tests/bench/layers.py reads them)")
     ap.add_argument("--frontend", choices=["uvicorn"],
                     help="ref: this tree's proxy behind uvicorn's own httptools protocol; not with --ref")
     ap.add_argument("--rows", help="comma-separated row names (default: all): " + ", ".join(r.name for r in ROWS))
@@ -162,6 +180,13 @@ async def main() -> None:
     if not rows:
         sys.exit("no such row; rows: " + ", ".join(r.name for r in ROWS))
     ref_tree = bench.export_ref(args.ref) if args.ref else None
+    if ref_tree and args.ref_compiled:
+        sys.path.insert(0, os.path.dirname(HERE))
+        import compiled_tree  # tests/compiled_tree.py
+
+        source = bench.export_ref(args.ref)
+        compiled_tree.build(ref_tree, src=source)
+        shutil.rmtree(source, ignore_errors=True)
     proxy_tree = ROOT
     if args.compiled:
         proxy_tree = bench.compiled_copy()
@@ -169,25 +194,38 @@ async def main() -> None:
         if ref_tree:
             sys.exit("--ref and --frontend both use the ref column: give one")
         FRONTEND = args.frontend
-    workdir = tempfile.mkdtemp(prefix="bench-instructions-")
+    workdir = args.keep if args.keep else tempfile.mkdtemp(prefix="bench-instructions-")
+    os.makedirs(workdir, exist_ok=True)
     unit = "instructions per request (non-stream) or per upstream chunk (streams)"
     build = " (proxy: compiled copy of this tree)" if args.compiled else ""
+    build += " (ref: compiled)" if ref_tree and args.ref_compiled else ""
     print(f"{unit}, callgrind, {args.requests} requests after {WARM_UP} to warm up, 4 concurrent (the paced row:"
           f" a quarter of them, one at a time){build}\n")
-    head = "| row | bare | proxy | ratio |" + (" ref | ref ratio | proxy / ref |" if ref_tree or FRONTEND else "")
+    if args.nginx:
+        NGINX = bench.nginx_binary()
+        if NGINX is None:
+            sys.exit("--nginx: nginx is not installed (Debian package nginx)")
+    head = "| row |" + (" nginx | x nginx |" if NGINX else "") + " bare | proxy | ratio |" + (
+        " ref | ref ratio | proxy / ref |" if ref_tree or FRONTEND else "")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     try:
         for row in rows:
+            line = f"| {row.name} |"
+            if NGINX:
+                floor = await measure(row, "nginx", ROOT, args.requests, workdir)
             bare = await measure(row, "bare", ROOT, args.requests, workdir)
             proxy = await measure(row, "proxy", proxy_tree, args.requests, workdir)
-            line = f"| {row.name} | {bare:,.0f} | {proxy:,.0f} | {proxy / bare:.2f} |"
+            if NGINX:
+                line += f" {floor:,.0f} | {proxy / floor:.1f} |"
+            line += f" {bare:,.0f} | {proxy:,.0f} | {proxy / bare:.2f} |"
             if ref_tree or FRONTEND:
                 ref = await measure(row, "ref", ref_tree or proxy_tree, args.requests, workdir)
                 line += f" {ref:,.0f} | {ref / bare:.2f} | {proxy / ref:.3f} |"
             print(line, flush=True)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
         for tree in (ref_tree, proxy_tree if args.compiled else None):
             if tree:
                 shutil.rmtree(tree, ignore_errors=True)
