@@ -66,7 +66,9 @@ ROWS = [
     Row("openai chat stream", "openai", False, "chat", True),
     Row("mindie-ft chat non-stream", "mindie", True, "chat", False),
     Row("mindie-ft chat stream", "mindie", True, "chat", True),
+    Row("openai responses non-stream", "openai", False, "responses", False),
     Row("openai responses stream", "openai", False, "responses", True),
+    Row("openai messages non-stream", "openai", False, "messages", False),
     Row("openai messages stream", "openai", False, "messages", True),
     # 5 ms apart, each chunk comes in a read of its own and wakes the relay: the per-read cost, which the CPU table's
     # paced rows pay on every chunk (at zero delay, events pile up into fewer, bigger reads). One stream at a time:
