@@ -26,14 +26,6 @@ CONVERSATION: list[Any] = [
 ]
 
 
-@pytest.fixture
-def stack(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy]) -> Callable[..., tuple[Mock, Proxy]]:
-    def start(dialect: str = "openai") -> tuple[Mock, Proxy]:
-        name, _, mode = dialect.partition("+")
-        mock = start_mock(name, full_text=bool(mode))
-        return mock, start_proxy(mock=mock, **({"full_text": True} if mode else {}))
-    return start
-
 
 def as_dict(compacted: Any) -> dict[str, Any]:
     """The SDK's compacted response as JSON. Its model types the output as output items (assistant messages), where

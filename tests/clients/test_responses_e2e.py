@@ -28,14 +28,6 @@ def greeting(dialect: str) -> str:
     return f"Hello from the mock {dialect.partition('+')[0]} upstream! 你好, 世界 🌍."
 
 
-@pytest.fixture
-def stack(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy]) -> Callable[..., tuple[Mock, Proxy]]:
-    def start(dialect: str = "openai") -> tuple[Mock, Proxy]:
-        name, _, mode = dialect.partition("+")
-        mock = start_mock(name, full_text=bool(mode))
-        return mock, start_proxy(mock=mock, **({"full_text": True} if mode else {}))
-    return start
-
 
 def raw_events(proxy: Proxy, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(event name, data) of a streamed answer, read without the SDK."""
