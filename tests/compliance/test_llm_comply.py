@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import llm_comply
 import pytest
-from conftest import ServerThread
 from jsonschema import Draft202012Validator
 from llm_comply import http as comply_http
 from llm_comply import result as comply_result
@@ -38,6 +37,7 @@ from proxy.mock import create_app as create_mock_app
 from proxy.server.app import create_app
 from proxy.server.frontend import frontend_options
 from proxy.settings import build_settings
+from tests.conftest import ServerThread
 
 SPECS = Path(llm_comply.__file__).parent / "specs"
 assert llm_comply.__version__ == "0.5.0", "docs/compliance.md's figures are for llm-comply 0.5.0"
