@@ -30,12 +30,11 @@ from starlette.routing import Route
 from proxy.clients import tool_ids
 from proxy.clients.base import ClientCall, ClientDialect, Headers
 from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
-from proxy.clients.messages_errors import error_body, error_response
+from proxy.clients.messages_errors import error_event, error_response
 from proxy.clients.messages_native import MessagesReader
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ClientRequestError, ProxyError
 from proxy.hub.canonical import CHAT
-from proxy.hub.sse import encode_event
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -121,7 +120,7 @@ class MessagesClient(ClientDialect):
         return MessagesReader()
 
     def native_error(self, err: ProxyError) -> bytes:
-        return encode_event(b"error", orjson.dumps(error_body(err)))
+        return error_event(err)
 
     def routes(self) -> list[BaseRoute]:
         return [Route(self.count_path, self._count_tokens, methods=["POST"])]

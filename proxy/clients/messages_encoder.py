@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy.clients import tool_ids
-from proxy.clients.messages_errors import error_body
+from proxy.clients.messages_errors import error_event
 from proxy.errors import ProxyError, UpstreamError
 from proxy.hub.events import TextRun
 from proxy.hub.jsontext import dumps_joined, dumps_text
@@ -156,7 +156,7 @@ class MessagesWriter(MessagesSink):
         return self.take()
 
     def failure(self, err: ProxyError) -> bytes:
-        return encode_event(b"error", orjson.dumps(error_body(err)))
+        return error_event(err)
 
     def take(self) -> bytes:
         out = self.out

@@ -10,6 +10,7 @@ import orjson
 
 from proxy.clients.base import Headers
 from proxy.errors import ProxyError
+from proxy.hub.sse import encode_event
 
 _TYPES: Final = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
                  413: "request_too_large", 429: "rate_limit_error"}
@@ -32,6 +33,11 @@ def error_status(err: ProxyError) -> tuple[int, str]:
 def error_body(err: ProxyError) -> dict[str, Any]:
     # `request_id` is required (nullable) in Anthropic's ErrorResponse; the request's id travels in `x-request-id`.
     return {"type": "error", "error": {"type": error_status(err)[1], "message": err.message}, "request_id": None}
+
+
+def error_event(err: ProxyError) -> bytes:
+    """The `error` event that ends an Anthropic stream already under way."""
+    return encode_event(b"error", orjson.dumps(error_body(err)))
 
 
 def error_response(err: ProxyError) -> tuple[int, Headers, bytes]:

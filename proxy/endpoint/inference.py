@@ -21,6 +21,7 @@ import orjson
 
 from proxy.endpoint.passthrough import NATIVE, Passthrough
 from proxy.endpoint.request import (
+    SSE_HEADERS,
     ClientGone,
     Disconnect,
     Scope,
@@ -59,10 +60,6 @@ _wall_clock: Final = time.time
 _dumps: Final = orjson.dumps
 
 KEY_NAME_SCOPE: Final = "dialect_proxy.key_name"  # set by proxy.server.asgi.ProxyApp: the name of the inbound key used
-SSE_HEADERS: Final = [
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 class InferenceEndpoint:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from proxy.endpoint.request import SSE_HEADERS
 from proxy.errors import ProxyError, StreamTruncated, error_type_for
 from proxy.gateway.upstream import StreamReads, read_body, release
 from proxy.hub.canonical import CHAT
@@ -47,7 +48,6 @@ _NOT_PASSED: Final = frozenset({
     "upgrade", "trailer", "te", "date", "server", "set-cookie", "x-request-id", "alt-svc",
     "strict-transport-security",
 })
-_SSE_HEADERS: Final = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _EVENT_ENDS: Final = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
@@ -167,7 +167,7 @@ class Passthrough:
         async def out(body: bytes, more: bool = True) -> None:
             if not watch.committed:
                 names = {name for name, _ in head}
-                own = [item for item in _SSE_HEADERS if item[0] not in names]
+                own = [item for item in SSE_HEADERS if item[0] not in names]
                 await send({"type": "http.response.start", "status": 200, "headers": [*own, *head]})
                 watch.committed = True
             await send({"type": "http.response.body", "body": body, "more_body": more})

@@ -29,6 +29,8 @@ _loads: Final = orjson.loads
 
 Scope = dict[str, Any]
 JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+# An event stream's own headers: not cached, not buffered by a proxy in front (nginx reads X-Accel-Buffering).
+SSE_HEADERS: Final = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
 class Disconnect:
