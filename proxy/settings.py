@@ -1,6 +1,7 @@
 """Settings: one frozen object built from CLI flags, DIALECT_PROXY_* environment variables and the YAML file.
 
-Precedence: flag > environment > config file > default (DECISIONS.md). Every problem is a `ConfigError` whose
+Precedence: flag > environment > config file > default (docs/decisions.md "Command line and
+configuration"). Every problem is a `ConfigError` whose
 message names the key, e.g. ``upstreams[0].dialect: 'mindy' is not one of deepseek, engine, ...``; the CLI prints
 that one line and exits 2. No stack trace.
 """

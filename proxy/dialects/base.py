@@ -38,7 +38,7 @@ _MODEL_MISSING: Final = re.compile(r"(?i)\bmodel\b.{0,120}?(not[ _]?(found|exist
 # generation (proxy/gateway/health.py).
 READINESS_MESSAGES: Final = "readiness check from dialect-proxy: an invalid body on purpose"
 
-# DECISIONS.md "Reasoning": upstream model names whose template opens the thinking block in the prompt (R1 family).
+# docs/decisions.md "Reasoning": upstream model names whose template opens the thinking block in the prompt (R1 family).
 THINKING_MODEL_RE: Final = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)|reasoner")
 # R1-era models (DeepSeek-R1 and its distills): reasoning must never be sent back to them. Not `reasoner`: DeepSeek's
 # `deepseek-reasoner` ended as an alias of V4 Flash's thinking mode (proxy/dialects/deepseek.py).
@@ -200,7 +200,7 @@ def native_routes(dialect: str) -> dict[str, NativeRoute]:
 class Dialect:
     name: ClassVar[str]  # the registry key: the spoke module's own name (proxy/dialects/__init__.py)
     session_class: ClassVar[type[UpstreamSession]]
-    # Where the upstream keeps reasoning unless the config says otherwise (DECISIONS.md "Reasoning").
+    # Where the upstream keeps reasoning unless the config says otherwise (docs/decisions.md "Reasoning").
     default_reasoning_source: ClassVar[str] = "auto"
     # Ask the upstream for usage on streams even when the client did not (metrics need tokens).
     stream_usage_option: ClassVar[bool] = True
@@ -456,7 +456,7 @@ class UpstreamSession:
     Canonical chunks are OpenAI chat (or completions) chunks whose text fields are true deltas. One entry, `chunk`,
     takes stream events and whole non-stream answers alike: a whole answer becomes one final chunk whose choices
     carry the message as their `delta` and their finish_reason, so that the rest of the pipeline is the same for
-    both (docs/hub.md "One path").
+    both (docs/hub.md "Upstream side: one session entry").
     """
 
     def __init__(self, dialect: Dialect, ctx: RequestContext) -> None:

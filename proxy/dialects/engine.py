@@ -1,4 +1,4 @@
-"""The "engine" frontend service API (specs/engine-frontend-api.md, treated as the whole truth).
+"""The "engine" frontend service API (docs/upstreams.md "The engine API", treated as the whole truth).
 
 - Routes `POST /chat` and `POST /completion`, no `/v1` prefix, no model listing (mappings/engine.yaml).
 - Requests: `model` is never sent ("[won't support]"); a `response_format` that asks for JSON is a 400 naming it
@@ -47,8 +47,8 @@ class EngineSession(UpstreamSession):
 class EngineDialect(Dialect):
     name = "engine"
     session_class = EngineSession
-    # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (DECISIONS.md "The engine
-    # dialect"); `response_format: drop` on the upstream opts into leaving it out.
+    # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (docs/decisions.md "The
+    # engine dialect"); `response_format: drop` on the upstream opts into leaving it out.
     default_response_format = "reject"
     sends_model = False  # the document strikes `model` through
     probe_chat_path = "stream"  # no model listing: a small streamed request on /chat tells

@@ -137,18 +137,23 @@ def _check_range(key: str, value: int | float, r: Range) -> int | float:
     return value
 
 
+# A checkout run without an install (PYTHONPATH=.): the YAML files sit in the tree's top-level mappings/ folder,
+# two levels above this file's folder (proxy/dialects/), where pyproject's package-dir maps `proxy.mappings` from.
+_SOURCE_MAPPINGS = Path(__file__).resolve().parents[2] / "mappings"
+
+
 def _mapping_dir() -> Path:
     try:
         return Path(str(resources.files("proxy.mappings")))
     except ModuleNotFoundError:  # running from a source tree without an install
-        return Path(__file__).resolve().parent.parent / "mappings"
+        return _SOURCE_MAPPINGS
 
 
 @functools.cache
 def load_mapping(dialect: str) -> DialectMapping:
     path = _mapping_dir() / f"{dialect}.yaml"
     if not path.exists():
-        path = Path(__file__).resolve().parent.parent / "mappings" / f"{dialect}.yaml"
+        path = _SOURCE_MAPPINGS / f"{dialect}.yaml"
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     request = data.get("request") or {}
     response = data.get("response") or {}

@@ -288,7 +288,8 @@ class MindIEDialect(Dialect):
     def request_headers(self, ctx: RequestContext) -> dict[str, str]:
         headers = super().request_headers(ctx)
         # MindIE uses req-id as its own request key: two attempts (or two clients reusing an x-request-id) must not
-        # collide, so each attempt gets the request id plus a fresh suffix (DECISIONS.md "Responses").
+        # collide, so each attempt gets the request id plus a fresh suffix (docs/decisions.md
+        # "Model names and ids in answers").
         headers["req-id"] = f"{ctx.request_id}-{ctx.attempt}{_REQ_TAG}{next(_req_counter)}"
         return headers
 

@@ -12,7 +12,7 @@ refuse:
   `none` and `minimal` are said by the template switch alone, `xhigh` goes as `high`: releases before the field
   widened answer any other value with a 400 (`max`, DeepSeek's grade, is taken as `xhigh`);
 - `stream_options.include_usage` is forced on (as for OpenAI); `continuous_usage_stats` is not sent: the proxy places
-  usage itself (the final chunk, DECISIONS.md "Streams"), so per-chunk counts would only cost bytes.
+  usage itself (the final chunk, docs/decisions.md "Streams"), so per-chunk counts would only cost bytes.
 
 Answers are OpenAI's, with vLLM's own fields passed through (`stop_reason`, `prompt_token_ids`, `kv_transfer_params`,
 ...). Reasoning arrives in `reasoning_content` (up to 0.11.0), in both `reasoning` and `reasoning_content` with the

@@ -5,7 +5,7 @@ Two rules, applied to the canonical request before a dialect builds the upstream
 - `response_format`, per upstream (`response_format: pass | reject | drop`, default per dialect): `pass` sends it
   (OpenAI-compatible servers, DeepSeek for `json_object`, MindIE >= 2.3); `reject` answers a 400 naming it when the
   client asks for `json_object` or `json_schema` (MindIE before 2.3 and Siliconstorm would ignore it, and the answer
-  would not follow the format); `drop` leaves it out (the engine: DECISIONS.md "The engine dialect"). A
+  would not follow the format); `drop` leaves it out (the engine: docs/decisions.md "The engine dialect"). A
   `{"type": "text"}` format asks for nothing and is left out wherever it is not passed.
 - the `refuse` section of mappings/<dialect>.yaml: parameters the upstream has no equivalent for. A client that sets
   one to a value that asks for something gets a 400 naming it; null, an empty object/list/string and the values

@@ -37,7 +37,7 @@ from proxy.dialects.mapping import load_mapping
 from proxy.gateway.upstream import connection_hint
 from proxy.hub.sse import SSEDecoder
 
-# DECISIONS.md "Reasoning": these upstream names start inside the thinking block.
+# docs/decisions.md "Reasoning": these upstream names start inside the thinking block.
 R1_NAME = THINKING_MODEL_RE
 _BODY_LIMIT = 2**20
 _MAX_EVENTS = 2000
