@@ -71,6 +71,9 @@ class Report:
     tls: str = "none"            # none | tls | mutual_tls
     dialect: str | None = None
     dialect_evidence: list[str] = field(default_factory=list)
+    # What the server answered as when that is not the dialect given with --dialect (a warning in the table and in
+    # the config block); None: it agrees, or nothing was recognised.
+    answers_as: str | None = None
     paths: dict[str, int] = field(default_factory=dict)          # "GET /v1/models" -> HTTP status
     error_shapes: dict[str, str] = field(default_factory=dict)   # "GET /models" -> openai | mindie | siliconstorm...
     # What was not found out is None ("unknown" in the table, null in JSON), never a default that looks like an answer.
@@ -252,8 +255,10 @@ class Prober:
                     await self._structured()
 
     async def _connect(self) -> bool:
-        """The first request: on a connection failure, find out what is wrong with the TLS settings."""
-        path = self._models_path(self.opts.dialect) or "/v1/models"
+        """The first request: on a connection failure, find out what is wrong with the TLS settings. It is the generic
+        model listing whatever --dialect says: detection reads it either way (a server of another dialect than the
+        one given must still be recognised)."""
+        path = "/v1/models"
         try:
             answer, _ = await self._request("GET", path)
         except _Failed as f:
@@ -298,9 +303,6 @@ class Prober:
             r.problem(f"not reachable: {f.problem}",
                       "check the host and port (and that the server runs and listens there)")
 
-    def _models_path(self, dialect: str | None) -> str | None:
-        return load_mapping(dialect).paths.get("models") if dialect else None
-
     async def _detect(self) -> None:
         """Which dialect the server answers as. A 404's body is no evidence (an engine API answers every OpenAI path
         with an OpenAI-shaped 404): before a verdict without a model listing, every dialect's chat path is tried.
@@ -340,6 +342,7 @@ class Prober:
             r.dialect = given
             r.dialect_evidence.append("given with --dialect")
             if found is not None and family(found) != family(given):
+                r.answers_as = found
                 r.problem(f"the server answers as the {found} dialect ({evidence}), not {given} (--dialect)",
                           f"use dialect: {found} (probe: --dialect {found}, or leave --dialect out)")
             return
@@ -360,17 +363,22 @@ class Prober:
             if spoke.probe_chat_path == "stream":
                 evidence = await self._try_streamed_chat(spoke)
             elif spoke.probe_chat_path == "invalid":
-                evidence = await self._try_invalid_chat(spoke)
-                if evidence is None:
+                found = await self._try_invalid_chat(spoke)
+                if found is None:
                     return None, ""
+                if found[1]:
+                    return found
+                continue
             else:
                 continue
             if evidence:
                 return spoke.name, evidence
         return None, ""
 
-    async def _try_invalid_chat(self, spoke: type[Dialect]) -> str | None:
-        """The evidence ("" if none), or None when the path could not be asked at all."""
+    async def _try_invalid_chat(self, spoke: type[Dialect]) -> tuple[str, str] | None:
+        """(dialect, evidence) from the validation error of a body invalid on purpose: the generic spoke's shape is
+        evidence for it, another spoke's own shape (MindIE's `{"error": "..."}`) for that spoke; ("", "") if none.
+        None when the path could not be asked at all."""
         path = _chat_path(spoke.name)
         try:
             answer, _ = await self._request("POST", path, {"model": self._model(),
@@ -379,9 +387,11 @@ class Prober:
             self.report.problem(f"POST {path}: {f.problem}", "check the URL (host, port, path prefix)")
             return None
         self._record(f"POST {path}", answer)
-        if answer.status in (400, 422) and _error_shape(answer.body) == _generic().name:
-            return f"POST {path} validates requests (no model listing)"
-        return ""
+        shape = _error_shape(answer.body)
+        if answer.status not in (400, 422) or shape not in DIALECTS:
+            return "", ""
+        own = "" if shape == spoke.name else f" in the {shape} error shape"
+        return shape, f"POST {path} validates requests{own} (no model listing)"
 
     def _auth_problem(self, answer: _Answer) -> None:
         if self.report.api_key_required:
@@ -672,6 +682,9 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
             entry["tls_verify"] = False
     item = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=120, default_flow_style=False)
     lines = ["upstreams:", *("  " + line for line in item.splitlines())]
+    if r.answers_as is not None:
+        lines.append(f"    # warning: this server answers as the {r.answers_as} dialect, not {dialect} (--dialect): "
+                     "see the probe's problems")
     lines.extend(spoke.probe_config_notes(url))
     if r.models:
         lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
