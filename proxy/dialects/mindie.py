@@ -38,14 +38,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from proxy.dialects.base import (
-    Dialect,
-    ProbeListing,
-    UpstreamSession,
-    interleaved_thinking,
-    set_template_thinking,
-    thinking_kwarg,
-)
+from proxy.dialects.base import Dialect, UpstreamSession
+from proxy.dialects.error_shape import ErrorShape
+from proxy.dialects.probing import Probe, ProbeListing
+from proxy.dialects.templates import interleaved_thinking, set_template_thinking, thinking_kwarg
 from proxy.errors import ClientRequestError, ProxyError, StreamTruncated
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from proxy.hub.events import Timings
@@ -193,34 +189,51 @@ class MindIESession(UpstreamSession):
         return cast("MindIEDialect", self.dialect).stream_form_mismatch(self.ctx, form)
 
 
+class MindIEErrors(ErrorShape):
+    """`Model not found` becomes a 404; the parameter a validation message names goes into `param`."""
+
+    def from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
+        err = super().from_body(status, raw, headers)
+        err.upstream_code = str(status)  # a bounded metrics label ("422"), not MindIE's free-text error_type
+        if not raw.strip() and status == 503:
+            err.message += " MindIE answers so while it starts up, or when it is overloaded or unhealthy."
+        if status in (400, 404, 422) and _MODEL_NOT_FOUND.search(err.message):
+            err.status, err.type, err.code, err.param = 404, "not_found_error", "model_not_found", "model"
+        elif err.status == 404:
+            err.code = "not_found"
+        elif err.status == 400 and err.param is None:
+            err.param = _param_in(err.message)
+        return err
+
+
+class MindIEProbe(Probe):
+    def error_shape(self, data: dict[str, Any]) -> bool:
+        return isinstance(data.get("error"), str)  # {"error": "...", "error_type": "..."}
+
+    def listing(self, listing: ProbeListing) -> str | None:
+        if "MindIE Server" in listing.owners or (listing.error and self.shaped(listing.body)):
+            return "MindIE-shaped model list" if listing.listed else "MindIE error shape"
+        return None
+
+    def config_notes(self, url: str) -> list[str]:
+        parts = urlsplit(url)
+        return [f"    # health_url: {parts.scheme}://{parts.hostname}:1026/health   # MindIE's health is on its "
+                "management port (managementPort, default 1026): set it so that /readyz asks it too"]
+
+
 class MindIEDialect(Dialect):
     name = "mindie"
     session_class = MindIESession
+    errors_class = MindIEErrors
+    probe = MindIEProbe(structured_output=True)
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
     stream_usage_option = False
     full_text_mode = True
-    probe_structured_output = True
     # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
     default_response_format = "reject"
     response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
-
-    @classmethod
-    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
-        return isinstance(data.get("error"), str)  # {"error": "...", "error_type": "..."}
-
-    @classmethod
-    def probe_listing(cls, listing: ProbeListing) -> str | None:
-        if "MindIE Server" in listing.owners or listing.error_shape == cls.name:
-            return "MindIE-shaped model list" if listing.listed else "MindIE error shape"
-        return None
-
-    @classmethod
-    def probe_config_notes(cls, url: str) -> list[str]:
-        parts = urlsplit(url)
-        return [f"    # health_url: {parts.scheme}://{parts.hostname}:1026/health   # MindIE's health is on its "
-                "management port (managementPort, default 1026): set it so that /readyz asks it too"]
 
     def stream_form_mismatch(self, ctx: RequestContext, form: str) -> StreamTruncated:
         """The stream turned out `form` ("cumulative" or "deltas") against the upstream's `full_text`: the error that
@@ -300,20 +313,6 @@ class MindIEDialect(Dialect):
         if not (top_k == -1 or lowest <= top_k <= MAX_INT32):
             span = f"[0, {MAX_INT32}]" if self.top_k_zero_ok else f"-1 or [1, {MAX_INT32}]"
             raise ClientRequestError(f"`top_k` = {top_k} is outside {span} accepted by this upstream.", param="top_k")
-
-    # -- errors -----------------------------------------------------------------------------------------------
-    def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
-        err = super().error_from_body(status, raw, headers)
-        err.upstream_code = str(status)  # a bounded metrics label ("422"), not MindIE's free-text error_type
-        if not raw.strip() and status == 503:
-            err.message += " MindIE answers so while it starts up, or when it is overloaded or unhealthy."
-        if status in (400, 404, 422) and _MODEL_NOT_FOUND.search(err.message):
-            err.status, err.type, err.code, err.param = 404, "not_found_error", "model_not_found", "model"
-        elif err.status == 404:
-            err.code = "not_found"
-        elif err.status == 400 and err.param is None:
-            err.param = _param_in(err.message)
-        return err
 
 
 # ------------------------------------------------------------------------------------------------------ helpers

@@ -13,8 +13,8 @@ path, so a probe works even where that path has a bug):
    (MindIE 2.3 and later), so the config block says `response_format: pass`?
 
 What is dialect-specific — how each dialect's servers are recognised, what its chat body carries, what its config
-block notes — each spoke declares (the `probe_*` members of proxy/dialects/base.py `Dialect`); this module runs
-those steps for every spoke in the registry.
+block notes — each spoke declares (its `Dialect.probe`, a proxy/dialects/probing.py `Probe`); this module runs those
+steps for every spoke in the registry.
 
 The result is a `Report`: a short table for people, one JSON object for scripts (`--json`), and the config block
 to paste into the proxy's YAML file.
@@ -32,8 +32,10 @@ import orjson
 import yaml
 
 from proxy.dialects import DIALECTS, family
-from proxy.dialects.base import THINKING_MODEL_RE, Dialect, ProbeListing
+from proxy.dialects.base import Dialect
 from proxy.dialects.mapping import load_mapping
+from proxy.dialects.probing import ProbeListing
+from proxy.dialects.templates import THINKING_MODEL_RE
 from proxy.gateway.upstream import connection_hint
 from proxy.hub.sse import SSEDecoder
 
@@ -215,9 +217,9 @@ class Prober:
         self.report.paths[label] = answer.status
         shape = _error_shape(answer.body)
         owner = DIALECTS.get(shape)
-        if answer.status >= 400 or owner is not None and owner.probe_error_at_200:
+        if answer.status >= 400 or owner is not None and owner.probe.error_at_200:
             self.report.error_shapes[label] = shape
-        if answer.status in (401, 403) or owner is not None and owner.probe_refused_key(answer.body):
+        if answer.status in (401, 403) or owner is not None and owner.probe.refused_key(answer.body):
             self.report.api_key_required = True
         elif 200 <= answer.status < 300 and self.report.api_key_required is None and label.startswith("GET"):
             self.report.api_key_required = False
@@ -251,7 +253,7 @@ class Prober:
             await self._chat()
             if r.chat == "ok":
                 await self._tools()
-                if DIALECTS[r.dialect].probe_structured_output:
+                if DIALECTS[r.dialect].probe.structured_output:
                     await self._structured()
 
     async def _connect(self) -> bool:
@@ -322,13 +324,12 @@ class Prober:
                 r.problem(f"GET /models: {f.problem}", "check the URL (host, port, path prefix)")
         plain_cards = _model_cards(plain.body) if plain is not None and plain.status == 200 else None
         listing = ProbeListing(
-            first.status, _error_shape(first.body),
-            _error_shape(first.body) if first.status >= 400 and first.status not in (404, 405) else None,
+            first.status, _json(first.body), first.status >= 400 and first.status not in (404, 405),
             {str(c.get("owned_by")) for c in listed or ()}, listed is not None, plain_cards is not None)
         found: str | None = None
         evidence = ""
         for spoke in _detection_order():
-            recognised = spoke.probe_listing(listing)
+            recognised = spoke.probe.listing(listing)
             if recognised is not None:
                 found, evidence = spoke.name, recognised
                 if listed is None and plain_cards is not None:  # listed at /models only
@@ -356,13 +357,13 @@ class Prober:
 
     async def _try_chat_paths(self) -> tuple[str | None, str]:
         """Without a model listing: the chat paths of the dialects recognised there — a small streamed request
-        (`probe_chat_path = "stream"`), then a body invalid on purpose (`"invalid"`: its validation error proves the
+        (`Probe.chat_path = "stream"`), then a body invalid on purpose (`"invalid"`: its validation error proves the
         path; nothing is generated)."""
         for spoke in _detection_order():
             evidence: str | None
-            if spoke.probe_chat_path == "stream":
+            if spoke.probe.chat_path == "stream":
                 evidence = await self._try_streamed_chat(spoke)
-            elif spoke.probe_chat_path == "invalid":
+            elif spoke.probe.chat_path == "invalid":
                 found = await self._try_invalid_chat(spoke)
                 if found is None:
                     return None, ""
@@ -419,14 +420,14 @@ class Prober:
         spoke = DIALECTS[dialect]
         body: dict[str, Any] = {"messages": [{"role": "user", "content": self.opts.prompt}], "stream": True,
                                 "max_tokens": self.opts.max_tokens}
-        if spoke.sends_model:
+        if spoke.probe.sends_model:
             body["model"] = self._model()
         if spoke.stream_usage_option:  # (MindIE does not read stream_options; it sends usage on its finish chunk)
             body["stream_options"] = {"include_usage": True}
         if tools:
             body["tools"] = [TOOL]
             body["tool_choice"] = "required"
-        spoke.probe_chat_body(body, tools)
+        spoke.probe.chat_body(body, tools)
         if tools:
             body["messages"] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
         return body
@@ -460,13 +461,13 @@ class Prober:
                     hint = "the server failed the request: see its message (and its logs); retry when it is up"
                 r.problem(f"the streamed chat request failed: {r.chat}", hint)
                 return
-        r.model_used = self._model() if DIALECTS[dialect].sends_model else None
+        r.model_used = self._model() if DIALECTS[dialect].probe.sends_model else None
         r.chat = "ok"
         _analyse(r, events, r.model_used or "")
         if not self.opts.dialect and family(dialect) == dialect:
             for spoke in DIALECTS.values():
                 if spoke.name != dialect and family(spoke.name) == dialect:
-                    evidence = spoke.probe_after_chat(events, r.usage != "none")
+                    evidence = spoke.probe.after_chat(events, r.usage != "none")
                     if evidence is not None:
                         r.dialect = spoke.name
                         r.dialect_evidence.append(evidence)
@@ -585,11 +586,11 @@ def _analyse(r: Report, events: list[dict[str, Any]], model: str) -> None:
 
 def _detection_order() -> list[type[Dialect]]:
     """The spokes in the order their evidence is asked for: the generic one last."""
-    return sorted(DIALECTS.values(), key=lambda spoke: spoke.probe_generic)
+    return sorted(DIALECTS.values(), key=lambda spoke: spoke.probe.generic)
 
 
 def _generic() -> type[Dialect]:
-    return next(spoke for spoke in DIALECTS.values() if spoke.probe_generic)
+    return next(spoke for spoke in DIALECTS.values() if spoke.probe.generic)
 
 
 def _chat_path(dialect: str) -> str:
@@ -602,11 +603,16 @@ def _reset(exc: BaseException) -> bool:
         not isinstance(exc, aiohttp.ClientConnectorError)
 
 
-def _model_cards(raw: bytes) -> list[dict[str, Any]] | None:
+def _json(raw: bytes) -> Any:
+    """A body parsed as JSON; None when it is not JSON."""
     try:
-        data = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
+
+
+def _model_cards(raw: bytes) -> list[dict[str, Any]] | None:
+    data = _json(raw)
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         return [m for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
     return None
@@ -621,7 +627,7 @@ def _error_shape(raw: bytes) -> str:
         return "text"
     if isinstance(data, dict):
         for spoke in DIALECTS.values():
-            if spoke.probe_error_shape(data):
+            if spoke.probe.error_shape(data):
                 return spoke.name
         if "detail" in data:
             return "fastapi"
@@ -668,7 +674,7 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
         entry["full_text"] = True
     if opts.api_key_env or r.api_key_required:
         entry["api_key_env"] = opts.api_key_env or "UPSTREAM_API_KEY"
-    if r.response_format == "honoured" and spoke.probe_structured_output:
+    if r.response_format == "honoured" and spoke.probe.structured_output:
         entry["response_format"] = "pass"  # structured output (MindIE >= 2.3): let clients' response_format through
     if r.reasoning == "close_only" and r.model_used and not R1_NAME.search(r.model_used):
         entry["thinking_models"] = [r.model_used]
@@ -685,7 +691,7 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
     if r.answers_as is not None:
         lines.append(f"    # warning: this server answers as the {r.answers_as} dialect, not {dialect} (--dialect): "
                      "see the probe's problems")
-    lines.extend(spoke.probe_config_notes(url))
+    lines.extend(spoke.probe.config_notes(url))
     if r.models:
         lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
                      "name here)")
