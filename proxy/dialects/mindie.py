@@ -138,44 +138,58 @@ class MindIESession(UpstreamSession):
         self.extras.pop("full_text", None)  # a check, not a metric
         if out is None:
             return None
-        chat = self.ctx.kind == CHAT
-        key = "content" if chat else "text"
+        key = "content" if self.ctx.kind == CHAT else "text"
         form = self._form
         if form is not None:
-            for choice in out.get("choices") or ():
-                part = choice.get("delta") if chat else choice
-                if (choice.get("index") or 0) == 0 and isinstance(part, dict) and isinstance(part.get(key), str):
-                    self._watch(form, part[key])
+            first = self._first_text(out, key)
+            if first is not None:
+                self._watch(form, first)
         cumulative = self._cumulative
         if cumulative is None:
             if full_text is not None and self.ctx.stream:  # the upstream's own word: its text was cumulative
                 raise self._mismatch("cumulative")
             return out
         for choice in out.get("choices") or ():
-            index = choice.get("index") or 0
-            text = cumulative.get(index)
-            if text is None:
-                text = cumulative[index] = CumulativeText()
-            part = choice.get("delta") if chat else choice
-            if not isinstance(part, dict):
-                continue
-            snapshot = part.get(key)
-            delta = text.feed(snapshot) if snapshot else ""
-            if choice.get("finish_reason") is not None:
-                delta += text.flush(full_text if isinstance(full_text, str) else None)
-                self.rewrites += text.rewrites
-                if text.mismatch:
-                    self.full_text_mismatch = True
-                    log.warning(
-                        "upstream %s: streamed text differs from its final full_text (%d rewrites); the "
-                        "client keeps what it was sent",
-                        self.ctx.upstream.name,
-                        text.rewrites,
-                    )
-            if snapshot is not None or delta:
-                part[key] = delta
+            self._to_delta(cumulative, choice, key, full_text if isinstance(full_text, str) else None)
         return out
 
+    def _part(self, choice: dict[str, Any]) -> Any:
+        """Where a choice's text is: its delta (chat) or the choice itself (completions)."""
+        return choice.get("delta") if self.ctx.kind == CHAT else choice
+
+    def _first_text(self, out: ChatChunk, key: str) -> str | None:
+        """The text of choice 0 in this chunk (the one the stream's form is told by), if it has one."""
+        for choice in out.get("choices") or ():
+            part = self._part(choice)
+            if (choice.get("index") or 0) == 0 and isinstance(part, dict) and isinstance(part.get(key), str):
+                return str(part[key])
+        return None
+
+    def _to_delta(self, cumulative: dict[int, CumulativeText], choice: dict[str, Any], key: str,
+                  full_text: str | None) -> None:
+        """One choice's cumulative snapshot -> its true delta; at its finish, checked against `full_text`."""
+        index = choice.get("index") or 0
+        text = cumulative.get(index)
+        if text is None:
+            text = cumulative[index] = CumulativeText()
+        part = self._part(choice)
+        if not isinstance(part, dict):
+            return
+        snapshot = part.get(key)
+        delta = text.feed(snapshot) if snapshot else ""
+        if choice.get("finish_reason") is not None:
+            delta += text.flush(full_text)
+            self.rewrites += text.rewrites
+            if text.mismatch:
+                self.full_text_mismatch = True
+                log.warning(
+                    "upstream %s: streamed text differs from its final full_text (%d rewrites); the "
+                    "client keeps what it was sent",
+                    self.ctx.upstream.name,
+                    text.rewrites,
+                )
+        if snapshot is not None or delta:
+            part[key] = delta
 
     def _watch(self, form: StreamForm, text: str) -> None:
         verdict = form.feed(text)

@@ -309,35 +309,42 @@ class Prober:
         """Which dialect the server answers as. A 404's body is no evidence (an engine API answers every OpenAI path
         with an OpenAI-shaped 404): before a verdict without a model listing, every dialect's chat path is tried.
         With --dialect, the server is still asked, and a different answer is a problem (a non-zero exit)."""
-        r = self.report
-        path, first = self._first
-        self._record(f"GET {path}", first)
-        listed = _model_cards(first.body) if first.status == 200 else None
-        if listed is not None:
-            r.models = [c["id"] for c in listed]
-        plain = None
-        if path != "/models":
-            try:
-                plain, _ = await self._request("GET", "/models")
-                self._record("GET /models", plain)
-            except _Failed as f:
-                r.problem(f"GET /models: {f.problem}", "check the URL (host, port, path prefix)")
-        plain_cards = _model_cards(plain.body) if plain is not None and plain.status == 200 else None
-        listing = ProbeListing(
-            first.status, _json(first.body), first.status >= 400 and first.status not in (404, 405),
-            {str(c.get("owned_by")) for c in listed or ()}, listed is not None, plain_cards is not None)
+        listing = await self._listing()
         found: str | None = None
         evidence = ""
         for spoke in _detection_order():
             recognised = spoke.probe.listing(listing)
             if recognised is not None:
                 found, evidence = spoke.name, recognised
-                if listed is None and plain_cards is not None:  # listed at /models only
-                    r.models = [c["id"] for c in plain_cards]
                 break
         else:
             found, evidence = await self._try_chat_paths()
-        self._auth_problem(first)
+        self._auth_problem(self._first[1])
+        self._verdict(found, evidence)
+
+    async def _listing(self) -> ProbeListing:
+        """What the model-listing paths say: the first answer (`GET /v1/models`), then `GET /models`. The models are
+        those of the first that lists any."""
+        r = self.report
+        path, first = self._first
+        self._record(f"GET {path}", first)
+        listed = _model_cards(first.body) if first.status == 200 else None
+        plain = None
+        try:
+            plain, _ = await self._request("GET", "/models")
+            self._record("GET /models", plain)
+        except _Failed as f:
+            r.problem(f"GET /models: {f.problem}", "check the URL (host, port, path prefix)")
+        plain_cards = _model_cards(plain.body) if plain is not None and plain.status == 200 else None
+        r.models = [c["id"] for c in (listed if listed is not None else plain_cards or ())]
+        return ProbeListing(
+            first.status, _json(first.body), first.status >= 400 and first.status not in (404, 405),
+            {str(c.get("owned_by")) for c in listed or ()}, listed is not None, plain_cards is not None)
+
+    def _verdict(self, found: str | None, evidence: str) -> None:
+        """The report's dialect: the one given with --dialect (a server that answers as another family is a problem),
+        else the one found."""
+        r = self.report
         given = self.opts.dialect
         if given:
             r.dialect = given
@@ -346,8 +353,7 @@ class Prober:
                 r.answers_as = found
                 r.problem(f"the server answers as the {found} dialect ({evidence}), not {given} (--dialect)",
                           f"use dialect: {found} (probe: --dialect {found}, or leave --dialect out)")
-            return
-        if found is not None:
+        elif found is not None:
             r.dialect = found
             r.dialect_evidence.append(evidence)
         else:
@@ -549,39 +555,50 @@ def _analyse(r: Report, events: list[dict[str, Any]], model: str) -> None:
     contents: list[str] = []
     field_reasoning = False
     usage_places: set[str] = set()
-    r.full_text, r.reasoning, r.usage = False, "none", "none"  # measured now (unknown until a stream was read)
+    marked_full_text = False
     for e in events:
         choices = e.get("choices")
-        if "full_text" in e:
-            r.full_text = True
+        marked_full_text = marked_full_text or "full_text" in e
         if isinstance(e.get("usage"), dict):
-            usage_places.add("final_chunk" if choices == [] else (
-                "finish_chunk" if any(isinstance(c, dict) and c.get("finish_reason") for c in choices or ())
-                else "every_chunk"))
+            usage_places.add(_usage_place(choices))
         for ch in choices or ():
             delta = ch.get("delta") if isinstance(ch, dict) else None
             if not isinstance(delta, dict):
                 continue
-            if delta.get("reasoning_content") or delta.get("reasoning"):
-                field_reasoning = True
+            field_reasoning = field_reasoning or bool(delta.get("reasoning_content") or delta.get("reasoning"))
             if isinstance(delta.get("content"), str) and delta["content"]:
                 contents.append(delta["content"])
-    growing = [b for a, b in zip(contents, contents[1:], strict=False) if b != a]
-    if len(contents) >= 3 and growing and all(b.startswith(a) for a, b in zip(contents, contents[1:], strict=False)):
-        r.full_text = True
+    # Measured now (unknown until a stream was read).
+    r.full_text = marked_full_text or _cumulative(contents)
     text = contents[-1] if r.full_text and contents else "".join(contents)
-    if field_reasoning:
-        r.reasoning = "field"
-    elif text.lstrip().startswith("<think>"):
-        r.reasoning = "tags"
-    elif "</think>" in text:
-        r.reasoning = "close_only"
-    elif R1_NAME.search(model):
-        r.reasoning = "close_only"  # R1 names start inside the block even when no </think> came within max_tokens
-    for place in ("final_chunk", "finish_chunk", "every_chunk"):
-        if place in usage_places:
-            r.usage = place
-            break
+    r.reasoning = "field" if field_reasoning else _reasoning_in_text(text, model)
+    r.usage = next((p for p in ("final_chunk", "finish_chunk", "every_chunk") if p in usage_places), "none")
+
+
+def _usage_place(choices: Any) -> str:
+    """Where an event that carries usage sits: the final `choices: []` chunk, a finish chunk, or any other."""
+    if choices == []:
+        return "final_chunk"
+    if any(isinstance(c, dict) and c.get("finish_reason") for c in choices or ()):
+        return "finish_chunk"
+    return "every_chunk"
+
+
+def _cumulative(contents: list[str]) -> bool:
+    """Each text repeats the one before it and grows: a cumulative (MindIE fullTextEnabled) stream."""
+    pairs = list(zip(contents, contents[1:], strict=False))
+    return len(contents) >= 3 and any(b != a for a, b in pairs) and all(b.startswith(a) for a, b in pairs)
+
+
+def _reasoning_in_text(text: str, model: str) -> str:
+    """The reasoning form of an answer without a reasoning field: `<think>` tags, R1's lone `</think>`, or none."""
+    if text.lstrip().startswith("<think>"):
+        return "tags"
+    if "</think>" in text:
+        return "close_only"
+    if R1_NAME.search(model):
+        return "close_only"  # R1 names start inside the block even when no </think> came within max_tokens
+    return "none"
 
 
 def _detection_order() -> list[type[Dialect]]:
@@ -663,11 +680,24 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
     (no block is better than one built on a guess)."""
     if r.dialect is None:
         return ""
-    dialect = r.dialect
     url = r.url
-    if r.problems and r.tls != "none" and url.startswith("http://") and any(
-            "https://" in p["hint"] for p in r.problems):
+    if r.problems and r.tls != "none" and url.startswith("http://") and _hinted(r, "https://"):
         url = "https://" + url[len("http://"):]
+    item = yaml.safe_dump([_entry(r, opts, r.dialect, url)], sort_keys=False, allow_unicode=True, width=120,
+                          default_flow_style=False)
+    lines = ["upstreams:", *("  " + line for line in item.splitlines())]
+    if r.answers_as is not None:
+        lines.append(f"    # warning: this server answers as the {r.answers_as} dialect, not {r.dialect} (--dialect): "
+                     "see the probe's problems")
+    lines.extend(DIALECTS[r.dialect].probe.config_notes(url))
+    if r.models:
+        lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
+                     "name here)")
+    return "\n".join(lines) + "\n"
+
+
+def _entry(r: Report, opts: ProbeOptions, dialect: str, url: str) -> dict[str, Any]:
+    """The config block's upstream entry: only the settings whose default would be wrong for this server."""
     entry: dict[str, Any] = {"name": dialect, "dialect": dialect, "url": url}
     spoke = DIALECTS[dialect]
     if r.full_text and spoke.full_text_mode:
@@ -679,23 +709,26 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
     if r.reasoning == "close_only" and r.model_used and not R1_NAME.search(r.model_used):
         entry["thinking_models"] = [r.model_used]
     if r.tls != "none" or url.startswith("https://"):
-        if opts.tls_ca_file or any("tls_ca_file" in p["hint"] for p in r.problems):
-            entry["tls_ca_file"] = opts.tls_ca_file or "/path/to/ca.pem"
-        if opts.tls_cert_file or r.tls == "mutual_tls" or any("tls_cert_file" in p["hint"] for p in r.problems):
-            entry["tls_cert_file"] = opts.tls_cert_file or "/path/to/client.pem"
-            entry["tls_key_file"] = opts.tls_key_file or "/path/to/client.key"
-        if not opts.tls_verify:
-            entry["tls_verify"] = False
-    item = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=120, default_flow_style=False)
-    lines = ["upstreams:", *("  " + line for line in item.splitlines())]
-    if r.answers_as is not None:
-        lines.append(f"    # warning: this server answers as the {r.answers_as} dialect, not {dialect} (--dialect): "
-                     "see the probe's problems")
-    lines.extend(spoke.probe.config_notes(url))
-    if r.models:
-        lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
-                     "name here)")
-    return "\n".join(lines) + "\n"
+        entry.update(_tls_entry(r, opts))
+    return entry
+
+
+def _hinted(r: Report, word: str) -> bool:
+    """A problem's fix mentions `word` (a setting the block should then carry)."""
+    return any(word in p["hint"] for p in r.problems)
+
+
+def _tls_entry(r: Report, opts: ProbeOptions) -> dict[str, Any]:
+    """The TLS settings of an upstream reached over TLS: those given, and placeholders for those a problem asks for."""
+    entry: dict[str, Any] = {}
+    if opts.tls_ca_file or _hinted(r, "tls_ca_file"):
+        entry["tls_ca_file"] = opts.tls_ca_file or "/path/to/ca.pem"
+    if opts.tls_cert_file or r.tls == "mutual_tls" or _hinted(r, "tls_cert_file"):
+        entry["tls_cert_file"] = opts.tls_cert_file or "/path/to/client.pem"
+        entry["tls_key_file"] = opts.tls_key_file or "/path/to/client.key"
+    if not opts.tls_verify:
+        entry["tls_verify"] = False
+    return entry
 
 
 async def probe(opts: ProbeOptions) -> Report:
