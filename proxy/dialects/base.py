@@ -81,22 +81,38 @@ def native_routes(dialect: str) -> dict[str, NativeRoute]:
     return out
 
 
+class RequestRules:
+    """The plain facts `Dialect.build_request` and the session go by: a spoke sets `Dialect.rules` to one made with
+    those that differ from OpenAI's."""
+
+    __slots__ = ("reasoning_fallback", "reasoning_source", "response_format", "response_format_hint",
+                 "stream_usage_option", "supports_prefix")
+
+    def __init__(self, *, reasoning_source: str = "auto", stream_usage_option: bool = True,
+                 supports_prefix: bool = False, response_format: str = "pass",
+                 response_format_hint: str = "Set `response_format: pass` for this upstream if it honours it.",
+                 reasoning_fallback: str | None = None) -> None:
+        # Where the upstream keeps reasoning unless the config says otherwise (DECISIONS.md "Reasoning").
+        self.reasoning_source = reasoning_source
+        # Ask the upstream for usage on streams even when the client did not (metrics need tokens).
+        self.stream_usage_option = stream_usage_option
+        # DeepSeek's assistant-prefix continuation (`prefix: true` on the last message); refused with a 400 elsewhere.
+        self.supports_prefix = supports_prefix
+        # `response_format` unless the upstream's config says otherwise (proxy/hub/params.py): pass | reject | drop,
+        # and the advice that goes with a refusal.
+        self.response_format = response_format
+        self.response_format_hint = response_format_hint
+        # What proxy/hub/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the
+        # upstream needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
+        self.reasoning_fallback = reasoning_fallback
+
+
 class Dialect:
     name: ClassVar[str]  # the registry key: the spoke module's own name (proxy/dialects/__init__.py)
+    # -- the parts a spoke composes (each with plain defaults; a spoke sets its own where it differs) ---------------
+    # The request: the plain rules `build_request` goes by, and the per-request session that decodes the answers.
+    rules: ClassVar[RequestRules] = RequestRules()
     session_class: ClassVar[type[UpstreamSession]]
-    # Where the upstream keeps reasoning unless the config says otherwise (DECISIONS.md "Reasoning").
-    default_reasoning_source: ClassVar[str] = "auto"
-    # Ask the upstream for usage on streams even when the client did not (metrics need tokens).
-    stream_usage_option: ClassVar[bool] = True
-    # DeepSeek's assistant-prefix continuation (`prefix: true` on the last message); refused with a 400 elsewhere.
-    supports_prefix: ClassVar[bool] = False
-    # `response_format` unless the upstream's config says otherwise (proxy/hub/params.py): pass | reject | drop.
-    default_response_format: ClassVar[str] = "pass"
-    response_format_hint: ClassVar[str] = "Set `response_format: pass` for this upstream if it honours it."
-
-    # What proxy/hub/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the upstream
-    # needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
-    reasoning_fallback: ClassVar[str | None] = None
 
     # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
     prepares: ClassVar[bool] = False
@@ -104,7 +120,6 @@ class Dialect:
     # The upstream has a mode that streams cumulative text (MindIE's fullTextEnabled): `full_text: true` says it is on.
     full_text_mode: ClassVar[bool] = False
 
-    # -- the parts a spoke composes (each with plain defaults; a spoke sets its own where it differs) ---------------
     # How its upstream's errors read (proxy/dialects/error_shape.py); made per Dialect with its mapping: `errors`.
     errors_class: ClassVar[type[ErrorShape]] = ErrorShape
     # How /readyz asks it (proxy/dialects/readiness.py); made per Dialect: `readiness`.
@@ -157,14 +172,15 @@ class Dialect:
         return self.mapping.paths.get(kind)
 
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
-        if not self.supports_prefix and ctx.kind == CHAT:
+        rules = self.rules
+        if not rules.supports_prefix and ctx.kind == CHAT:
             _refuse_prefix(body, ctx)
         body = refuse_unsupported(body, self.mapping.refuse, ctx.upstream.name)
-        mode = ctx.upstream.response_format or self.default_response_format
-        body = apply_response_format(body, mode, ctx.upstream.name, self.name, self.response_format_hint)
+        mode = ctx.upstream.response_format or rules.response_format
+        body = apply_response_format(body, mode, ctx.upstream.name, self.name, rules.response_format_hint)
         out = self.mapping.apply_request(body)
         out["model"] = ctx.upstream_model
-        if ctx.stream and self.stream_usage_option:
+        if ctx.stream and rules.stream_usage_option:
             opts = dict(out.get("stream_options") or {})
             opts["include_usage"] = True
             out["stream_options"] = opts
@@ -219,7 +235,7 @@ class UpstreamSession:
         self.dialect = dialect
         self.ctx = ctx
         self.extras: dict[str, Any] = {}  # upstream-only fields (MindIE timings ...) for the metrics layer
-        self.reasoning_source = ctx.upstream.reasoning_source or dialect.default_reasoning_source
+        self.reasoning_source = ctx.upstream.reasoning_source or dialect.rules.reasoning_source
         self.thinking_off = False  # the request switched thinking off (set by a dialect's build_request)
         self._pending: UpstreamError | None = None  # an error finish reason, raised after its partial content
         # Looked up once per request, not per chunk: the stream path runs `chunk` for every upstream event.

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from proxy.dialects.base import Dialect, UpstreamSession, join_text_parts
+from proxy.dialects.base import Dialect, RequestRules, UpstreamSession, join_text_parts
 from proxy.dialects.probing import Probe, ProbeListing
 from proxy.dialects.templates import is_r1_era
 from proxy.errors import ClientRequestError
@@ -114,9 +114,7 @@ class DeepSeekProbe(Probe):
 class DeepSeekDialect(Dialect):
     name = "deepseek"
     session_class = DeepSeekSession
-    default_reasoning_source = "field"
-    supports_prefix = True
-    reasoning_fallback = REASONING_PLACEHOLDER
+    rules = RequestRules(reasoning_source="field", supports_prefix=True, reasoning_fallback=REASONING_PLACEHOLDER)
     prepares = True
     offers_usage_fields = True  # `client.usage_fields: deepseek`: prompt_cache_hit/miss_tokens for chat clients
     probe = DeepSeekProbe()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from proxy.dialects.base import Dialect, UpstreamSession, join_text_parts
+from proxy.dialects.base import Dialect, RequestRules, UpstreamSession, join_text_parts
 from proxy.dialects.probing import Probe
 from proxy.dialects.readiness import Readiness
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
@@ -59,13 +59,11 @@ class EngineDialect(Dialect):
     readiness_class = EngineReadiness
     # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (DECISIONS.md "The engine
     # dialect"); `response_format: drop` on the upstream opts into leaving it out.
-    default_response_format = "reject"
+    rules = RequestRules(response_format="reject", response_format_hint=(
+        "Describe the format in the prompt, or set `response_format: drop` for this upstream to have the field left "
+        "out (the answer then does not follow the format)."))
     # The document strikes `model` through; no model listing: a small streamed request on /chat tells.
     probe = Probe(sends_model=False, chat_path="stream")
-    response_format_hint = (
-        "Describe the format in the prompt, or set `response_format: drop` for this upstream to have the field left "
-        "out (the answer then does not follow the format)."
-    )
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:

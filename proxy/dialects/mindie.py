@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from proxy.dialects.base import Dialect, UpstreamSession
+from proxy.dialects.base import Dialect, RequestRules, UpstreamSession
 from proxy.dialects.error_shape import ErrorShape
 from proxy.dialects.probing import Probe, ProbeListing
 from proxy.dialects.templates import interleaved_thinking, set_template_thinking, thinking_kwarg
@@ -241,11 +241,10 @@ class MindIEDialect(Dialect):
     errors_class = MindIEErrors
     probe = MindIEProbe(structured_output=True)
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
-    stream_usage_option = False
-    full_text_mode = True
     # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
-    default_response_format = "reject"
-    response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."
+    rules = RequestRules(stream_usage_option=False, response_format="reject", response_format_hint=(
+        "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."))
+    full_text_mode = True
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
 

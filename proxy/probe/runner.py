@@ -428,7 +428,7 @@ class Prober:
                                 "max_tokens": self.opts.max_tokens}
         if spoke.probe.sends_model:
             body["model"] = self._model()
-        if spoke.stream_usage_option:  # (MindIE does not read stream_options; it sends usage on its finish chunk)
+        if spoke.rules.stream_usage_option:  # (MindIE does not read stream_options; it sends usage on its finish chunk)
             body["stream_options"] = {"include_usage": True}
         if tools:
             body["tools"] = [TOOL]
