@@ -1,4 +1,4 @@
-"""The Dialect protocol, and the behaviour shared by OpenAI-like dialects.
+"""The request part of a spoke, and the `Dialect` that composes the parts.
 
 A dialect is a spoke of the hub: it turns a canonical (OpenAI) request into the upstream's body, and the upstream's
 answers — JSON bodies, stream events, errors in any shape — into canonical ones. The `Dialect` is built once per
@@ -6,7 +6,10 @@ upstream and holds no per-request state; `Dialect.session(ctx)` makes an `Upstre
 the dialect's stateful quirks (MindIE's cumulative text, error finish reasons, whether the model starts inside a
 thinking block) and hands canonical chunks — true deltas — to the shared normalizer (proxy/hub/normalize.py).
 
-Subclasses override only what differs; the data that differs lives in mappings/<name>.yaml.
+A spoke composes four parts, each with plain defaults (OpenAI's behaviour), and sets only what differs: the request
+(`rules`, a `RequestRules`; `build_request`; `session_class`), its error shape (`errors_class`,
+proxy/dialects/error_shape.py), its readiness check (`readiness_class`, proxy/dialects/readiness.py) and what the probe
+knows of it (`probe`, proxy/dialects/probing.py). The data that differs lives in mappings/<name>.yaml.
 """
 
 from __future__ import annotations
