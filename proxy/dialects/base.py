@@ -117,18 +117,19 @@ class Dialect:
     rules: ClassVar[RequestRules] = RequestRules()
     session_class: ClassVar[type[UpstreamSession]]
 
-    # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
-    prepares: ClassVar[bool] = False
-
-    # The upstream has a mode that streams cumulative text (MindIE's fullTextEnabled): `full_text: true` says it is on.
-    full_text_mode: ClassVar[bool] = False
-
     # How its upstream's errors read (proxy/dialects/error_shape.py); made per Dialect with its mapping: `errors`.
     errors_class: ClassVar[type[ErrorShape]] = ErrorShape
     # How /readyz asks it (proxy/dialects/readiness.py); made per Dialect: `readiness`.
     readiness_class: ClassVar[type[Readiness]] = Readiness
     # What `dialect-proxy probe` knows of its servers (proxy/dialects/probing.py); read from the class.
     probe: ClassVar[Probe] = Probe()
+
+    # -- the upstream as a whole ----------------------------------------------------------------------------------
+    # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
+    prepares: ClassVar[bool] = False
+
+    # The upstream has a mode that streams cumulative text (MindIE's fullTextEnabled): `full_text: true` says it is on.
+    full_text_mode: ClassVar[bool] = False
 
     # `client.usage_fields: <name>` (proxy/clients/chat.py): chat clients may ask for this dialect's usage fields.
     offers_usage_fields: ClassVar[bool] = False
