@@ -41,7 +41,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from proxy.dialects.base import Dialect, ProbeListing, UpstreamSession, is_r1_era, join_text_parts
+from proxy.dialects.base import Dialect, RequestRules, UpstreamSession, join_text_parts
+from proxy.dialects.probing import Probe, ProbeListing
+from proxy.dialects.templates import is_r1_era
 from proxy.errors import ClientRequestError
 from proxy.hub.canonical import CHAT, ChatRequest, RequestContext
 from proxy.stream.usage import deepseek_usage_fields
@@ -101,27 +103,26 @@ class DeepSeekSession(UpstreamSession):
         return out
 
 
+class DeepSeekProbe(Probe):
+    def listing(self, listing: ProbeListing) -> str | None:
+        return "serves /models without /v1" if listing.plain_listed else None
+
+    def chat_body(self, body: dict[str, Any], tools: bool) -> None:
+        if tools:  # thinking mode (DeepSeek's default) refuses a forced tool_choice
+            body["thinking"] = {"type": "disabled"}
+
+
 class DeepSeekDialect(Dialect):
     name = "deepseek"
     session_class = DeepSeekSession
-    default_reasoning_source = "field"
-    supports_prefix = True
-    reasoning_fallback = REASONING_PLACEHOLDER
+    rules = RequestRules(reasoning_source="field", supports_prefix=True, reasoning_fallback=REASONING_PLACEHOLDER)
     prepares = True
     offers_usage_fields = True  # `client.usage_fields: deepseek`: prompt_cache_hit/miss_tokens for chat clients
+    probe = DeepSeekProbe()
 
     @classmethod
     def client_usage_fields(cls) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
         return deepseek_usage_fields
-
-    @classmethod
-    def probe_listing(cls, listing: ProbeListing) -> str | None:
-        return "serves /models without /v1" if listing.plain_listed else None
-
-    @classmethod
-    def probe_chat_body(cls, body: dict[str, Any], tools: bool) -> None:
-        if tools:  # thinking mode (DeepSeek's default) refuses a forced tool_choice
-            body["thinking"] = {"type": "disabled"}
 
     async def prepare(self, ctx: RequestContext) -> None:
         """A retired name: whether the upstream still lists it decides its translation (read once, then cached)."""

@@ -68,7 +68,7 @@ def refuse_unsupported(body: dict[str, Any], refusals: Mapping[str, Refusal], up
 
 def apply_response_format(body: dict[str, Any], mode: str, upstream: str, dialect: str, hint: str) -> dict[str, Any]:
     """`response_format` per the upstream's `response_format` mode (returns the body, copied when changed). `hint`:
-    the dialect's advice when it is refused (proxy/dialects/base.py `response_format_hint`)."""
+    the dialect's advice when it is refused (proxy/dialects/base.py `RequestRules.response_format_hint`)."""
     if "response_format" not in body:
         return body
     if mode == "pass":
