@@ -725,8 +725,9 @@ def load_api_keys_file(path: str, key: str = "server.api_keys_file") -> tuple[tu
             data = yaml.safe_load(f)
     except OSError as e:
         raise ConfigError(f"{key}: {path}: {e.strerror or e}") from None
-    except yaml.YAMLError:
-        raise ConfigError(f"{key}: {path} is not valid YAML (expected a mapping of key name to key)") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{key}: {path} is not valid YAML{_yaml_where(e)} (expected a mapping of key name to "
+                          "key)") from None
     if not isinstance(data, Mapping) or not data:
         raise ConfigError(f"{key}: {path} must be a non-empty mapping of key name to key")
     names: list[str] = []
@@ -786,11 +787,17 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 
 def _yaml_where(e: yaml.YAMLError) -> str:
-    """`at line L, column C: the parser's reason` (both 1-based, as editors count)."""
+    """` at line L, column C: the parser's reason (while ... at line L, column C)` (1-based, as editors count)."""
     if not isinstance(e, yaml.MarkedYAMLError) or e.problem_mark is None:
         return ""
-    mark = e.problem_mark
-    return f" at line {mark.line + 1}, column {mark.column + 1}: {e.problem}"
+    out = f" at {_mark(e.problem_mark)}: {e.problem}"
+    if e.context and e.context_mark is not None:
+        out += f" ({e.context} at {_mark(e.context_mark)})"
+    return out
+
+
+def _mark(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
 def _upstream_list(config: Mapping[str, Any], single: Mapping[str, Any] | None,
