@@ -283,7 +283,7 @@ class UpstreamSettings:
         "URL /readyz also asks (MindIE: its management port, e.g. http://127.0.0.1:1026/health)", parse=http_url))
     reasoning_source: str | None = field(default=None, metadata=about(  # None: the dialect's default
         "where the upstream puts reasoning", choices=REASONING_SOURCES,
-        default_text="`field` for deepseek, else `auto`"))
+        default_text="`field` for deepseek; else `auto`"))
     thinking_models: tuple[str, ...] = field(default=(), metadata=about(
         "upstream model names that start inside a <think> block", parse=str_list))
     reasoning_replay: str = field(default="auto", metadata=about(
