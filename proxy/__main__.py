@@ -48,13 +48,19 @@ def _add_setting_flags(p: argparse.ArgumentParser) -> None:
     """A flag for each declared setting (proxy/settings.py): its help, default and environment variable from there.
     Values stay strings here: the settings read and check them, so a bad one is named the same way from a flag,
     an environment variable or the file."""
+    groups = {"server": p.add_argument_group("server settings (server: in the config file)"),
+              "client": p.add_argument_group("client settings (client: in the config file)"),
+              "upstream": p.add_argument_group("the single upstream (with --upstream-url; upstreams[] in the config "
+                                               "file)")}
     for d in declared():
+        group = groups[d.section]
+        metavar = d.flag.rpartition("-")[2].upper()
         if d.name == "url":  # several replicas: repeat the flag
-            p.add_argument(f"--{d.flag}", action="append", default=None, help=d.help())
+            group.add_argument(f"--{d.flag}", action="append", default=None, metavar=metavar, help=d.help())
         elif isinstance(d.default, bool):
-            p.add_argument(f"--{d.flag}", nargs="?", const="true", default=None, metavar="BOOL", help=d.help())
+            group.add_argument(f"--{d.flag}", nargs="?", const="true", default=None, metavar="BOOL", help=d.help())
         else:
-            p.add_argument(f"--{d.flag}", default=None, metavar=d.flag.rpartition("-")[2].upper(), help=d.help())
+            group.add_argument(f"--{d.flag}", default=None, metavar=metavar, help=d.help())
 
 
 def parser() -> argparse.ArgumentParser:

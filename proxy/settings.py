@@ -475,7 +475,8 @@ class Declared:
     def help(self) -> str:
         choices = self.choices()
         one_of = f"; one of {', '.join(choices)}" if choices else ""
-        return f"{self.setting.help}{one_of} (default: {self.default_words()}) [env {self.env}]"
+        line = f"{self.setting.help}{one_of} (default: {self.default_words()}) [env {self.env}]"
+        return line.replace("`", "")  # the docs' code marks
 
     def read(self, given: Given) -> Any:
         """The value, parsed and checked; a ConfigError names `given.where`."""
