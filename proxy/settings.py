@@ -108,17 +108,19 @@ def str_list(key: str, value: Any) -> tuple[str, ...]:
 def alias_map(key: str, value: Any) -> dict[str, str]:
     """Client model name -> upstream model name: a mapping, or `a=b,c=d` (flags and environment variables)."""
     if isinstance(value, str):
-        pairs = [item.strip().partition("=") for item in value.split(",") if item.strip()]
-        for client, sep, upstream in pairs:
-            if not sep or not client.strip() or not upstream.strip():
-                raise ConfigError(f"{key}: {client + sep + upstream!r} is not client=upstream "
-                                  "(e.g. gpt-4o=DeepSeek-R1)")
-        value = {client.strip(): upstream.strip() for client, _, upstream in pairs}
+        value = dict(_alias_pair(key, item) for item in value.split(",") if item.strip())
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and k and v for k, v in value.items()
     ):
         raise ConfigError(f"{key}: expected a mapping of client model name to upstream model name")
     return dict(value)
+
+
+def _alias_pair(key: str, item: str) -> tuple[str, str]:
+    client, sep, upstream = (part.strip() for part in item.strip().partition("="))
+    if not sep or not client or not upstream:
+        raise ConfigError(f"{key}: {item.strip()!r} is not client=upstream (e.g. gpt-4o=DeepSeek-R1)")
+    return client, upstream
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
