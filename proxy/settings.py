@@ -17,6 +17,7 @@ import re
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -199,6 +200,20 @@ def dialect_name(key: str, value: Any) -> str:
     raise ConfigError(f"{key}: {value!r} is not one of {', '.join(names)}{_did_you_mean(name, names)}")
 
 
+def per_dialect(attribute: str) -> str:
+    """A default each dialect's spoke sets, in words: `x for a, b; else y` (y: the spokes' base class's)."""
+    from proxy.dialects import DIALECTS
+    from proxy.dialects.base import Dialect
+
+    usual = getattr(Dialect, attribute)
+    others: dict[str, list[str]] = {}
+    for name, spoke in sorted(DIALECTS.items()):
+        value = getattr(spoke, attribute)
+        if value != usual:
+            others.setdefault(value, []).append(name)
+    return "".join(f"`{value}` for {', '.join(names)}; " for value, names in others.items()) + f"else `{usual}`"
+
+
 def state_store_value(key: str, value: Any) -> str:
     """`memory`, or a Redis URL (proxy/state/urls.py: one server, Sentinel or Cluster) with hosts, valid ports and
     an optional /DB number. Messages show the URL without its credentials."""
@@ -230,7 +245,7 @@ class Setting:
     minimum: float | None = None
     maximum: float | None = None
     positive: bool = False  # greater than 0
-    default_text: str = ""  # the default in words, where the value alone does not say it
+    default_text: str | Callable[[], str] = ""  # the default in words, where the value alone does not say it
 
 
 def about(
@@ -242,7 +257,7 @@ def about(
     minimum: float | None = None,
     maximum: float | None = None,
     positive: bool = False,
-    default_text: str = "",
+    default_text: str | Callable[[], str] = "",
 ) -> dict[str, Any]:
     """A settings field's metadata: `port: int = field(default=8000, metadata=about("port to listen on"))`."""
     return {"setting": Setting(help, flag, parse, choices, minimum, maximum, positive, default_text)}
@@ -285,7 +300,7 @@ class UpstreamSettings:
         "URL /readyz also asks (MindIE: its management port, e.g. http://127.0.0.1:1026/health)", parse=http_url))
     reasoning_source: str | None = field(default=None, metadata=about(  # None: the dialect's default
         "where the upstream puts reasoning", choices=REASONING_SOURCES,
-        default_text="`field` for deepseek; else `auto`"))
+        default_text=partial(per_dialect, "default_reasoning_source")))
     thinking_models: tuple[str, ...] = field(default=(), metadata=about(
         "upstream model names that start inside a <think> block", parse=str_list))
     reasoning_replay: str = field(default="auto", metadata=about(
@@ -297,7 +312,7 @@ class UpstreamSettings:
         "`model` in answers: the name the client asked for, or the upstream's", choices=RESPONSE_MODEL))
     response_format: str | None = field(default=None, metadata=about(  # None: the dialect's (proxy/hub/params.py)
         "a client's response_format (structured output): sent, refused with a 400, or left out",
-        choices=RESPONSE_FORMAT, default_text="`reject` for engine, mindie, siliconstorm; else `pass`"))
+        choices=RESPONSE_FORMAT, default_text=partial(per_dialect, "default_response_format")))
     max_connections: int = field(default=1000, metadata=about(
         "connection pool size to the upstream (per replica)", positive=True))
     # Client dialects sent to this upstream untranslated (proxy/endpoint/passthrough.py): names its spoke serves
@@ -351,7 +366,7 @@ class ClientSettings:
     reasoning: str = field(default="reasoning_content", metadata=about(
         "how clients receive reasoning", choices=CLIENT_REASONING))
     usage_fields: str | None = field(default=None, metadata=about(  # None: OpenAI's usage fields alone
-        "a dialect whose usage fields chat clients get too (deepseek: prompt_cache_hit/miss_tokens)",
+        "a dialect whose own usage fields (such as its prompt cache counts) chat clients get too",
         choices=usage_field_names, default_text="none (OpenAI's usage fields alone)"))
     # which of the two Responses specifications /v1/responses follows where they differ (docs/responses.md)
     responses_spec: str = field(default="openai_api", metadata=about(
@@ -468,8 +483,9 @@ class Declared:
 
     def default_words(self) -> str:
         """The default as the help text and the docs say it."""
-        if self.setting.default_text:
-            return self.setting.default_text
+        words = self.setting.default_text
+        if words:
+            return words if isinstance(words, str) else words()
         if self.required:
             return "required"
         return _words(self.default)
