@@ -72,7 +72,7 @@ _BUILT_AT_START = {"proxy/dialects/probing.py": {"ProbeListing"},  # once per `d
                    "proxy/dialects/mapping.py": {"Range", "DialectMapping"}, "proxy/hub/params.py": {"Refusal"},
                    "proxy/gateway/routing.py": {"Route"},
                    "proxy/settings.py": {"ReplicaSettings", "UpstreamSettings", "ClientSettings", "ServerSettings",
-                                         "Settings"}}
+                                         "Settings", "Setting", "Declared", "Given"}}
 
 
 def test_dataclasses_made_per_request_write_out_their_init() -> None:
