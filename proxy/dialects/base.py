@@ -20,7 +20,7 @@ import orjson
 
 from proxy.dialects.mapping import DialectMapping, load_mapping
 from proxy.errors import ClientRequestError, ProxyError, StreamTruncated, UpstreamError, error_type_for
-from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
+from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext, check_chunk
 from proxy.hub.events import Timings
 from proxy.hub.params import apply_response_format, refuse_unsupported
 
@@ -518,7 +518,7 @@ class UpstreamSession:
             raise StreamTruncated("The upstream sent a stream event that is not a JSON object.", reason="invalid_data")
         if self._strip_keys:
             self._strip(chunk)
-        choices = chunk.get("choices")
+        choices = check_chunk(chunk, self.ctx.kind == CHAT)  # the shapes read here and in the normaliser
         if choices:
             if self._finish_map:
                 self.dialect.map_finish(choices)

@@ -2,8 +2,8 @@
 
 Client dialects (proxy/clients) decode their requests into a ChatRequest; upstream dialects (proxy/dialects) build
 their bodies from it and turn their answers into ChatChunks with true deltas, which proxy/hub/normalize.py turns into
-the typed events of proxy/hub/events.py. They are plain dicts at run time (no validation per chunk); the aliases below
-document intent for readers and mypy.
+the typed events of proxy/hub/events.py. They are plain dicts at run time; the aliases below document intent for
+readers and mypy, and `check_chunk` holds an upstream's chunk to the types the translation reads (once per chunk).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from proxy.errors import MalformedUpstream, expect_list, expect_object
 from proxy.settings import UpstreamSettings
 
 # POST /v1/chat/completions body (or /v1/completions: `prompt` instead of messages)
@@ -55,3 +56,40 @@ class RequestContext:
     @property
     def response_model(self) -> str:
         return self.upstream_model if self.upstream.response_model == "upstream" else self.client_model
+
+
+_TEXT_FIELDS: Final = ("content", "reasoning_content", "reasoning")
+
+
+def check_chunk(chunk: ChatChunk, chat: bool) -> list[Any] | None:
+    """The chunk's choices, once each field the translation reads (the upstream sessions, proxy/hub/normalize.py) has
+    the type it relies on; else MalformedUpstream naming the first field that has not. Other fields pass as they are."""
+    choices = chunk.get("choices")
+    if choices is None:
+        return None
+    checked = expect_list(choices, "choices")
+    for n, choice in enumerate(checked):
+        expect_object(choice, f"choices[{n}]")
+        index = choice.get("index")
+        if index is not None and type(index) is not int:
+            raise MalformedUpstream(f"choices[{n}].index", "an integer")
+        finish = choice.get("finish_reason")
+        if finish is not None and type(finish) is not str:
+            raise MalformedUpstream(f"choices[{n}].finish_reason", "a string")
+        if chat:
+            delta = choice.get("delta")
+            if delta is not None:
+                _check_delta(expect_object(delta, f"choices[{n}].delta"), n)
+        elif choice.get("text") is not None and type(choice["text"]) is not str:
+            raise MalformedUpstream(f"choices[{n}].text", "a string")
+    return checked
+
+
+def _check_delta(delta: dict[str, Any], n: int) -> None:
+    for field in _TEXT_FIELDS:
+        value = delta.get(field)
+        if value is not None and type(value) is not str:
+            raise MalformedUpstream(f"choices[{n}].delta.{field}", "a string")
+    calls = delta.get("tool_calls")
+    if calls is not None:
+        expect_list(calls, f"choices[{n}].delta.tool_calls")
