@@ -14,8 +14,6 @@ after it. Nothing here ever includes a stack trace or a credential.
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 # status -> (type, default code)
@@ -113,20 +111,6 @@ class MalformedUpstream(UpstreamError):
     def __init__(self, field: str, expected: str) -> None:
         super().__init__(f"The upstream sent JSON of an unexpected shape: `{field}` is not {expected}.", 502)
         self.field = field
-
-
-def expect_object(value: object, field: str) -> dict[str, Any]:
-    """`value` if it is a JSON object, else MalformedUpstream naming `field`."""
-    if type(value) is not dict:
-        raise MalformedUpstream(field, "an object")
-    return value
-
-
-def expect_list(value: object, field: str) -> list[Any]:
-    """`value` if it is a JSON array, else MalformedUpstream naming `field`."""
-    if type(value) is not list:
-        raise MalformedUpstream(field, "an array")
-    return value
 
 
 class UpstreamUnreachable(ProxyError):

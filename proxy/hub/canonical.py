@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from proxy.errors import MalformedUpstream, expect_list, expect_object
+from proxy.errors import MalformedUpstream
 from proxy.settings import UpstreamSettings
 
 # POST /v1/chat/completions body (or /v1/completions: `prompt` instead of messages)
@@ -58,18 +58,22 @@ class RequestContext:
         return self.upstream_model if self.upstream.response_model == "upstream" else self.client_model
 
 
-_TEXT_FIELDS: Final = ("content", "reasoning_content", "reasoning")
+# The fields of a chat delta the translation reads, and their JSON type (null is always allowed).
+_DELTA_TYPES: Final[dict[str, type]] = {"content": str, "reasoning_content": str, "reasoning": str, "tool_calls": list}
 
 
 def check_chunk(chunk: ChatChunk, chat: bool) -> list[Any] | None:
     """The chunk's choices, once each field the translation reads (the upstream sessions, proxy/hub/normalize.py) has
-    the type it relies on; else MalformedUpstream naming the first field that has not. Other fields pass as they are."""
+    the type it relies on; else MalformedUpstream naming the first field that has not. Other fields pass as they are.
+    (Per upstream event: the checks build no text unless one fails.)"""
     choices = chunk.get("choices")
     if choices is None:
         return None
-    checked = expect_list(choices, "choices")
-    for n, choice in enumerate(checked):
-        expect_object(choice, f"choices[{n}]")
+    if type(choices) is not list:
+        raise MalformedUpstream("choices", "an array")
+    for n, choice in enumerate(choices):
+        if type(choice) is not dict:
+            raise MalformedUpstream(f"choices[{n}]", "an object")
         index = choice.get("index")
         if index is not None and type(index) is not int:
             raise MalformedUpstream(f"choices[{n}].index", "an integer")
@@ -79,17 +83,18 @@ def check_chunk(chunk: ChatChunk, chat: bool) -> list[Any] | None:
         if chat:
             delta = choice.get("delta")
             if delta is not None:
-                _check_delta(expect_object(delta, f"choices[{n}].delta"), n)
-        elif choice.get("text") is not None and type(choice["text"]) is not str:
-            raise MalformedUpstream(f"choices[{n}].text", "a string")
-    return checked
+                _check_delta(delta, n)
+        else:
+            text = choice.get("text")
+            if text is not None and type(text) is not str:
+                raise MalformedUpstream(f"choices[{n}].text", "a string")
+    return choices
 
 
-def _check_delta(delta: dict[str, Any], n: int) -> None:
-    for field in _TEXT_FIELDS:
-        value = delta.get(field)
-        if value is not None and type(value) is not str:
-            raise MalformedUpstream(f"choices[{n}].delta.{field}", "a string")
-    calls = delta.get("tool_calls")
-    if calls is not None:
-        expect_list(calls, f"choices[{n}].delta.tool_calls")
+def _check_delta(delta: Any, n: int) -> None:
+    if type(delta) is not dict:
+        raise MalformedUpstream(f"choices[{n}].delta", "an object")
+    for field, value in delta.items():  # (a delta has a field or two: fewer lookups than asking for each)
+        expected = _DELTA_TYPES.get(field)
+        if expected is not None and value is not None and type(value) is not expected:
+            raise MalformedUpstream(f"choices[{n}].delta.{field}", "an array" if expected is list else "a string")
