@@ -19,7 +19,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote
 
 import yaml
@@ -764,21 +764,36 @@ def load_api_keys_file(path: str, key: str = "server.api_keys_file") -> tuple[tu
     return tuple(names), tuple(keys)
 
 
-_SECRET_PARAMS = ("password", "username", "sentinel_password", "sentinel_username")
+# Query parameters that carry a credential, by name (case-insensitive, `-` read as `_`): these names, and any name
+# ending in one of _SECRET_SUFFIXES (`x_api_key`, `refresh_token`, `client_secret` ...). Redis's own URL parameters
+# (`password`, `username`, the sentinel's) are among them.
+_SECRET_PARAMS: Final = frozenset({
+    "key", "api_key", "apikey", "token", "access_token", "auth", "authorization", "sig", "signature", "password",
+    "passwd", "pwd", "secret", "credential", "credentials", "username",
+})
+_SECRET_SUFFIXES: Final = ("_key", "_token", "_secret", "_password", "_signature", "_sig", "_username", "_credential")
+_HIDDEN = "***"
+
+
+def _secret_param(name: str) -> bool:
+    name = unquote(name).lower().replace("-", "_")
+    return name in _SECRET_PARAMS or name.endswith(_SECRET_SUFFIXES)
 
 
 def redact_url(url: str) -> str:
-    """The URL with its user info and password parameters replaced by ***: fit for logs, errors and /readyz.
-    Works on the string (not urlsplit), so that an unescaped '/', '#' or '?' in a password cannot slip through."""
+    """The one redaction of a URL for anything that leaves the proxy's memory (log lines, error messages, /readyz,
+    traces): its user info and the values of credential-like query parameters become ***. Works on the string (not
+    urlsplit), so that an unescaped '/', '#' or '?' in a password cannot slip through."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return "***" if "@" in url else url
+        return _HIDDEN if "@" in url else url
     if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
+        rest = _HIDDEN + "@" + rest.rpartition("@")[2]
     base, q, query = rest.partition("?")
     if q:
+        query, hash_, fragment = query.partition("#")
         pairs = [p.partition("=") for p in query.split("&")]
-        query = "&".join(k + e + ("***" if k.lower() in _SECRET_PARAMS else v) for k, e, v in pairs)
+        query = "&".join(k + e + (_HIDDEN if e and _secret_param(k) else v) for k, e, v in pairs) + hash_ + fragment
     return scheme + sep + base + q + query
 
 
@@ -787,8 +802,8 @@ def url_secrets(url: str) -> tuple[str, ...]:
     rest = url.partition("://")[2]
     userinfo = rest.rpartition("@")[0]
     found = [userinfo, userinfo.partition(":")[2]]
-    found += [v for k, _, v in (p.partition("=") for p in rest.partition("?")[2].split("&"))
-              if k.lower() in _SECRET_PARAMS]
+    query = rest.partition("?")[2].partition("#")[0]
+    found += [v for k, _, v in (p.partition("=") for p in query.split("&")) if _secret_param(k)]
     return tuple(s for f in found if f for s in {f, unquote(f)})
 
 

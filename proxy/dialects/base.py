@@ -23,7 +23,7 @@ from proxy.dialects.probing import Probe
 from proxy.dialects.readiness import Readiness
 from proxy.dialects.templates import is_r1_era, is_thinking_model
 from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
-from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
+from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext, check_chunk
 from proxy.hub.events import Timings
 from proxy.hub.params import apply_response_format, refuse_unsupported
 
@@ -294,7 +294,7 @@ class UpstreamSession:
             raise StreamTruncated("The upstream sent a stream event that is not a JSON object.", reason="invalid_data")
         if self._strip_keys:
             self._strip(chunk)
-        choices = chunk.get("choices")
+        choices = check_chunk(chunk, self.ctx.kind == CHAT)  # the shapes read here and in the normaliser
         if choices:
             if self._finish_map:
                 self.dialect.map_finish(choices)

@@ -22,11 +22,10 @@ from proxy.clients.responses_ws import ResponsesSocket
 from proxy.endpoint.inference import InferenceEndpoint
 from proxy.errors import ProxyError
 from proxy.gateway.health import READY_CACHE, UpstreamCheck
-from proxy.gateway.redact import log_url
 from proxy.server import runtime
 from proxy.server.appstate import AppState
 from proxy.server.asgi import ProxyApp
-from proxy.settings import Settings, UpstreamSettings
+from proxy.settings import Settings, UpstreamSettings, redact_url
 from proxy.state import log_store, store_check
 
 log = logging.getLogger("dialect_proxy")
@@ -190,7 +189,7 @@ async def log_upstream_checks(state: AppState) -> None:
     results = await asyncio.gather(*(state.replicas[u.name].check(READY_CACHE) for u in state.settings.upstreams))
     for u, checks in zip(state.settings.upstreams, results, strict=True):
         for replica, check in checks:
-            line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": log_url(replica.url),
+            line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": redact_url(replica.url),
                     "reachable": check.reachable, "ready": check.ready, "status": check.status,
                     "detail": check.reason}
             if len(checks) > 1:

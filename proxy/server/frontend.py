@@ -673,54 +673,60 @@ class Cycle:
             if kind != "http.response.body":
                 raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
             raw: Any = message.get("body", b"")
-            body = raw if type(raw) is bytes else bytes(raw)  # any bytes-like, as uvicorn takes it
             more_body = bool(message.get("more_body", False))
-            pieces: list[bytes] | None = None
-            if self.head_only:
-                self.expected_length = 0
-                data = b""
-            elif self.chunked:
-                if body:
-                    size = len(body)
-                    end = b"\r\n" if more_body else b"\r\n0\r\n\r\n"
-                    if size < _SCATTER:
-                        opening = _chunk_heads[size]
-                        if opening is None:
-                            opening = _chunk_heads[size] = b"%x\r\n" % size
-                        data = b"%b%b%b" % (opening, body, end)
-                    else:
-                        pieces = [b"%x\r\n" % size, body, end]
-                        data = b""
-                else:
-                    data = b"" if more_body else b"0\r\n\r\n"
-            else:
-                size = len(body)
-                if size > self.expected_length:
-                    raise RuntimeError("Response content longer than Content-Length")
-                self.expected_length -= size
-                data = body
-            head = self._head
-            if head is not None:
-                self._head = None
-                if pieces is None:
-                    data = head + data
-                else:
-                    pieces.insert(0, head)
-            if pieces is not None:
-                self.transport.writelines(pieces)
-            elif data:
-                self.transport.write(data)
+            self._write_body(raw if type(raw) is bytes else bytes(raw), more_body)  # any bytes-like, as uvicorn
             if not more_body:
-                if self.expected_length != 0:
-                    raise RuntimeError("Response content shorter than Content-Length")
-                self.response_complete = True
-                self.wake()
-                if not self.keep_alive:
-                    self.transport.close()
-                if conn is not None:
-                    conn.on_response_complete()
+                self._complete(conn)
         else:
             raise RuntimeError(f"Unexpected ASGI message '{kind}' sent, after response already completed.")
+
+    def _write_body(self, body: bytes, more_body: bool) -> None:
+        """One body message on the wire, framed (chunked, or counted against Content-Length), after the held head."""
+        data, pieces = self._frame(body, more_body)
+        head = self._head
+        if head is not None:
+            self._head = None
+            if pieces is None:
+                data = head + data
+            else:
+                pieces.insert(0, head)
+        if pieces is not None:
+            self.transport.writelines(pieces)
+        elif data:
+            self.transport.write(data)
+
+    def _frame(self, body: bytes, more_body: bool) -> tuple[bytes, list[bytes] | None]:
+        """The bytes of one body message: one string, or (a large chunk) pieces written without a copy."""
+        if self.head_only:
+            self.expected_length = 0
+            return b"", None
+        if not self.chunked:
+            size = len(body)
+            if size > self.expected_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_length -= size
+            return body, None
+        if not body:
+            return (b"" if more_body else b"0\r\n\r\n"), None
+        size = len(body)
+        end = b"\r\n" if more_body else b"\r\n0\r\n\r\n"
+        if size >= _SCATTER:
+            return b"", [b"%x\r\n" % size, body, end]
+        opening = _chunk_heads[size]
+        if opening is None:
+            opening = _chunk_heads[size] = b"%x\r\n" % size
+        return b"%b%b%b" % (opening, body, end), None
+
+    def _complete(self, conn: GuardedHttpToolsProtocol | None) -> None:
+        """The last body message was written: the answer is complete."""
+        if self.expected_length != 0:
+            raise RuntimeError("Response content shorter than Content-Length")
+        self.response_complete = True
+        self.wake()
+        if not self.keep_alive:
+            self.transport.close()
+        if conn is not None:
+            conn.on_response_complete()
 
     def _start(self, status: int, headers: Any) -> None:
         """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes: the server's
