@@ -68,8 +68,10 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
         ready = check(r.ready for r, _ in results) and not state.shutting_down
         body: dict[str, Any] = {
             "status": "ready" if ready else "not ready",
-            "upstreams": {u.name: _summary(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
-            "checks": {u.name: _check_json(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
+            "upstreams": {u.name: _summary(r, c, state.dialects[u.name].finding)
+                          for u, (r, c) in zip(settings.upstreams, results, strict=True)},
+            "checks": {u.name: _check_json(r, c, state.dialects[u.name].finding)
+                       for u, (r, c) in zip(settings.upstreams, results, strict=True)},
             # Reported, never a reason for 503: requests that need no state go on without it (README "State store").
             "state_store": store,
         }
@@ -165,21 +167,25 @@ async def _check_upstream(state: AppState, u: UpstreamSettings) -> tuple[Upstrea
     results = await state.replicas[u.name].check(READY_CACHE)
     checks = {r.name: c for r, c in results}
     check = next((c for c in checks.values() if c.ready), results[0][1])
-    finding = state.dialects[u.name].finding
-    if finding is not None:  # what its answers showed (e.g. full_text set wrong): not ready until the config is fixed
-        check = UpstreamCheck(check.url, False, check.reachable, check.status, f"{finding} ({check.reason})")
     return check, checks
 
 
-def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> str:
+# An upstream's `finding` (proxy/dialects/base.py: what its answers showed, e.g. a MindIE stream of the other form than
+# `full_text` says) is reported next to its check, never as its reason, and does not make it not ready: the requests
+# it does not concern still work (docs/decisions.md "/readyz after a stream-form mismatch").
+def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck], finding: str | None) -> str:
     if len(replicas) > 1 and check.ready:
         up = sum(c.ready for c in replicas.values())
-        return "up" if up == len(replicas) else f"up ({up} of {len(replicas)} replicas)"
-    return check.summary()
+        summary = "up" if up == len(replicas) else f"up ({up} of {len(replicas)} replicas)"
+    else:
+        summary = check.summary()
+    return summary if finding is None else f"{summary}; {finding}"
 
 
-def _check_json(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> dict[str, Any]:
+def _check_json(check: UpstreamCheck, replicas: dict[str, UpstreamCheck], finding: str | None) -> dict[str, Any]:
     out = check.as_json()
+    if finding is not None:
+        out["finding"] = finding
     if len(replicas) > 1:
         out["replicas"] = {name: c.as_json() for name, c in replicas.items()}
     return out
