@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Match, Route
 
 from proxy import __version__
 from proxy.build import BUILD
@@ -95,7 +95,8 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
         return Response(body, headers={"Content-Type": content_type})
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _error_response(ProxyError(f"No route for {request.method} {request.url.path}.", 404, code="not_found"))
+        message = f"No route for {request.method} {request.url.path}." + _route_hint(request, routes)
+        return _error_response(ProxyError(message, 404, code="not_found"))
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         return _error_response(ProxyError(f"Method {request.method} is not allowed on {request.url.path}.", 405))
@@ -131,6 +132,18 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
                if type(c) is ResponsesClient}
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
                     list(state.client_dialects.values()), sockets)
+
+
+def _route_hint(request: Request, routes: Sequence[BaseRoute]) -> str:
+    """For a path that has no route: the route it probably meant, when a client's base URL lacked `/v1` (`POST
+    /chat/completions`) or had one too many (`/v1/v1/messages`: the Anthropic SDK's base URL ends before `/v1`)."""
+    path = request.url.path
+    meant = path[len("/v1"):] if path.startswith("/v1/v1/") else "/v1" + path
+    scope = {**request.scope, "path": meant}
+    if not any(route.matches(scope)[0] == Match.FULL for route in routes):
+        return ""
+    return (f" Did you mean {meant}? (An OpenAI client's base URL ends in `/v1`, e.g. http://HOST:PORT/v1; an "
+            "Anthropic client's ends before it.)")
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:
