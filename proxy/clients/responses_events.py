@@ -31,6 +31,7 @@ from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.jsontext import dumps_text
 from proxy.hub.sse import KEEPALIVE, encode_event
+from proxy.stream.usage import estimate_tokens
 
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 # `reasoning.summary` values that ask for a summary. No upstream here summarises: the reasoning itself is sent as the
@@ -432,6 +433,10 @@ class ResponsesEncoder:
     def usage(self) -> dict[str, Any] | None:
         return self._usage()
 
+    def _reasoning_text(self) -> str:
+        return "".join(part["text"] for item in self.items if item["type"] == "reasoning"
+                       for part in item.get("content") or item["summary"])
+
     def output_text(self) -> str:
         return "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
 
@@ -442,7 +447,10 @@ class ResponsesEncoder:
         prompt = usage.get("prompt_tokens") or 0
         completion = usage.get("completion_tokens") or 0
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        if not isinstance(reasoning, int):
+            # Unknown is not zero, but the schemas require an integer here: the reasoning's estimated tokens (0: none)
+            reasoning = min(estimate_tokens(self._reasoning_text()), completion)
         return {
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": cached},
