@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import errno
 import json
-import logging
 import os
 import socket
 import sys
@@ -18,6 +17,7 @@ from typing import Any, Final
 
 from proxy import __version__
 from proxy.build import BUILD
+from proxy.server.logs import configure_logging, uvicorn_log_config
 from proxy.settings import (
     CLIENT_REASONING,
     LOG_LEVELS,
@@ -370,22 +370,12 @@ def _aliases(text: str) -> dict[str, str]:
     return out
 
 
-def configure_logging(level: str) -> None:
-    root = logging.getLogger("dialect_proxy")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        root.addHandler(handler)
-        root.propagate = False
-    root.setLevel(level.upper())
-
-
 def _uvicorn_config(app: Any, host: str, port: int, level: str, **kw: Any) -> Any:
     import uvicorn
 
     kw.setdefault("http", "httptools")
     return uvicorn.Config(app, host=host, port=port, loop="uvloop", access_log=False, log_level=level,
-                          lifespan="on", proxy_headers=False, **kw)
+                          lifespan="on", proxy_headers=False, log_config=uvicorn_log_config(), **kw)
 
 
 def serve(settings: Settings) -> None:
@@ -408,6 +398,7 @@ def serve(settings: Settings) -> None:
         prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
                     loop="uvloop", access_log=False, log_level=s.log_level, proxy_headers=False,
+                    log_config=uvicorn_log_config(),
                     timeout_graceful_shutdown=s.shutdown_grace, **frontend_options(s))  # type: ignore[arg-type]
         return
     from proxy.server.process import ProxyServer
