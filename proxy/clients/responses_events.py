@@ -31,7 +31,6 @@ from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.jsontext import dumps_text
 from proxy.hub.sse import KEEPALIVE, encode_event
-from proxy.stream.usage import estimate_tokens
 
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 # `reasoning.summary` values that ask for a summary. No upstream here summarises: the reasoning itself is sent as the
@@ -450,7 +449,7 @@ class ResponsesEncoder:
         reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
         if not isinstance(reasoning, int):
             # Unknown is not zero, but the schemas require an integer here: the reasoning's estimated tokens (0: none)
-            reasoning = min(estimate_tokens(self._reasoning_text()), completion)
+            reasoning = min(_estimated_tokens(self._reasoning_text()), completion)
         return {
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": cached},
@@ -593,3 +592,12 @@ def item_response_hex(item_id: str) -> str | None:
     if not kind or len(rest) < _HEX + 2 or not rest[_HEX:].isdigit():
         return None
     return rest[:_HEX]
+
+
+def _estimated_tokens(text: str) -> int:
+    """About how many tokens `text` took, without the model's tokenizer, by the rule of `POST
+    /v1/messages/count_tokens` (proxy/clients/messages.py): one per 4 ASCII characters (rounded up), one per other
+    character (CJK text runs at about one token per character)."""
+    ascii_chars = len(text) if text.isascii() else sum(1 for ch in text if ch < "\x80")
+    return -(-ascii_chars // 4) + len(text) - ascii_chars
+

@@ -8,16 +8,14 @@ reach an OpenAI client; `normalize_usage` returns them as `extras` (name -> valu
 DeepSeek-dialect client gets the two cache fields back through `deepseek_usage_fields`.
 
 Absent stays absent: a count the upstream did not give is not invented as 0 (only `total_tokens` is computed, from
-the two counts it is the sum of), and a details object whose values are all absent is left out. Where a client's
-schema requires a count the upstream did not give (the Responses API's `reasoning_tokens`), `estimate_tokens` says
-about how many a text took, by the rule of `POST /v1/messages/count_tokens` (proxy/clients/messages.py).
+the two counts it is the sum of), and a details object whose values are all absent is left out.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["deepseek_usage_fields", "estimate_tokens", "normalize_usage"]
+__all__ = ["deepseek_usage_fields", "normalize_usage"]
 
 _COUNTS: Final = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
 _DETAILS: Final = ("prompt_tokens_details", "completion_tokens_details")  # in the order an OpenAI usage has them
@@ -94,10 +92,3 @@ def deepseek_usage_fields(usage: dict[str, Any]) -> dict[str, Any]:
     if prompt is not None:
         out["prompt_cache_miss_tokens"] = max(prompt - hit, 0)
     return out
-
-
-def estimate_tokens(text: str) -> int:
-    """About how many tokens `text` took, without the model's tokenizer: one per 4 ASCII characters (rounded up),
-    one per other character (CJK text runs at about one token per character)."""
-    ascii_chars = sum(1 for ch in text if ch < "\x80") if not text.isascii() else len(text)
-    return -(-ascii_chars // 4) + len(text) - ascii_chars
