@@ -49,6 +49,9 @@ def error_type_for(status: int) -> tuple[str, str]:
 
 class ProxyError(Exception):
     status: int = 500
+    # The id of the request it answers (its `x-request-id`), set where the error reaches the client: Anthropic's error
+    # body carries it (proxy/clients/messages_errors.py).
+    request_id: str | None = None
 
     def __init__(
         self,

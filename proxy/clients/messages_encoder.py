@@ -103,7 +103,7 @@ class MessagesSink:
         """message_delta and message_stop: `usage` is a message_delta's (MessageDeltaUsage)."""
         return b""
 
-    def failure(self, err: ProxyError) -> bytes:
+    def failure(self, err: ProxyError, request_id: str) -> bytes:
         """The in-stream error after the head."""
         return b""
 
@@ -155,8 +155,8 @@ class MessagesWriter(MessagesSink):
         self.out.append(encode_event(b"message_stop", b'{"type":"message_stop"}'))
         return self.take()
 
-    def failure(self, err: ProxyError) -> bytes:
-        return error_event(err)
+    def failure(self, err: ProxyError, request_id: str) -> bytes:
+        return error_event(err, request_id)
 
     def take(self) -> bytes:
         out = self.out
@@ -380,4 +380,4 @@ class MessagesEncoder:
                              self.usage())
 
     def error(self, err: ProxyError) -> bytes:
-        return self.sink.failure(err)
+        return self.sink.failure(err, self.ctx.request_id)

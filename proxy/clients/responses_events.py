@@ -432,6 +432,10 @@ class ResponsesEncoder:
     def usage(self) -> dict[str, Any] | None:
         return self._usage()
 
+    def _reasoning_text(self) -> str:
+        return "".join(part["text"] for item in self.items if item["type"] == "reasoning"
+                       for part in item.get("content") or item["summary"])
+
     def output_text(self) -> str:
         return "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
 
@@ -442,7 +446,10 @@ class ResponsesEncoder:
         prompt = usage.get("prompt_tokens") or 0
         completion = usage.get("completion_tokens") or 0
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        if not isinstance(reasoning, int):
+            # Unknown is not zero, but the schemas require an integer here: the reasoning's estimated tokens (0: none)
+            reasoning = min(_estimated_tokens(self._reasoning_text()), completion)
         return {
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": cached},
@@ -585,3 +592,12 @@ def item_response_hex(item_id: str) -> str | None:
     if not kind or len(rest) < _HEX + 2 or not rest[_HEX:].isdigit():
         return None
     return rest[:_HEX]
+
+
+def _estimated_tokens(text: str) -> int:
+    """About how many tokens `text` took, without the model's tokenizer, by the rule of `POST
+    /v1/messages/count_tokens` (proxy/clients/messages.py): one per 4 ASCII characters (rounded up), one per other
+    character (CJK text runs at about one token per character)."""
+    ascii_chars = len(text) if text.isascii() else sum(1 for ch in text if ch < "\x80")
+    return -(-ascii_chars // 4) + len(text) - ascii_chars
+

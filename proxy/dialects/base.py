@@ -330,6 +330,15 @@ class UpstreamSession:
     # answers `lane_text` as its `chunk` would.
     rewrites_text = False
 
+    # A session that may find a stream's first texts unsound (MindIE: a stream of the other form than `full_text`
+    # says) sets `settling` until it knows: meanwhile the pipeline holds the events back while `holds()` and then
+    # hands them on, or drops them for the error that ends the stream (proxy/hub/pipeline.py).
+    settling = False
+
+    def holds(self) -> bool:
+        """The events so far must wait: a text came whose soundness is not known yet."""
+        return False
+
     def lane_open(self) -> bool:
         """A plain text event may skip `chunk` now (proxy/stream/text_lane.py): no error waits to be raised. A session
         whose events are reshaped beyond their text says it never is."""

@@ -181,6 +181,7 @@ class InferenceEndpoint:
     async def _fail(self, send: Any, err: ProxyError, watch: Disconnect | None, rid_header: tuple[bytes, bytes]) -> int:
         """Tell the client about `err` in its dialect: the error event that ends a stream already under way, else an
         error response. The status the client got (a stream under way keeps its 200)."""
+        err.request_id = rid_header[1].decode("latin-1")  # for the envelopes that carry it (Anthropic's)
         if watch is not None and watch.committed and watch.encoder is not None:
             await send({"type": "http.response.body", "body": watch.encoder.error(err), "more_body": False})
             return 200

@@ -211,6 +211,7 @@ class Passthrough:
             info["error"] = err.code
             info["truncated"] = reason
             watch.complete = True
+            err.request_id = info["request_id"]  # for the envelopes that carry it (Anthropic's)
             await out(self.client.native_error(err) if boundary else b"", more=False)
             return max(err.status, 500)
 

@@ -9,7 +9,9 @@
 Either way `finish` ends the answer. The endpoint feeds it what it reads and gives the events to the client encoder;
 tests drive the very same object in-process (cutting the upstream bytes anywhere). Failures raise `StreamTruncated`
 (or the dialect's error); events produced before the failure are already in `out`, so the caller can still deliver
-them ahead of the error.
+them ahead of the error. Except while the session is settling a stream's form (MindIE: cumulative text or deltas,
+proxy/dialects/base.py `UpstreamSession.settling`): its events are held back until it knows, then handed on, or
+dropped for the error, so that none of a stream's text of the wrong form reaches the client.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ _json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "_runs", "answer", "done", "normalizer",
+    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_held", "_lane", "_runs", "answer", "done", "normalizer",
                  "session")
 
     def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True, runs: bool = False) -> None:
@@ -56,23 +58,35 @@ class Pipeline:
         # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for the
         # client encoders (proxy/clients/base.py Encoder.feed), not for a consumer that reads Deltas.
         self._runs = runs
+        # Events held back while the session settles the stream's form (None: none to hold, the usual case).
+        self._held: list[Delta | TextRun] | None = [] if session.settling else None
 
     def feed(self, data: bytes, out: list[Delta | TextRun]) -> None:
-        """Append the events that `data` completes to `out`."""
+        """Append the events that `data` completes to `out` (or hold them back while the session settles)."""
+        held = self._held
         try:
-            self._take(self._decoder.payloads(data), out)
+            self._take(self._decoder.payloads(data), out if held is None else held)
         except MalformedUpstream as e:
             raise _bad_shape(e) from None
+        if held is not None and not self.session.holds():
+            out.extend(held)
+            held.clear()
+            if not self.session.settling:
+                self._held = None
 
     def finish(self, out: list[Delta | TextRun]) -> None:
         """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
+        held = self._held
         try:
             if not self.done:
-                self._take(self._decoder.flush(), out)
+                self._take(self._decoder.flush(), out if held is None else held)
             self.session.end()
             self.normalizer.finish(self.done)
         except MalformedUpstream as e:
             raise _bad_shape(e) from None
+        if held:  # the answer is complete and nothing found its text unsound
+            out.extend(held)
+            self._held = None
 
     def feed_body(self, raw: bytes, out: list[Delta | TextRun]) -> None:
         """A whole non-stream JSON body: append its events (the session's one entry and the same normaliser, one

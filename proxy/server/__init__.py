@@ -7,6 +7,7 @@
     app.py        create_app: the Starlette app, its lifespan (aiohttp sessions, state store, telemetry)
     appstate.py   AppState: everything a request needs, built once per process
     runtime.py    the garbage collector set for a server
+    logs.py       the process's log: one JSON object per line, uvicorn's lines and libraries' warnings included
 
 The top of the tree: may import every other part (endpoint, clients, dialects, gateway, hub, metrics, state,
 settings). Nothing below imports it, except the front end's hooks (`DISCONNECT_HOOK`, `SHUTDOWN_HOOK`) that the

@@ -200,8 +200,9 @@ def test_error_event_and_ping():
     ctx = request_context(CHAT, "m", UP, stream=True, response_id="msg_x")
     encoder = MessagesEncoder(call(True), ctx, Answer(), SIGNER, messages_consumer(call(True), ctx))
     name, data = events_of(encoder.error(StreamTruncated("upstream cut", status=502)))[0]
+    # request_id: the request's own (its x-request-id), not null
     assert name == "error" and data == {"type": "error", "error": {"type": "api_error", "message": "upstream cut"},
-                                        "request_id": None}
+                                        "request_id": "rid"}
     assert events_of(PING) == [("ping", {"type": "ping"})] and encoder.keepalive == PING
 
 
