@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Final
+from typing import Any, Final
 
 from proxy.clients.base import ClientCall, ClientDialect, Encoder
 
 
-def _discover() -> dict[str, type[ClientDialect]]:
-    found: dict[str, type[ClientDialect]] = {}
+def _discover() -> dict[str, type[ClientDialect[Any]]]:
+    found: dict[str, type[ClientDialect[Any]]] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
         if info.ispkg or info.name == "base" or info.name.startswith("_"):
             continue
@@ -33,6 +33,6 @@ def _discover() -> dict[str, type[ClientDialect]]:
     return found
 
 
-CLIENT_DIALECTS: Final[dict[str, type[ClientDialect]]] = _discover()
+CLIENT_DIALECTS: Final[dict[str, type[ClientDialect[Any]]]] = _discover()
 
 __all__ = ["CLIENT_DIALECTS", "ClientCall", "ClientDialect", "Encoder"]

@@ -24,7 +24,7 @@ class ProxyApp:
         app: Starlette,
         fast: dict[str, Any],
         api_keys: dict[str, str] | None = None,
-        clients: list[ClientDialect] | None = None,
+        clients: list[ClientDialect[Any]] | None = None,
         sockets: dict[str, Any] | None = None,
     ) -> None:
         self.app = app
