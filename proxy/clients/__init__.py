@@ -4,9 +4,9 @@ spoke is its module(s) and its test file).
 
 A client spoke decodes its requests into the hub form and encodes hub events into its own events and final object.
 It may import: proxy.errors, proxy.settings, the hub, the upstream-dialect registry's client-facing helpers
-(`dialect_usage_fields`), the state stores as types; the Responses WebSocket mode (responses_ws.py) also runs the
-endpoint over a WebSocket and so imports it and the front end's hooks. Never an upstream spoke's module or the
-gateway."""
+(`dialect_usage_fields`), the state stores as types. Never the endpoint, the front end, an upstream spoke's module or
+the gateway: a client dialect with a WebSocket mode declares it (`ClientDialect.websocket`), and the transport
+(proxy/server/responses_socket.py) calls the endpoint."""
 
 from __future__ import annotations
 

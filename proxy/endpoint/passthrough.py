@@ -5,8 +5,9 @@ An upstream opts in per client dialect (`passthrough: [responses]`, proxy/settin
 natively (mappings/<name>.yaml `native`, proxy/dialects/base.py `NativeRoute`). Everything around the request is as
 for a translated one: the inbound key check (proxy/server/asgi.py), the body limit, shutdown, admission and the
 replicas with their retries (proxy/gateway/replicas.py `Attempts.open`: only before the answer's head is accepted,
-so before any byte reached the client), the deadlines, metrics, traces and the access log (proxy/endpoint/inference.py
-`InferenceEndpoint`).
+so before any byte reached the client), the deadlines, metrics, traces and the access log
+(proxy/endpoint/exchange.py), and the relay that commits the stream's head, sends keep-alives and ends a cut stream
+with an error event (proxy/endpoint/relay.py).
 
 What is different: the body goes as the client sent it (only `model` is replaced by the upstream's name when the
 client used an alias); the upstream's key replaces the client's credentials, which are never forwarded; the answer's

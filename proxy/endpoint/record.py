@@ -4,8 +4,8 @@ of one request, filled in as the request goes and written out once, at its end (
 The line's keys (docs/observability.md): request_id, route, key (the inbound key's name), trace_id and span_id (a
 traced request), upstream, model, stream, dialect, passthrough, the client spoke's note (ignored_tools,
 unverified_thinking), replica, queue_ms and retries (the replicas' walk: proxy/gateway/replicas.py Attempts),
-prompt_tokens and completion_tokens, finish_reason, error, truncated, client_disconnected, status, duration_ms and
-ttft_ms. A key whose value is unknown is left out, except the last four, which every line has.
+prompt_tokens and completion_tokens, finish_reason, error, truncated, status, duration_ms, ttft_ms and
+client_disconnected. A key whose value is unknown is left out, except the last four, which every line has.
 """
 
 from __future__ import annotations
@@ -68,10 +68,10 @@ class AccessRecord:
             out["completion_tokens"] = self.completion_tokens
         ending = (("finish_reason", self.finish_reason), ("error", self.error), ("truncated", self.truncated))
         out.update((name, value) for name, value in ending if value is not None)
-        out["client_disconnected"] = self.client_disconnected
         out["status"] = status
         out["duration_ms"] = round(duration * 1000, 2)
         out["ttft_ms"] = None if ttft is None else round(ttft * 1000, 2)
+        out["client_disconnected"] = self.client_disconnected
         return _dumps(out).decode()
 
     def _attempts(self, out: dict[str, Any]) -> None:

@@ -442,7 +442,7 @@ def _wall_ns(perf: float) -> int:
 
 
 class RequestTrace:
-    """The spans and metrics of one request. The handler (proxy/endpoint/inference.py) calls: `routed` once the request
+    """The spans and metrics of one request. The exchange (proxy/endpoint/exchange.py) calls: `routed` once the request
     is decoded and routed, `attempt` before each upstream attempt (with the attempt's headers, which get our
     traceparent), `attempt_failed` when an attempt fails before its response was accepted, `answering` with the
     accepted response's status and the Answer it fills, and `finish` once, at the very end. `output` (content

@@ -30,10 +30,10 @@ Beyond uvicorn's protocol:
   write that reaches an idle reader costs a wake-up: a non-stream answer is one write, not two).
 - An `Upgrade: websocket` request is handed, with the connection, to proxy/server/websocket.py (the `websockets`
   package's protocol), which runs the app with a `websocket` scope; other upgrades are refused with `400`.
-- No access log of uvicorn's: the proxy writes its own (proxy/endpoint/inference.py).
+- No access log of uvicorn's: the proxy writes its own (proxy/endpoint/exchange.py).
 
 It also tells the handler at once when a client goes away mid-request: the handler puts a callback under
-`DISCONNECT_HOOK` in the request's scope (proxy/endpoint/inference.py), called from `connection_lost` while the answer
+`DISCONNECT_HOOK` in the request's scope (proxy/endpoint/request.py), called from `connection_lost` while the answer
 is incomplete — cheaper than a task per request waiting on `receive()` for `http.disconnect` (the fallback under any
 other server).
 

@@ -1,4 +1,4 @@
-"""The Responses API's WebSocket mode (proxy/clients/responses_ws.py, proxy/server/websocket.py) end to end, with the
+"""The Responses API's WebSocket mode (proxy/server/responses_socket.py, proxy/server/websocket.py) end to end, with the
 `websockets` client against the proxy in front of the built-in mock: events, continuation from the connection's
 state, errors, and the front end's limits for WebSocket connections."""
 
