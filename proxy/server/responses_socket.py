@@ -202,7 +202,7 @@ class _Connection:
             status = await self.endpoint.serve(_Message(self, body), SocketSink(self), record, started)
         finally:
             self.watch = None
-        return status != 200
+        return status != 200 or record.error is not None  # (a failure after the head keeps an HTTP stream's 200)
 
 
 class _Message:
