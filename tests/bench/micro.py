@@ -137,8 +137,8 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
         for piece in pieces:
             pipeline.feed(piece, events)
             if events:
-                # the handler's metrics call per read (proxy/endpoint/inference.py _relay: a TextRun is a token per
-                # text)
+                # the handler's metrics call per read (proxy/endpoint/translate.py _Answering._account: a TextRun is a
+                # token per text)
                 tokens = 0
                 count = len(events)
                 for e in events:
