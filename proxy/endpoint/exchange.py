@@ -203,6 +203,7 @@ class Exchange:
         """The request is over: its metrics, its trace, its access log line."""
         if self.watch is not None:
             self.watch.stop()
+        self.relay = None  # (it refers back to the exchange: no reference cycle outlives the request)
         duration = _clock() - self.started
         record = self.record
         status = self.status

@@ -161,26 +161,39 @@ class _Headers:
         return headers
 
 
+class _Boundary:
+    """Where a passed-through stream stands: at an event boundary or inside an event (the last bytes relayed)."""
+
+    __slots__ = ("at", "client", "tail")
+
+    def __init__(self, client: ClientDialect[Any]) -> None:
+        self.client = client
+        self.tail = b""  # the last bytes relayed: an event boundary when they end an event
+        self.at = True
+
+    def passed(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-4:]
+        self.at = self.tail.endswith(_EVENT_ENDS)
+
+    def error_event(self, err: ProxyError) -> bytes:
+        """The client dialect's error event, only at an event boundary (mid-event, the stream is closed instead)."""
+        return self.client.native_error(err) if self.at else b""
+
+
 class _Native:
     """One passed-through answer on its way to the relay: its bytes as they arrive, read on the side by the client
     spoke's NativeReader (usage, finish reason, first token)."""
 
-    __slots__ = ("boundary", "exchange", "head", "passthrough", "reader", "relay", "tail")
+    __slots__ = ("boundary", "exchange", "head", "reader", "relay")
 
     def __init__(self, passthrough: Passthrough, exchange: Exchange, reader: NativeReader, head: Headers) -> None:
-        self.passthrough = passthrough
         self.exchange = exchange
         self.reader = reader
         self.head = head  # the upstream's headers that the client gets
-        self.tail = b""  # the last bytes relayed: an event boundary when they end an event
-        self.boundary = True
+        self.boundary = _Boundary(passthrough.client)
         names = {name for name, _ in head}
         own = [item for item in SSE_HEADERS if item[0] not in names]
-        self.relay = Relay(exchange, [*own, *head], self._error_event, native=True)
-
-    def _error_event(self, err: ProxyError) -> bytes:
-        """The client dialect's error event, only at an event boundary (mid-event, the stream is closed instead)."""
-        return self.passthrough.client.native_error(err) if self.boundary else b""
+        self.relay = Relay(exchange, [*own, *head], self.boundary.error_event, native=True)
 
     async def respond(self, resp: Any, deadline: float) -> tuple[int, bool]:
         """(the status the client got, whether the upstream connection can serve another request)."""
@@ -236,14 +249,13 @@ class _Native:
         while True:
             data = await reads.read()
             if data is None:
-                if self.boundary:
+                if self.boundary.at:
                     await relay.keepalive(KEEPALIVE)
                 continue
             if not data:
                 return
             obs.chunks(1, self.reader.feed(data))
-            self.tail = (self.tail + data)[-4:]
-            self.boundary = self.tail.endswith(_EVENT_ENDS)
+            self.boundary.passed(data)
             relay.pending.append(data)
             await relay.flush()
 
