@@ -28,13 +28,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.clients import tool_ids
-from proxy.clients.base import ClientCall, ClientDialect, Headers
-from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
+from proxy.clients.base import ClientDialect, Headers
+from proxy.clients.messages_encoder import MessagesCall, MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_event, error_response
 from proxy.clients.messages_native import MessagesReader
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ClientRequestError, ProxyError
-from proxy.hub.canonical import CHAT
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -93,7 +92,7 @@ _TOOL_SEARCH: Final = re.compile(r"(?i)tool.?search")
 IMAGE_TOKENS: Final = 1600  # count_tokens: Anthropic's own upper estimate for one image
 
 
-class MessagesClient(ClientDialect):
+class MessagesClient(ClientDialect[MessagesCall]):
     name = "messages"
     path = "/v1/messages"
     id_prefix = "msg_"
@@ -104,10 +103,10 @@ class MessagesClient(ClientDialect):
         key = settings.client.thinking_key
         self.signer = ThinkingSigner(key.encode() if key else None)
 
-    async def decode(self, body: dict[str, Any]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> MessagesCall:
         return decode_request(body, self.signer)
 
-    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:
+    def encoder(self, call: MessagesCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:
         return MessagesEncoder(call, ctx, answer, self.signer, messages_consumer(call, ctx))
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
@@ -606,7 +605,7 @@ def _apply_tools(body: dict[str, Any], referenced: set[str], out: ChatRequest) -
     return headers
 
 
-def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: bool = False) -> ClientCall:
+def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: bool = False) -> MessagesCall:
     """An Anthropic Messages request -> the canonical chat request (`count_only`: the count_tokens body, which
     needs no `max_tokens`)."""
     model, max_tokens, stream, messages = _required(body, count_only)
@@ -625,11 +624,12 @@ def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: 
         out["reasoning_effort"] = effort
     headers = _apply_tools(body, dec.referenced_tools, out)
     thinking = body.get("thinking")
-    options: dict[str, Any] = {"omit_thinking": omit, "stop_sequences": out.get("stop") or (),
-                               "show_thinking": isinstance(thinking, dict) and thinking.get("type") != "disabled"}
+    call = MessagesCall(out, model, stream, omit_thinking=omit, stop_sequences=out.get("stop") or (),
+                        show_thinking=isinstance(thinking, dict) and thinking.get("type") != "disabled",
+                        headers=headers)
     if dec.unverified_thinking:
-        options["log"] = {"unverified_thinking": dec.unverified_thinking}  # the access log says how many were left out
-    return ClientCall(request=out, kind=CHAT, model=model, stream=stream, options=options, headers=headers)
+        call.log_note = ("unverified_thinking", dec.unverified_thinking)  # the access log says how many were left out
+    return call
 
 
 # ---------------------------------------------------------------------------------------------------- count_tokens

@@ -17,14 +17,13 @@ from starlette.routing import BaseRoute, Match, Route
 
 from proxy import __version__
 from proxy.build import BUILD
-from proxy.clients.responses import ResponsesClient
-from proxy.clients.responses_ws import ResponsesSocket
 from proxy.endpoint.inference import InferenceEndpoint
 from proxy.errors import ProxyError
 from proxy.gateway.health import READY_CACHE, UpstreamCheck
 from proxy.server import runtime
 from proxy.server.appstate import AppState
 from proxy.server.asgi import ProxyApp
+from proxy.server.responses_socket import ResponsesSocket
 from proxy.settings import Settings, UpstreamSettings, redact_url
 from proxy.state import log_store, store_check
 
@@ -126,9 +125,8 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
     app.router.redirect_slashes = False
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
-    # The Responses API's WebSocket mode, on the Responses client's path.
-    sockets = {c.path: ResponsesSocket(state, c) for c in state.client_dialects.values()
-               if type(c) is ResponsesClient}
+    # A WebSocket mode (the Responses API's), on the path of each client dialect that declares one.
+    sockets = {c.path: ResponsesSocket(state, c) for c in state.client_dialects.values() if c.websocket}
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
                     list(state.client_dialects.values()), sockets)
 

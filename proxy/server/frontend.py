@@ -30,10 +30,10 @@ Beyond uvicorn's protocol:
   write that reaches an idle reader costs a wake-up: a non-stream answer is one write, not two).
 - An `Upgrade: websocket` request is handed, with the connection, to proxy/server/websocket.py (the `websockets`
   package's protocol), which runs the app with a `websocket` scope; other upgrades are refused with `400`.
-- No access log of uvicorn's: the proxy writes its own (proxy/endpoint/inference.py).
+- No access log of uvicorn's: the proxy writes its own (proxy/endpoint/exchange.py).
 
 It also tells the handler at once when a client goes away mid-request: the handler puts a callback under
-`DISCONNECT_HOOK` in the request's scope (proxy/endpoint/inference.py), called from `connection_lost` while the answer
+`DISCONNECT_HOOK` in the request's scope (proxy/endpoint/request.py), called from `connection_lost` while the answer
 is incomplete — cheaper than a task per request waiting on `receive()` for `http.disconnect` (the fallback under any
 other server).
 
@@ -58,13 +58,10 @@ from typing import Any, Final, NamedTuple
 
 import httptools
 
+from proxy.endpoint.request import DISCONNECT_HOOK
 from proxy.errors import ProxyError
 from proxy.server.websocket import WebSocketConnection, WebSocketLimits
 from proxy.settings import ServerSettings
-
-# The scope key of the handler's disconnect callback: present (None until the handler sets it) on every request this
-# front end serves.
-DISCONNECT_HOOK: Final = "dialect_proxy.on_disconnect"
 
 _logger: Final = logging.getLogger("uvicorn.error")  # where uvicorn's own protocol logs (the server's log settings)
 # A header name must be a token (RFC 9110 5.6.2: one or more of ALPHA, DIGIT and !#$%&'*+-.^_`|~); a value must hold

@@ -4,7 +4,7 @@ The proxy's own structured lines (the access line, `upstream_check`, `stream_for
 already and go out as they are. Every other line — a plain message of the proxy's (`upstream ds: its model list
 answered HTTP 404`), uvicorn's (`Started server process`, `Waiting for application shutdown`), a library's warning
 (asyncio, aiohttp) — becomes `{"level": …, "logger": …, "message": …}`, with `"exception"` holding a traceback, so that
-a log pipeline parses one format (docs/observability.md "Logs").
+a log pipeline parses one format (docs/observability.md "Logs, `/readyz` and `/metrics`").
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from hub_harness import request_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.clients.base import ClientCall
-from proxy.clients.messages_encoder import PING, MessagesEncoder, messages_consumer
+from proxy.clients.messages_encoder import PING, MessagesCall, MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_response
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
@@ -51,10 +50,9 @@ AGENT_TURN = sse(
 )
 
 
-def call(stream: bool, **options: Any) -> ClientCall:
+def call(stream: bool, **options: Any) -> MessagesCall:
     """A request that enabled thinking (`show_thinking`, what proxy/clients/messages.py decodes from `thinking`)."""
-    return ClientCall({"model": "m", "messages": []}, CHAT, "alias", stream,
-                      {"stop_sequences": (), "show_thinking": True, **options})
+    return MessagesCall({"model": "m", "messages": []}, "alias", stream, **{"show_thinking": True, **options})
 
 
 def run(pieces: list[bytes], stream: bool = True, **options: Any) -> bytes:
