@@ -86,6 +86,9 @@ class Exchange:
             try:
                 self.status = await self._serve(inbound)
             except ProxyError as err:
+                # Its traceback holds the frames that raised it, and they hold it (`raise err` after an `except`):
+                # dropped here, so that a refused request leaves no reference cycle (tests/test_gc.py).
+                err.__traceback__ = None
                 self.status = await self._refused(err)
             except ClientGone:
                 self.record.client_disconnected = True
