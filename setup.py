@@ -34,7 +34,6 @@ COMPILED = [
     "proxy/server/frontend.py",
     "proxy/endpoint/inference.py",
     "proxy/endpoint/request.py",
-    "proxy/hub/jsontext.py",
     "proxy/metrics/local.py",
     "proxy/dialects/mapping.py",
     "proxy/metrics/definitions.py",

@@ -36,7 +36,6 @@ from proxy.dialects import dialect_usage_fields
 from proxy.errors import ClientRequestError, ProxyError
 from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.hub.events import Answer, Delta, TextRun
-from proxy.hub.jsontext import dumps_joined, dumps_text
 from proxy.hub.sse import DONE, KEEPALIVE, encode_data
 
 if TYPE_CHECKING:
@@ -254,25 +253,24 @@ class ChatWriter(ChatSink):
     def text(self, index: int, text: str) -> None:
         if not self.chat:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"text":')
-            self.out.append(head + dumps_text(text) + self._tail)
+            self.out.append(head + orjson.dumps(text) + self._tail)
             return
         head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
-        self.out.append(head + dumps_text(text) + self._close)
+        self.out.append(head + orjson.dumps(text) + self._close)
 
     def reasoning(self, index: int, text: str) -> None:
         head = self._reasoning_heads.get(index) or self._reasoning_head(index)
-        self.out.append(head + dumps_text(text) + self._close)
+        self.out.append(head + orjson.dumps(text) + self._close)
 
     def run(self, run: TextRun) -> None:
-        # One chunk per text, head + text + close each: written as the texts' JSON strings joined by close + head,
-        # between head and close (the same bytes in one piece: proxy/hub/jsontext.py dumps_joined).
+        # One chunk per text, head + text + close each, in one piece.
         index = run.index
         if run.reasoning:
             head = self._reasoning_heads.get(index) or self._reasoning_head(index)
         else:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
         close = self._close
-        self.out.append(dumps_joined(run.texts, close + head, head, close))
+        self.out.append(head + (close + head).join([orjson.dumps(text) for text in run.texts]) + close)
 
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
         """The general path: one event -> one framed chunk."""

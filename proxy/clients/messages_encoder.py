@@ -24,7 +24,6 @@ from proxy.clients import tool_ids
 from proxy.clients.messages_errors import error_event
 from proxy.errors import ProxyError, UpstreamError
 from proxy.hub.events import TextRun
-from proxy.hub.jsontext import dumps_joined, dumps_text
 from proxy.hub.sse import encode_event
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
 
 
 def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
-    return _delta_head(index, kind, field) + dumps_text(value) + _END
+    return _delta_head(index, kind, field) + orjson.dumps(value) + _END
 
 
 class _Block:
@@ -134,13 +133,12 @@ class MessagesWriter(MessagesSink):
             block.index, body)))
 
     def delta(self, block: _Block, text: str) -> None:
-        self.out.append(block.delta_head + dumps_text(text) + _END)
+        self.out.append(block.delta_head + orjson.dumps(text) + _END)
 
     def texts(self, block: _Block, texts: list[str]) -> None:
-        # One delta event per text, head + text + _END each, in one piece: the texts' JSON strings joined by
-        # _END + head, between head and _END (proxy/hub/jsontext.py dumps_joined).
+        # One delta event per text, head + text + _END each, in one piece.
         head = block.delta_head
-        self.out.append(dumps_joined(texts, _END + head, head, _END))
+        self.out.append(head + (_END + head).join([orjson.dumps(text) for text in texts]) + _END)
 
     def stop(self, block: _Block) -> None:
         if block.kind == "thinking":

@@ -29,7 +29,6 @@ from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
 from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta, TextRun
-from proxy.hub.jsontext import dumps_text
 from proxy.hub.sse import KEEPALIVE, encode_event
 
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -197,12 +196,12 @@ class ResponsesWriter(ResponsesSink):
             item.delta_head = _delta_head(b"response.function_call_arguments.delta", item)
 
     def delta(self, item: _Item, text: str) -> None:
-        self.out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, dumps_text(text), self.seq))
+        self.out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, orjson.dumps(text), self.seq))
         self.seq += 1
 
     def texts(self, item: _Item, texts: list[str]) -> None:
         seq, head = self.seq, item.delta_head
-        self.out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, dumps_text(text), seq + n)
+        self.out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, orjson.dumps(text), seq + n)
                          for n, text in enumerate(texts)])
         self.seq = seq + len(texts)
 

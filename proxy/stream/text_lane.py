@@ -30,7 +30,6 @@ from typing import Any, Final
 import orjson
 
 from proxy.build import BUILD
-from proxy.hub.jsontext import PLAIN
 from proxy.hub.sse import SSEEvent
 
 __all__ = ["TextLane"]
@@ -48,6 +47,9 @@ _loads: Final = orjson.loads  # (compiled: a static, not a module attribute look
 # The direct read pays off compiled only (in C, its checks cost less than orjson's call; interpreted, more:
 # docs/speed.md), so the pure Python build skips it.
 _DIRECT: Final = BUILD == "mypyc"
+# A byte table that changes exactly the bytes a JSON string cannot hold raw: U+0000-U+001F, the quote, the backslash
+# (UTF-8 multi-byte sequences hold none of them).
+PLAIN: Final = bytes(0xFF if b < 0x20 or b in (0x22, 0x5C) else b for b in range(256))
 
 
 class TextLane:

@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, str]] = [
     ("clients", "client spoke"), ("validate", "client spoke"),
     ("dialects", "upstream spoke"), ("mapping", "upstream spoke"),
     ("hub", "hub"), ("stream", "hub"), ("events", "hub"), ("pipeline", "hub"), ("normalize", "hub"),
-    ("canonical", "hub"), ("continuity", "hub"), ("params", "hub"), ("sse", "hub"), ("jsontext", "hub"),
+    ("canonical", "hub"), ("continuity", "hub"), ("params", "hub"), ("sse", "hub"),
     ("readings", "hub"),
     ("gateway", "upstream client"), ("upstream", "upstream client"), ("replicas", "upstream client"),
     ("admission", "upstream client"), ("deadlines", "upstream client"), ("routing", "upstream client"),
