@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -27,7 +28,6 @@ from proxy.endpoint.request import (
     Scope,
     parse_body,
     read_request_body,
-    response_random,
     scan_headers,
     send_json,
     take_request_id,
@@ -197,7 +197,7 @@ class InferenceEndpoint:
             upstream_model=route.upstream_model,
             upstream=route.upstream,
             stream=call.stream,
-            response_id=self.client.id_prefix + response_random.hex(12),
+            response_id=self.client.id_prefix + secrets.token_hex(12),
             created=int(_wall_clock()),
         )
 
