@@ -29,7 +29,6 @@ COMPILED = [
     "proxy/server/asgi.py",
     "proxy/hub/canonical.py",
     "proxy/hub/continuity.py",
-    "proxy/gateway/deadlines.py",
     "proxy/hub/events.py",
     "proxy/server/frontend.py",
     "proxy/endpoint/inference.py",

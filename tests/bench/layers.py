@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, str]] = [
     ("canonical", "hub"), ("continuity", "hub"), ("params", "hub"), ("sse", "hub"),
     ("readings", "hub"),
     ("gateway", "upstream client"), ("upstream", "upstream client"), ("replicas", "upstream client"),
-    ("admission", "upstream client"), ("deadlines", "upstream client"), ("routing", "upstream client"),
+    ("admission", "upstream client"), ("routing", "upstream client"),
     ("metrics.tracing", "tracing"), ("tracing", "tracing"),
     ("metrics", "metrics"), ("local_metrics", "metrics"), ("prometheus", "metrics"), ("local", "metrics"),
     ("files", "metrics"), ("process", "server"), ("runtime", "server"),
