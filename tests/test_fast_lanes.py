@@ -2,8 +2,9 @@
 (openai deltas, MindIE full-text snapshots) -> SSE bytes -> Pipeline -> each client encoder (chat, responses,
 messages) -> the client's bytes.
 
-- fed one whole event per read (SSEDecoder.payloads' fast lane, the encoders' hot paths), the client gets byte for
-  byte what it gets when the same bytes arrive cut anywhere (the decoder's general loop);
+- fed one whole event per read (SSEDecoder.payloads' fast lane, the normaliser's fast lane, the encoders' hot
+  paths), the client gets byte for byte what it gets when the same bytes arrive cut anywhere (the decoder's general
+  loop) and every chunk takes the normaliser's general path;
 - every event an encoder writes is compact JSON exactly as orjson writes it (the cached-bytes hot paths splice
   strings into pre-serialised bytes: a wrong splice would show here), with consecutive Responses sequence numbers.
 """
@@ -112,6 +113,8 @@ def run(dialect: str, pieces: list[bytes], client: str, source: str, general: bo
     ctx = request_context(CHAT, "m", upstream, stream=True, client_model="alias", response_id="resp_0123456789")
     answer = Answer()
     pipeline = Pipeline(get_dialect(dialect).session(ctx), answer)
+    if general:
+        pipeline.normalizer.fast_lane = False
     encoder = ENCODERS[client](ctx, answer)
     try:
         out = drive(pieces, pipeline, encoder)

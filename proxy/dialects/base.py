@@ -550,6 +550,19 @@ class UpstreamSession:
         data["choices"] = choices
         return data
 
+    # A session whose `chunk` turns a plain event's text into other text (MindIE's cumulative snapshots) sets this and
+    # answers `lane_text` as its `chunk` would.
+    rewrites_text = False
+
+    def lane_open(self) -> bool:
+        """A plain text event may skip `chunk` now (proxy/stream/text_lane.py): no error waits to be raised. A session
+        whose events are reshaped beyond their text says it never is."""
+        return self._pending is None
+
+    def lane_text(self, index: int, text: str, reasoning: bool) -> str:
+        """What `chunk` makes of a plain text event's text (content, or a reasoning field): here, the text itself."""
+        return text
+
     def end(self) -> None:
         """The upstream stream is over: raise what the dialect knows is wrong with the answer."""
         if self._pending is not None:

@@ -30,6 +30,9 @@ _MESSAGE_DROP: Final = ("name", "reasoning_content", "reasoning")
 
 
 class EngineSession(UpstreamSession):
+    def lane_open(self) -> bool:
+        return False  # its events are reshaped (hoisted into a choice) before the normaliser sees them
+
     def chunk(self, data: Any, whole: bool = False) -> ChatChunk | None:
         if whole:  # into the message, before it becomes the choice's delta
             if isinstance(data, dict):

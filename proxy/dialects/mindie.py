@@ -113,14 +113,28 @@ class MindIESession(UpstreamSession):
         self.rewrites = 0  # cumulative snapshots that revised text already sent
         self.full_text_mismatch = False  # what the client got differs from the upstream's final full_text
         # The first texts of a stream tell whether it is cumulative: one that does not match `full_text` ends with an
-        # error (proxy/stream/cumulative.py StreamForm).
+        # error (proxy/stream/cumulative.py StreamForm). While it watches, the text lane hands it every text.
         self._form: StreamForm | None = StreamForm() if ctx.stream else None
+        self.rewrites_text = self._cumulative is not None or self._form is not None
 
     def build_request(self, body: ChatRequest) -> dict[str, Any]:
         out = super().build_request(body)
         kwargs = out.get("chat_template_kwargs")
         self.thinking_off = isinstance(kwargs, dict) and kwargs.get(thinking_kwarg(self.ctx.upstream_model)) is False
         return out
+
+    def lane_text(self, index: int, text: str, reasoning: bool) -> str:
+        """A cumulative snapshot -> its true delta, as `chunk` does for an event without a finish reason."""
+        form = self._form
+        if form is not None and index == 0 and not reasoning:
+            self._watch(form, text)
+        cumulative = self._cumulative
+        if cumulative is None or reasoning or self.ctx.kind != CHAT:
+            return text
+        tracker = cumulative.get(index)
+        if tracker is None:
+            tracker = cumulative[index] = CumulativeText()
+        return tracker.feed(text)
 
     def chunk(self, data: Any, whole: bool = False) -> ChatChunk | None:
         full_text = data.get("full_text") if isinstance(data, dict) else None  # rides on a choice's final chunk
@@ -171,6 +185,7 @@ class MindIESession(UpstreamSession):
         verdict = form.feed(text)
         if not form.open:
             self._form = None
+            self.rewrites_text = self._cumulative is not None
         if verdict and (verdict == "cumulative") != (self._cumulative is not None):
             raise self._mismatch(verdict)
 

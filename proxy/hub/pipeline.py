@@ -1,6 +1,8 @@
 """One request's answer pipeline, without I/O: upstream bytes (or a JSON body) in, hub events out.
 
     bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed`: streams)
+                      └──▶ TextLane (events that repeat a plain text event's template) ─▶ [Delta]
+                                    (several in one read, with `runs`: one TextRun)
     JSON body ──────────▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed_body`: non-stream,
                                   (whole=True: one final chunk)                        one final chunk)
 
@@ -20,18 +22,20 @@ import orjson
 
 from proxy.dialects.base import UpstreamSession
 from proxy.errors import StreamTruncated, UpstreamError
-from proxy.hub.events import Answer, Delta
+from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.normalize import Normalizer
 from proxy.hub.sse import SSEDecoder, SSEEvent
+from proxy.stream.text_lane import TextLane
 
 log: Final = logging.getLogger("dialect_proxy")
 _json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per event)
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_feed", "answer", "done", "normalizer", "session")
+    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "_runs", "answer", "done", "normalizer",
+                 "session")
 
-    def __init__(self, session: UpstreamSession, answer: Answer) -> None:
+    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True, runs: bool = False) -> None:
         self.session = session
         self.answer = answer
         self.normalizer = Normalizer(session.ctx.kind, session.reasoning_source, session.starts_in_reasoning, answer)
@@ -39,22 +43,33 @@ class Pipeline:
         self._chunk = session.chunk
         self._feed = self.normalizer.feed
         self.done = False  # the answer is complete: [DONE] was seen, or a whole body was fed
+        # The shortcut for plain text events (proxy/stream/text_lane.py): chat streams whose session lets a plain
+        # event skip `chunk` (not the engine's). `text_lane=False` is the full path for every event
+        # (tests/stream/test_text_lane.py compares the two).
+        self._lane = TextLane() if text_lane and self.normalizer.chat and session.lane_open() else None
+        # The normaliser's envelope_version when the lane last learned: an event answered by the lane leaves the
+        # answer's envelope fields (system_fingerprint ...) as they were, so its templates hold only while those
+        # have not changed since.
+        self._envelope = 0
+        # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for the
+        # client encoders (proxy/clients/base.py Encoder.feed), not for a consumer that reads Deltas.
+        self._runs = runs
 
-    def feed(self, data: bytes, out: list[Delta]) -> None:
+    def feed(self, data: bytes, out: list[Delta | TextRun]) -> None:
         """Append the events that `data` completes to `out`."""
         try:
             self._take(self._decoder.payloads(data), out)
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, StreamTruncated) from None
 
-    def finish(self, out: list[Delta]) -> None:
+    def finish(self, out: list[Delta | TextRun]) -> None:
         """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
         if not self.done:
             self._take(self._decoder.flush(), out)
         self.session.end()
         self.normalizer.finish(self.done)
 
-    def feed_body(self, raw: bytes, out: list[Delta]) -> None:
+    def feed_body(self, raw: bytes, out: list[Delta | TextRun]) -> None:
         """A whole non-stream JSON body: append its events (the session's one entry and the same normaliser, one
         final chunk). `finish` follows, as after a stream."""
         try:
@@ -74,43 +89,99 @@ class Pipeline:
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, UpstreamError) from None
 
-    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
-        if self.done:  # nothing after [DONE] counts
-            return
-        for event in events:
-            parsed = _parse(event)
-            if parsed is _DONE:
-                self.done = True
+    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta | TextRun]) -> None:
+        lane = self._lane
+        count = len(events)
+        many = count > 1  # a fast stream's read: lane events come in runs (TextLane.run)
+        i = 0
+        while i < count:
+            event = events[i]
+            i += 1
+            if self.done:
                 return
+            if type(event) is bytes:  # a plain `data:` event (proxy/hub/sse.py SSEDecoder.payloads), not yet decoded
+                if event == b"[DONE]":
+                    self.done = True
+                    return
+                if lane is not None:
+                    if self.normalizer.envelope_version != self._envelope:
+                        lane.forget()
+                        self._envelope = self.normalizer.envelope_version
+                    if not many:
+                        hit = lane.match(event)
+                        if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
+                            index, reasoning, text = hit
+                            text = self.session.lane_text(index, text, reasoning)
+                            if text:  # no new text (a cumulative snapshot adding nothing): no event, as the full path
+                                out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+                            continue
+                    else:
+                        # This event and the lane events right after it: a lane event changes neither the session's
+                        # nor the normaliser's state, so what is asked of the first holds for the run.
+                        run = lane.run(events, i - 1)
+                        if run is not None and self.session.lane_open() and self.normalizer.passes_text(run[0]):
+                            index, reasoning, texts = run
+                            i += len(texts) - 1
+                            if self.session.rewrites_text:  # in order: a cumulative snapshot each
+                                lane_text = self.session.lane_text
+                                texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
+                            if texts:  # (no new text, a cumulative snapshot adding nothing: no event)
+                                found = TextRun(index, reasoning, texts)
+                                if self._runs:
+                                    out.append(found)
+                                else:
+                                    out.extend(found.deltas())
+                            continue
+                try:
+                    parsed: Any = _json_loads(event)  # orjson checks the UTF-8
+                except orjson.JSONDecodeError:
+                    parsed = _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
+                plain = event
+            else:
+                assert isinstance(event, SSEEvent)
+                if event.garbage is not None:
+                    raise StreamTruncated(
+                        "The upstream sent data that is not an event stream: " + preview(event.garbage),
+                        reason="invalid_data",
+                    )
+                if event.data == "[DONE]":
+                    self.done = True
+                    return
+                parsed = _loads(event.data)
+                if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
+                    parsed = {"error": parsed}
+                plain = None
             chunk = self._chunk(parsed)
             if chunk is not None:
-                out.extend(self._feed(chunk))
+                deltas = self._feed(chunk)
+                out.extend(deltas)
+                if lane is not None and plain is not None and len(deltas) == 1:
+                    self._learn(lane, plain, chunk, deltas[0])
 
-
-_DONE: Final = object()  # what `_parse` gives for the stream's `[DONE]`
-
-
-def _parse(event: bytes | SSEEvent) -> Any:
-    """One event's JSON value (`_DONE` for `[DONE]`): a plain `data:` event as its undecoded bytes (proxy/hub/sse.py
-    SSEDecoder.payloads), any other as an `SSEEvent`."""
-    if type(event) is bytes:
-        if event == b"[DONE]":
-            return _DONE
-        try:
-            return _json_loads(event)  # orjson checks the UTF-8
-        except orjson.JSONDecodeError:
-            return _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
-    assert isinstance(event, SSEEvent)
-    if event.garbage is not None:
-        raise StreamTruncated(
-            "The upstream sent data that is not an event stream: " + preview(event.garbage), reason="invalid_data"
-        )
-    if event.data == "[DONE]":
-        return _DONE
-    parsed = _loads(event.data)
-    if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
-        parsed = {"error": parsed}
-    return parsed
+    def _learn(self, lane: TextLane, data: bytes, chunk: dict[str, Any], d: Delta) -> None:
+        """Teach the lane this event's template if the full path passed its one choice's text through unchanged."""
+        if (d.first or d.tool_calls is not None or d.finish_reason is not None or d.logprobs is not None
+                or d.extra is not None or d.choice_extra is not None or bool(d.content) == bool(d.reasoning)
+                or chunk.get("usage") or not self.session.lane_open() or not self.normalizer.passes_text(d.index)):
+            return
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or len(choices) != 1:
+            return
+        delta = choices[0].get("delta")
+        if not isinstance(delta, dict):
+            return
+        if self.normalizer.envelope_version != self._envelope:  # this event changed the envelope: older templates go
+            lane.forget()
+            self._envelope = self.normalizer.envelope_version
+        if d.content:
+            if delta.get("content") == d.content:
+                # A session that rewrites text: the event's own token is not what came out (the probe alone places it).
+                lane.learn(data, "content", None if self.session.rewrites_text else d.content, d.index, False)
+            return
+        for field in ("reasoning_content", "reasoning"):
+            if delta.get(field) == d.reasoning:
+                lane.learn(data, field, d.reasoning, d.index, True)
+                return
 
 
 def _loads(data: str) -> Any:
