@@ -68,61 +68,15 @@ class Normalizer:
     def feed(self, chunk: ChatChunk, final: bool = False) -> list[Delta]:
         """The events of one canonical chunk. `final`: the whole answer (a non-stream body) — every choice ends here,
         with or without a finish_reason."""
-        answer = self.answer
-        if answer.upstream_id is None:
-            upstream_id = chunk.get("id")
-            if isinstance(upstream_id, str) and upstream_id:
-                answer.upstream_id = upstream_id
-                model = chunk.get("model")  # read once, with the id (not per chunk)
-                if isinstance(model, str) and model:
-                    answer.upstream_model = model
-        usage = chunk.get("usage")
-        if usage:
-            normalized, extras = normalize_usage(usage)
-            if extras:
-                answer.usage_extras.update(extras)
-            answer.usage = normalized
-        # Fields the hub does not know (system_fingerprint, vendor extras), in the chunk's order. A stream's chunks
-        # mostly have the same fields: they are sorted out again only when the fields change.
-        keys = chunk.keys()
-        if final:
-            self._whole = True
-            extra: tuple[str, ...] | list[str] = () if keys <= _CHUNK_OWN else [
-                key for key in keys if key not in _CHUNK_OWN]
-        elif keys != self._keys:
-            self._keys = set(keys)
-            extra = self._extra = () if keys <= _CHUNK_OWN else tuple(
-                [key for key in keys if key not in _CHUNK_OWN])
-        else:
-            extra = self._extra
-        if extra:
-            envelope = answer.envelope_extra
-            for key in extra:
-                value = chunk[key]
-                if key not in envelope or envelope[key] != value:
-                    envelope[key] = value
-                    self.envelope_version += 1
+        self._answer_facts(chunk)
+        self._envelope(chunk, final)
         choices = chunk.get("choices")
         if not choices:
             return []
         if len(choices) == 1 and not final:
-            # The fast lane: the common chunk only adds text to a choice on the lane (started, not finished, no
-            # think splitter), with nothing else to look at (no finish, logprobs, reasoning, tool calls, unknown
-            # fields). Exactly the Delta the general path (_choice) makes of it (tests/test_normalize.py).
-            choice = choices[0]
-            index = choice.get("index") or 0
-            if (index in self._lanes and choice.get("finish_reason") is None and choice.get("logprobs") is None
-                    and choice.keys() <= _CHOICE_OWN):
-                if self.chat:
-                    delta = choice.get("delta")
-                    if delta and delta.keys() <= _TEXT_ONLY:
-                        text = delta.get("content")
-                        if type(text) is str and text:
-                            return [Delta(index, "", text)]
-                else:
-                    text = choice.get("text")
-                    if type(text) is str and text:
-                        return [Delta(index, "", text)]
+            plain = self._plain(choices[0])
+            if plain is not None:
+                return [plain]
         out = []
         for choice in choices:
             event = self._choice(choice, final)
@@ -153,6 +107,62 @@ class Normalizer:
         return index in self._lanes
 
     # -----------------------------------------------------------------------------------------------------------
+    def _answer_facts(self, chunk: ChatChunk) -> None:
+        """The upstream's id and model (read once), and its usage."""
+        answer = self.answer
+        if answer.upstream_id is None:
+            upstream_id = chunk.get("id")
+            if isinstance(upstream_id, str) and upstream_id:
+                answer.upstream_id = upstream_id
+                model = chunk.get("model")  # read once, with the id (not per chunk)
+                if isinstance(model, str) and model:
+                    answer.upstream_model = model
+        usage = chunk.get("usage")
+        if usage:
+            normalized, extras = normalize_usage(usage)
+            if extras:
+                answer.usage_extras.update(extras)
+            answer.usage = normalized
+
+    def _envelope(self, chunk: ChatChunk, final: bool) -> None:
+        """Fields the hub does not know (system_fingerprint, vendor extras), in the chunk's order. A stream's chunks
+        mostly have the same fields: they are sorted out again only when the fields change."""
+        keys = chunk.keys()
+        if final:
+            self._whole = True
+            extra: tuple[str, ...] | list[str] = () if keys <= _CHUNK_OWN else [
+                key for key in keys if key not in _CHUNK_OWN]
+        elif keys != self._keys:
+            self._keys = set(keys)
+            extra = self._extra = () if keys <= _CHUNK_OWN else tuple(
+                [key for key in keys if key not in _CHUNK_OWN])
+        else:
+            extra = self._extra
+        if extra:
+            envelope = self.answer.envelope_extra
+            for key in extra:
+                value = chunk[key]
+                if key not in envelope or envelope[key] != value:
+                    envelope[key] = value
+                    self.envelope_version += 1
+
+    def _plain(self, choice: dict[str, Any]) -> Delta | None:
+        """The fast lane: the common chunk only adds text to a choice on the lane (started, not finished, no think
+        splitter), with nothing else to look at (no finish, logprobs, reasoning, tool calls, unknown fields). Exactly
+        the Delta the general path (`_choice`) makes of it; None: the general path decides."""
+        index = choice.get("index") or 0
+        if (index not in self._lanes or choice.get("finish_reason") is not None or choice.get("logprobs") is not None
+                or not choice.keys() <= _CHOICE_OWN):
+            return None
+        if self.chat:
+            delta = choice.get("delta")
+            if not delta or not delta.keys() <= _TEXT_ONLY:
+                return None
+            text = delta.get("content")
+        else:
+            text = choice.get("text")
+        return Delta(index, "", text) if type(text) is str and text else None
+
     def _state(self, index: int) -> _Choice:
         st = self._choices.get(index)
         if st is None:
@@ -167,28 +177,12 @@ class Normalizer:
         finish = choice.get("finish_reason")
         final = whole or finish is not None
         logprobs = choice.get("logprobs")
-        extra = choice_extra = None
-        tool_calls = None
         if self.chat:
-            # Typed, so that compiled its reads are dict lookups, not methods called by name; a delta that is not
-            # an object fails here (TypeError, compiled) or at its first read.
-            delta: dict[str, Any] = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content")
-            if reasoning is None:
-                reasoning = delta.get("reasoning")
-            r, c = self._text(st, delta.get("content"), reasoning, final)
-            calls = delta.get("tool_calls")
-            if calls or (final and st.tools is not None):
-                if st.tools is None:
-                    st.tools = ToolCallNormalizer()
-                normalized = st.tools.feed(calls) if calls else []
-                if final:
-                    normalized += st.tools.flush()
-                tool_calls = normalized or None
-            if not delta.keys() <= _DELTA_OWN:  # refusal, audio, annotations, vendor extras
-                extra = {k: v for k, v in delta.items() if k not in _DELTA_OWN}
+            r, c, tool_calls, extra = self._delta(st, choice, final)
         else:
             r, c = self._text(st, choice.get("text"), None, final)
+            tool_calls = extra = None
+        choice_extra = None
         if not choice.keys() <= _CHOICE_OWN:
             choice_extra = {k: v for k, v in choice.items() if k not in _CHOICE_OWN}
         first = not st.started
@@ -207,6 +201,30 @@ class Normalizer:
         elif st.splitter is None and self.fast_lane:
             self._lanes.add(index)
         return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
+
+    def _delta(self, st: _Choice, choice: dict[str, Any], final: bool
+               ) -> tuple[str, str, list[dict[str, Any]] | None, dict[str, Any] | None]:
+        """A chat choice's delta: (reasoning, content, tool calls, the fields the hub does not know)."""
+        # Typed, so that compiled its reads are dict lookups, not methods called by name; a delta that is not
+        # an object fails here (TypeError, compiled) or at its first read.
+        delta: dict[str, Any] = choice.get("delta") or {}
+        reasoning = delta.get("reasoning_content")
+        if reasoning is None:
+            reasoning = delta.get("reasoning")
+        r, c = self._text(st, delta.get("content"), reasoning, final)
+        tool_calls = None
+        calls = delta.get("tool_calls")
+        if calls or (final and st.tools is not None):
+            if st.tools is None:
+                st.tools = ToolCallNormalizer()
+            normalized = st.tools.feed(calls) if calls else []
+            if final:
+                normalized += st.tools.flush()
+            tool_calls = normalized or None
+        extra = None
+        if not delta.keys() <= _DELTA_OWN:  # refusal, audio, annotations, vendor extras
+            extra = {k: v for k, v in delta.items() if k not in _DELTA_OWN}
+        return r, c, tool_calls, extra
 
     def _text(self, st: _Choice, content: str | None, reasoning: str | None, final: bool) -> tuple[str, str]:
         """New (reasoning, content) text of one choice: inline tags -> reasoning (DECISIONS.md "Reasoning")."""

@@ -92,71 +92,48 @@ class Pipeline:
     def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta | TextRun]) -> None:
         lane = self._lane
         count = len(events)
-        many = count > 1  # a fast stream's read: lane events come in runs (TextLane.run)
         i = 0
-        while i < count:
+        while i < count and not self.done:
             event = events[i]
+            taken = self._by_lane(lane, events, i, out) if lane is not None and type(event) is bytes else 0
+            if taken:
+                i += taken
+                continue
             i += 1
-            if self.done:
+            parsed = _parse(event)
+            if parsed is _DONE:
+                self.done = True
                 return
-            if type(event) is bytes:  # a plain `data:` event (proxy/hub/sse.py SSEDecoder.payloads), not yet decoded
-                if event == b"[DONE]":
-                    self.done = True
-                    return
-                if lane is not None:
-                    if self.normalizer.envelope_version != self._envelope:
-                        lane.forget()
-                        self._envelope = self.normalizer.envelope_version
-                    if not many:
-                        hit = lane.match(event)
-                        if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
-                            index, reasoning, text = hit
-                            text = self.session.lane_text(index, text, reasoning)
-                            if text:  # no new text (a cumulative snapshot adding nothing): no event, as the full path
-                                out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
-                            continue
-                    else:
-                        # This event and the lane events right after it: a lane event changes neither the session's
-                        # nor the normaliser's state, so what is asked of the first holds for the run.
-                        run = lane.run(events, i - 1)
-                        if run is not None and self.session.lane_open() and self.normalizer.passes_text(run[0]):
-                            index, reasoning, texts = run
-                            i += len(texts) - 1
-                            if self.session.rewrites_text:  # in order: a cumulative snapshot each
-                                lane_text = self.session.lane_text
-                                texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
-                            if texts:  # (no new text, a cumulative snapshot adding nothing: no event)
-                                found = TextRun(index, reasoning, texts)
-                                if self._runs:
-                                    out.append(found)
-                                else:
-                                    out.extend(found.deltas())
-                            continue
-                try:
-                    parsed: Any = _json_loads(event)  # orjson checks the UTF-8
-                except orjson.JSONDecodeError:
-                    parsed = _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
-                plain = event
-            else:
-                assert isinstance(event, SSEEvent)
-                if event.garbage is not None:
-                    raise StreamTruncated(
-                        "The upstream sent data that is not an event stream: " + preview(event.garbage),
-                        reason="invalid_data",
-                    )
-                if event.data == "[DONE]":
-                    self.done = True
-                    return
-                parsed = _loads(event.data)
-                if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
-                    parsed = {"error": parsed}
-                plain = None
             chunk = self._chunk(parsed)
             if chunk is not None:
                 deltas = self._feed(chunk)
                 out.extend(deltas)
-                if lane is not None and plain is not None and len(deltas) == 1:
-                    self._learn(lane, plain, chunk, deltas[0])
+                if lane is not None and type(event) is bytes and len(deltas) == 1:
+                    self._learn(lane, event, chunk, deltas[0])
+
+    def _by_lane(self, lane: TextLane, events: Sequence[bytes | SSEEvent], at: int, out: list[Delta | TextRun]) -> int:
+        """How many events from `at` on the text lane answered (0: none, the full path takes `events[at]`): that one
+        and the lane events right after it in the same read. A lane event changes neither the session's nor the
+        normaliser's state, so what is asked of the first holds for the run."""
+        normalizer = self.normalizer
+        if normalizer.envelope_version != self._envelope:
+            lane.forget()
+            self._envelope = normalizer.envelope_version
+        run = lane.run(events, at)
+        if run is None or not self.session.lane_open() or not normalizer.passes_text(run[0]):
+            return 0
+        index, reasoning, texts = run
+        taken = len(texts)
+        if self.session.rewrites_text:  # in order: a cumulative snapshot each
+            lane_text = self.session.lane_text
+            texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
+        if texts:  # (no new text, a cumulative snapshot adding nothing: no event, as the full path)
+            found = TextRun(index, reasoning, texts)
+            if self._runs:
+                out.append(found)
+            else:
+                out.extend(found.deltas())
+        return taken
 
     def _learn(self, lane: TextLane, data: bytes, chunk: dict[str, Any], d: Delta) -> None:
         """Teach the lane this event's template if the full path passed its one choice's text through unchanged."""
@@ -182,6 +159,32 @@ class Pipeline:
             if delta.get(field) == d.reasoning:
                 lane.learn(data, field, d.reasoning, d.index, True)
                 return
+
+
+_DONE: Final = object()  # what `_parse` gives for the stream's `[DONE]`
+
+
+def _parse(event: bytes | SSEEvent) -> Any:
+    """One event's JSON value (`_DONE` for `[DONE]`): a plain `data:` event as its undecoded bytes (proxy/hub/sse.py
+    SSEDecoder.payloads), any other as an `SSEEvent`."""
+    if type(event) is bytes:
+        if event == b"[DONE]":
+            return _DONE
+        try:
+            return _json_loads(event)  # orjson checks the UTF-8
+        except orjson.JSONDecodeError:
+            return _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
+    assert isinstance(event, SSEEvent)
+    if event.garbage is not None:
+        raise StreamTruncated(
+            "The upstream sent data that is not an event stream: " + preview(event.garbage), reason="invalid_data"
+        )
+    if event.data == "[DONE]":
+        return _DONE
+    parsed = _loads(event.data)
+    if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
+        parsed = {"error": parsed}
+    return parsed
 
 
 def _loads(data: str) -> Any:
