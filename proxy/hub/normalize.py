@@ -29,8 +29,6 @@ from proxy.stream.usage import normalize_usage
 _DELTA_OWN: Final = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
 _CHOICE_OWN: Final = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
 _CHUNK_OWN: Final = frozenset({"id", "object", "created", "model", "choices", "usage"})
-# A delta with only these keys may take the fast lane (MindIE repeats `role`).
-_TEXT_ONLY: Final = frozenset({"role", "content"})
 
 
 class _Choice:
@@ -50,14 +48,14 @@ class Normalizer:
 
     def __init__(self, kind: str, reasoning_source: str, starts_in_reasoning: bool, answer: Answer,
                  fast_lane: bool = True) -> None:
-        self.fast_lane = fast_lane  # False: every chunk takes the general path (tests compare the two)
+        self.fast_lane = fast_lane  # False: the text lane never takes a choice (tests compare the two)
         self.chat = kind == CHAT
         self.source = reasoning_source
         self.split = self.chat and reasoning_source in ("auto", "tags")
         self.starts_in_reasoning = starts_in_reasoning and self.split
         self.answer = answer
         self._choices: dict[int, _Choice] = {}
-        self._lanes: set[int] = set()  # the choices whose plain text chunks may take the fast lane (feed)
+        self._lanes: set[int] = set()  # the choices whose plain text events the text lane may take (passes_text)
         self._keys: set[str] = set()  # the fields of the last chunk, and those of them the hub does not know
         self._extra: tuple[str, ...] = ()
         self._whole = False  # a final chunk (a whole non-stream answer) was fed: it ended every choice
@@ -73,10 +71,6 @@ class Normalizer:
         choices = chunk.get("choices")
         if not choices:
             return []
-        if len(choices) == 1 and not final:
-            plain = self._plain(choices[0])
-            if plain is not None:
-                return [plain]
         out = []
         for choice in choices:
             event = self._choice(choice, final)
@@ -102,8 +96,8 @@ class Normalizer:
 
     def passes_text(self, index: int) -> bool:
         """Text (content or reasoning field) of a plain event for choice `index` now comes out exactly as it came in:
-        the choice is on the fast lane (started, not finished, no `<think>` splitting under way), which the text lane
-        (proxy/stream/text_lane.py) also takes. `fast_lane=False` turns both off."""
+        the choice has started, is not finished and has no `<think>` splitting under way, so the text lane
+        (proxy/stream/text_lane.py) may answer it. `fast_lane=False` keeps the lane closed."""
         return index in self._lanes
 
     # -----------------------------------------------------------------------------------------------------------
@@ -146,23 +140,6 @@ class Normalizer:
                     envelope[key] = value
                     self.envelope_version += 1
 
-    def _plain(self, choice: dict[str, Any]) -> Delta | None:
-        """The fast lane: the common chunk only adds text to a choice on the lane (started, not finished, no think
-        splitter), with nothing else to look at (no finish, logprobs, reasoning, tool calls, unknown fields). Exactly
-        the Delta the general path (`_choice`) makes of it; None: the general path decides."""
-        index = choice.get("index") or 0
-        if (index not in self._lanes or choice.get("finish_reason") is not None or choice.get("logprobs") is not None
-                or not choice.keys() <= _CHOICE_OWN):
-            return None
-        if self.chat:
-            delta = choice.get("delta")
-            if not delta or not delta.keys() <= _TEXT_ONLY:
-                return None
-            text = delta.get("content")
-        else:
-            text = choice.get("text")
-        return Delta(index, "", text) if type(text) is str and text else None
-
     def _state(self, index: int) -> _Choice:
         st = self._choices.get(index)
         if st is None:
@@ -192,7 +169,7 @@ class Normalizer:
             if st.started and st.splitter is None and self.fast_lane:
                 self._lanes.add(index)  # (the splitter may just have found plain text)
             return None
-        # The fast lane (feed) takes the choice's plain text once it has started, has no splitter and is not over.
+        # The text lane may take the choice's plain text once it has started, has no splitter and is not over.
         st.started = True
         if final:
             st.finished = True
