@@ -28,7 +28,7 @@ from proxy.clients.responses_request import ToolName
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
 from proxy.hub.canonical import RequestContext
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.sse import KEEPALIVE, encode_event
 
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -127,11 +127,6 @@ class ResponsesSink:
     def delta(self, item: _Item, text: str) -> None:
         """More text for an open item: reasoning, output text, or a function call's arguments."""
 
-    def texts(self, item: _Item, texts: list[str]) -> None:
-        """One delta per text, in order (a TextRun's)."""
-        for text in texts:
-            self.delta(item, text)
-
     def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
         """A reasoning item closes: `done` is the item as the response holds it."""
 
@@ -198,12 +193,6 @@ class ResponsesWriter(ResponsesSink):
     def delta(self, item: _Item, text: str) -> None:
         self.out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, orjson.dumps(text), self.seq))
         self.seq += 1
-
-    def texts(self, item: _Item, texts: list[str]) -> None:
-        seq, head = self.seq, item.delta_head
-        self.out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, orjson.dumps(text), seq + n)
-                         for n, text in enumerate(texts)])
-        self.seq = seq + len(texts)
 
     def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
         ends: tuple[tuple[str, dict[str, Any]], ...]  # the item's closing events before output_item.done
@@ -335,23 +324,13 @@ class ResponsesEncoder:
     def head(self) -> bytes:
         return self.sink.opening(self.response("in_progress", with_output=False))
 
-    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> bytes:
         self._events(deltas)
         return self.sink.take()
 
-    def _events(self, deltas: Sequence[Delta | TextRun]) -> None:
+    def _events(self, deltas: Sequence[Delta]) -> None:
         sink = self.sink
         for d in deltas:
-            if type(d) is TextRun:
-                item = self._message
-                if d.index != 0:
-                    continue
-                if d.reasoning or item is None:
-                    self._events(d.deltas())  # not more text for the open message: as its Deltas
-                    continue
-                item.parts.extend(d.texts)
-                sink.texts(item, d.texts)
-                continue
             if d.index != 0:
                 continue
             if d.reasoning:

@@ -43,7 +43,7 @@ from proxy.errors import (
 from proxy.gateway.upstream import StreamReads, read_body, release
 from proxy.hub import continuity
 from proxy.hub.canonical import RequestContext
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
 
 if TYPE_CHECKING:
@@ -260,8 +260,7 @@ class InferenceEndpoint:
             if trace is not None:
                 trace.answering(resp.status, answer)
             encoder = self.client.encoder(call, ctx, answer)
-            # Client encoders take the lane's runs as TextRuns; a continuity recorder reads Deltas.
-            pipeline = Pipeline(session, answer, runs=recorder is None)
+            pipeline = Pipeline(session, answer)
             extra_headers = call.headers + [rid_header]
             obs.upstream_headers()
             t_up = _clock()
@@ -279,7 +278,7 @@ class InferenceEndpoint:
                         data = None
                     err = dialect.error_in_json(data)
                     raise err or UpstreamError("The upstream answered a stream request without an event stream.")
-                events: list[Delta | TextRun] = []
+                events: list[Delta] = []
                 try:
                     pipeline.feed_body(raw, events)
                     pipeline.finish(events)
@@ -291,7 +290,7 @@ class InferenceEndpoint:
                 info["finish_reason"] = answer.finish_reason
                 obs.chunks(len(events), sum(1 for event in events if type(event) is Delta and event.has_token))
                 if recorder is not None:
-                    recorder.feed(events)  # type: ignore[arg-type]  # a whole body gives Deltas only
+                    recorder.feed(events)
                 encoder.feed(events)
                 result = encoder.finish()
                 if recorder is not None:
@@ -338,7 +337,7 @@ class InferenceEndpoint:
         """
         server = self.state.settings.server
         session = pipeline.session
-        events: list[Delta | TextRun] = []  # TextRuns only without a recorder (Pipeline `runs`, _serve)
+        events: list[Delta] = []
         pending: list[bytes] = []  # encoded but not yet sent: still sent when a later event fails
         substantive = False  # a token or a finish is pending or sent: worth committing the 200 for
         head = [(b"content-type", self.client.content_type), *SSE_HEADERS, *extra_headers]
@@ -346,20 +345,16 @@ class InferenceEndpoint:
         def encode() -> None:
             nonlocal substantive
             tokens = 0
-            count = len(events)
             for event in events:
-                if type(event) is TextRun:  # one event per text, each a token
-                    tokens += len(event.texts)
-                    count += len(event.texts) - 1
-                elif event.content or event.reasoning or event.tool_calls:  # Delta.has_token, inlined (per event)
+                if event.content or event.reasoning or event.tool_calls:  # Delta.has_token, inlined (per event)
                     tokens += 1
                 elif event.finish_reason is not None:
                     substantive = True
             if tokens:
                 substantive = True
-            obs.chunks(count, tokens)
+            obs.chunks(len(events), tokens)
             if recorder is not None:
-                recorder.feed(events)  # type: ignore[arg-type]  # Deltas only: no runs with a recorder (_serve)
+                recorder.feed(events)
             if tap is not None:  # the answer's text for the trace (content capture: opt-in)
                 tap.feed(events)
             data = encoder.feed(events)

@@ -2,7 +2,7 @@
 
     bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed`: streams)
                       └──▶ TextLane (events that repeat a plain text event's template) ─▶ [Delta]
-                                    (several in one read, with `runs`: one TextRun)
+                                    (several in one read: one Delta each)
     JSON body ──────────▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed_body`: non-stream,
                                   (whole=True: one final chunk)                        one final chunk)
 
@@ -22,7 +22,7 @@ import orjson
 
 from proxy.dialects.base import UpstreamSession
 from proxy.errors import StreamTruncated, UpstreamError
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.normalize import Normalizer
 from proxy.hub.sse import SSEDecoder, SSEEvent
 from proxy.stream.text_lane import TextLane
@@ -32,10 +32,9 @@ _json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "_runs", "answer", "done", "normalizer",
-                 "session")
+    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "answer", "done", "normalizer", "session")
 
-    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True, runs: bool = False) -> None:
+    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True) -> None:
         self.session = session
         self.answer = answer
         self.normalizer = Normalizer(session.ctx.kind, session.reasoning_source, session.starts_in_reasoning, answer)
@@ -51,25 +50,22 @@ class Pipeline:
         # answer's envelope fields (system_fingerprint ...) as they were, so its templates hold only while those
         # have not changed since.
         self._envelope = 0
-        # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for the
-        # client encoders (proxy/clients/base.py Encoder.feed), not for a consumer that reads Deltas.
-        self._runs = runs
 
-    def feed(self, data: bytes, out: list[Delta | TextRun]) -> None:
+    def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out`."""
         try:
             self._take(self._decoder.payloads(data), out)
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, StreamTruncated) from None
 
-    def finish(self, out: list[Delta | TextRun]) -> None:
+    def finish(self, out: list[Delta]) -> None:
         """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
         if not self.done:
             self._take(self._decoder.flush(), out)
         self.session.end()
         self.normalizer.finish(self.done)
 
-    def feed_body(self, raw: bytes, out: list[Delta | TextRun]) -> None:
+    def feed_body(self, raw: bytes, out: list[Delta]) -> None:
         """A whole non-stream JSON body: append its events (the session's one entry and the same normaliser, one
         final chunk). `finish` follows, as after a stream."""
         try:
@@ -89,7 +85,7 @@ class Pipeline:
         except _SHAPE_ERRORS as e:
             raise _bad_shape(e, UpstreamError) from None
 
-    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta | TextRun]) -> None:
+    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
         lane = self._lane
         count = len(events)
         i = 0
@@ -111,7 +107,7 @@ class Pipeline:
                 if lane is not None and type(event) is bytes and len(deltas) == 1:
                     self._learn(lane, event, chunk, deltas[0])
 
-    def _by_lane(self, lane: TextLane, events: Sequence[bytes | SSEEvent], at: int, out: list[Delta | TextRun]) -> int:
+    def _by_lane(self, lane: TextLane, events: Sequence[bytes | SSEEvent], at: int, out: list[Delta]) -> int:
         """How many events from `at` on the text lane answered (0: none, the full path takes `events[at]`): that one
         and the lane events right after it in the same read. A lane event changes neither the session's nor the
         normaliser's state, so what is asked of the first holds for the run."""
@@ -127,12 +123,10 @@ class Pipeline:
         if self.session.rewrites_text:  # in order: a cumulative snapshot each
             lane_text = self.session.lane_text
             texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
-        if texts:  # (no new text, a cumulative snapshot adding nothing: no event, as the full path)
-            found = TextRun(index, reasoning, texts)
-            if self._runs:
-                out.append(found)
-            else:
-                out.extend(found.deltas())
+        if reasoning:  # (no new text, a cumulative snapshot adding nothing: no event, as the full path)
+            out.extend([Delta(index, text, "") for text in texts])
+        else:
+            out.extend([Delta(index, "", text) for text in texts])
         return taken
 
     def _learn(self, lane: TextLane, data: bytes, chunk: dict[str, Any], d: Delta) -> None:

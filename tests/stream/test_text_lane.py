@@ -1,7 +1,7 @@
 """The text lane (proxy/stream/text_lane.py) gives exactly what the full path gives: random upstream streams through a
 pipeline with the lane and one without (`Pipeline(..., text_lane=False)`) produce the same events, the same answer
-and the same errors, whatever the upstream dialect, the JSON spelling and where the bytes are cut; with `runs` (the
-lane's runs as TextRuns), the same events once each run is its Deltas."""
+and the same errors, whatever the upstream dialect, the JSON spelling and where the bytes are cut (one event a read,
+or several: the lane's runs)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from proxy.dialects import DIALECTS
 from proxy.errors import ProxyError
 from proxy.hub.canonical import CHAT
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
 from proxy.hub.sse import SSEEvent
 from proxy.settings import UpstreamSettings
@@ -85,13 +85,13 @@ UPSTREAMS = [("openai", False), ("deepseek", False), ("mindie", False), ("mindie
 
 
 def run(raw: bytes, cuts: list[int], dialect: str, full_text: bool, lane: bool,
-        model: str = "m", runs: bool = False) -> tuple[list[Delta], tuple[Any, ...], str | None]:
+        model: str = "m") -> tuple[list[Delta], tuple[Any, ...], str | None]:
     upstream = UpstreamSettings(name="u", dialect=dialect, url="http://127.0.0.1:1", full_text=full_text)
     ctx = request_context(CHAT, model, upstream, stream=True)
     session = DIALECTS[dialect]().session(ctx)
     answer = Answer()
-    pipeline = Pipeline(session, answer, text_lane=lane, runs=runs)
-    events: list[Delta | TextRun] = []
+    pipeline = Pipeline(session, answer, text_lane=lane)
+    events: list[Delta] = []
     error = None
     points = sorted({min(c, len(raw)) for c in cuts}) + [len(raw)]
     start = 0
@@ -105,10 +105,7 @@ def run(raw: bytes, cuts: list[int], dialect: str, full_text: bool, lane: bool,
     except ProxyError as e:
         error = f"{type(e).__name__}: {e.message}"
     facts = (answer.usage, answer.usage_extras, answer.envelope_extra, answer.finish_reason, answer.upstream_id)
-    if runs:
-        assert all(e.texts and all(e.texts) for e in events if isinstance(e, TextRun))
-    deltas = [d for e in events for d in (e.deltas() if isinstance(e, TextRun) else [e])]
-    return deltas, facts, error
+    return events, facts, error
 
 
 @settings(max_examples=400, deadline=None)
@@ -152,7 +149,6 @@ def test_the_lane_gives_what_the_full_path_gives(data: Any, upstream: tuple[str,
         cuts = [ends[c % len(ends)] for c in cuts]
     full = run(raw, [], dialect, full_text, False, model)
     assert run(raw, cuts, dialect, full_text, True, model) == full
-    assert run(raw, cuts, dialect, full_text, True, model, runs=True) == full
 
 
 def test_an_error_finish_reason_still_ends_the_stream_when_the_next_event_fits_the_lane() -> None:
