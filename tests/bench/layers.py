@@ -1,5 +1,4 @@
-"""Where a relay's work goes, by layer of the request path (docs/speed.md, "How it is measured" and "2026-11-26,
-second session").
+"""Where a relay's work goes, by layer of the request path (docs/speed.md, "How to measure").
 
     python tests/bench/instructions.py --compiled --keep DIR [--rows ...]   # callgrind dumps: DIR/<relay>-<row>.<pid>.1
     python tests/bench/layers.py callgrind DUMP --per 200 [--functions 20]   # instructions per request, by library
