@@ -8,6 +8,8 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.dialects import get_dialect
@@ -277,3 +279,19 @@ def test_replica_sets_sharing_labels_add_up() -> None:
         await two.close()
 
     asyncio.run(scenario())
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6), max_size=20),
+       st.floats(allow_nan=False), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_bucket_index_is_bisect_left(bounds: list[float], amount: float, exact: bool) -> None:
+    """proxy/metrics/local.py `bucket_index` (a loop of C doubles compiled) finds the bucket
+    bisect_left finds, for an amount between, on or beyond the bounds (a histogram's end in +Inf)."""
+    from bisect import bisect_left
+
+    from proxy.metrics.local import bucket_index
+
+    ordered = sorted(set(bounds)) + [float("inf")]
+    if exact and bounds:
+        amount = bounds[0]  # on a bound: the bucket whose bound it is (le is inclusive)
+    assert bucket_index(ordered, amount) == bisect_left(ordered, amount)

@@ -16,20 +16,32 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from functools import reduce
-from operator import add
+from typing import Any, Final
 
 from prometheus_client import metrics as _prom_metrics
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from proxy.hub.readings import Readings
-from proxy.hub.readings import values as read_values
+from proxy.hub.readings import MAX_READINGS, Readings, finite
 
 __all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeChild", "LocalCounter", "LocalGauge",
-           "LocalHistogram"]
+           "LocalHistogram", "bucket_index", "count_readings"]
+
+
+def bucket_index(bounds: list[float], amount: float) -> int:
+    """`bisect_left(bounds, amount)`, the index of the first bound >= amount (the bucket prometheus_client counts
+    it in), as a loop of float comparisons: compiled, C doubles, where bisect_left makes a rich comparison of two
+    float objects a probe (interpreted, bisect_left would be the faster one; both builds run this one)."""
+    lo = 0
+    hi = len(bounds)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if bounds[mid] < amount:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _use_created() -> bool:
@@ -168,26 +180,13 @@ class HistogramChild(_Child):
             self.sum += amount
             return
         bounds = self.bounds  # the first bound >= amount, as prometheus_client
-        self.counts[bisect_left(bounds, amount)] += 1
+        self.counts[bucket_index(bounds, amount)] += 1
         self.sum += amount
 
     def observe_readings(self, readings: Readings) -> None:
         """Each value of an upstream's list (read as proxy/hub/readings.py says), as a call of `observe` each: the same
-        buckets, the sum added in the same order. The list that `read_values` makes is sorted once and bisected once
-        per bucket."""
-        amounts = read_values(readings)
-        self.sum = reduce(add, amounts, self.sum)  # in the list's order, as observe() one by one adds them
-        amounts.sort()
-        n = len(amounts)
-        below = 0
-        counts = self.counts
-        for i, bound in enumerate(self.bounds):
-            upto = bisect_right(amounts, bound)
-            if upto != below:
-                counts[i] += upto - below
-                below = upto
-                if below == n:
-                    return
+        buckets, the sum added in the same order, the items read in place (`count_readings`)."""
+        self.sum = count_readings(self.bounds, self.counts, readings.items, readings.unit, self.sum)
 
     def observe_many(self, amount: float, n: int) -> None:
         """`n` observations of the same `amount` (as `n` calls of `observe`; the sum may differ in its last bits)."""
@@ -197,7 +196,7 @@ class HistogramChild(_Child):
             self.sum += amount * n
             return
         bounds = self.bounds
-        self.counts[bisect_left(bounds, amount)] += n
+        self.counts[bucket_index(bounds, amount)] += n
         self.sum += amount * n
 
     def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:
@@ -211,6 +210,39 @@ class HistogramChild(_Child):
             metric.add_sample(name + "_sum", labels, self.sum)
         if created:
             metric.add_sample(name + "_created", labels, self.created)
+
+
+_INF: Final = math.inf
+
+
+def count_readings(bounds: list[float], counts: list[Any], items: list[Any], unit: float, total: float) -> float:
+    """Read an upstream's list into a histogram's bucket counts (proxy/hub/readings.py: the finite non-negative numbers
+    among the first MAX_READINGS items, times `unit`) and return `total` plus each value in order. One pass of C
+    doubles, no float object made: each value first tried in the previous one's bucket (an upstream's per-token
+    timings cluster: one decode step after another), a run of values in one bucket added to its count at once."""
+    b = -1
+    run = 0
+    low = high = 0.0  # the current bucket is (low, high]
+    if len(items) > MAX_READINGS:
+        items = items[:MAX_READINGS]
+    for item in items:
+        v = finite(item)
+        if v < 0.0:
+            continue
+        v *= unit
+        total += v
+        if b >= 0 and low < v <= high:
+            run += 1
+            continue
+        if run:
+            counts[b] += run
+        b = bucket_index(bounds, v)
+        low = bounds[b - 1] if b else -_INF
+        high = bounds[b]
+        run = 1
+    if run:
+        counts[b] += run
+    return total
 
 
 class LocalCounter(Family):
