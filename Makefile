@@ -113,7 +113,8 @@ lint: $(DEVSTAMP)
 	$(BIN)/ruff check proxy tests
 	$(BIN)/mypy
 
-# make bench [REF=COMMIT] [COMPILED=1]: COMPILED=1 measures a compiled copy of this tree (setup.py) as the proxy.
+# make bench [REF=COMMIT] [COMPILED=1] [REF_COMPILED=1]: COMPILED=1 measures a compiled copy of this tree (setup.py)
+# as the proxy, REF_COMPILED=1 a compiled copy of REF.
 # nginx (Debian package) is the floor row: installed when root; without it the table leaves its columns out.
 bench: $(DEVSTAMP)
 	@if ! command -v nginx >/dev/null 2>&1 && ! test -x /usr/sbin/nginx && [ "$$(id -u)" = 0 ] \
@@ -121,7 +122,8 @@ bench: $(DEVSTAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null \
 	    || echo "warning: could not install nginx; the bench runs without its floor row"; \
 	fi
-	$(BIN)/python tests/bench/bench.py $(if $(REF),--ref $(REF)) $(if $(COMPILED),--compiled)
+	$(BIN)/python tests/bench/bench.py $(if $(REF),--ref $(REF)) $(if $(COMPILED),--compiled) \
+	    $(if $(REF_COMPILED),--ref-compiled)
 
 # --workers 2 against --workers 1 (tests/bench/workers.py): the load is wrk and the upstream nginx (Debian packages
 # `wrk`, `nginx`), C programs that leave the cores to the relays. make bench-workers [COMPILED=1]
@@ -134,9 +136,10 @@ bench-workers: $(DEVSTAMP)
 	$(BIN)/python tests/bench/workers.py $(if $(COMPILED),--compiled)
 
 # Instructions per request under valgrind (Debian package valgrind): exact before/after.
-# make bench-instructions [REF=COMMIT] [COMPILED=1]
+# make bench-instructions [REF=COMMIT] [COMPILED=1] [REF_COMPILED=1]
 bench-instructions: $(DEVSTAMP)
-	$(BIN)/python tests/bench/instructions.py $(if $(REF),--ref $(REF)) $(if $(COMPILED),--compiled)
+	$(BIN)/python tests/bench/instructions.py $(if $(REF),--ref $(REF)) $(if $(COMPILED),--compiled) \
+	    $(if $(REF_COMPILED),--ref-compiled)
 
 # make soak SECONDS=600 CONCURRENCY=64 DIALECT=deepseek (each optional)
 soak: $(DEVSTAMP)

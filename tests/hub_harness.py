@@ -12,7 +12,7 @@ from proxy.clients.chat import ChatEncoder, chat_encoder
 from proxy.dialects import dialect_usage_fields
 from proxy.dialects.base import Dialect, UpstreamSession
 from proxy.hub.canonical import RequestContext
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
 from proxy.hub.sse import SSEDecoder
 from proxy.settings import ClientSettings, UpstreamSettings
@@ -146,7 +146,7 @@ def complete_run(
     answer = Answer()
     pipeline = Pipeline(session, answer)
     encoder = _encoder(c, answer, client, False)
-    events: list[Delta | TextRun] = []
+    events: list[Delta] = []
     pipeline.feed_body(orjson.dumps(data), events)
     pipeline.finish(events)
     encoder.feed(events)

@@ -90,3 +90,18 @@ def test_dataclasses_made_per_request_write_out_their_init() -> None:
                     generated.add((name, node.name))
     allowed = {(module, cls) for module, classes in _BUILT_AT_START.items() for cls in classes}
     assert generated <= allowed, sorted(generated - allowed)
+
+
+def test_no_behaviour_forks_on_the_build() -> None:
+    """The pure install and the compiled image run the same code: the build is only ever reported (/healthz,
+    --version, dialect_proxy_build_info), never compared to choose a branch (docs/decisions.md "Speed")."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "proxy"
+    forks = [str(path.relative_to(root.parent)) for path in root.rglob("*.py")
+             if re.search(r"\bBUILD\s*[!=]=|[!=]=\s*BUILD\b|\bif\s+(not\s+)?BUILD\b", path.read_text())]
+    assert forks == []
+    reporters = sorted(str(path.relative_to(root.parent)) for path in root.rglob("*.py")
+                       if "from proxy.build import BUILD" in path.read_text())
+    assert reporters == ["proxy/__main__.py", "proxy/metrics/definitions.py", "proxy/server/app.py"]

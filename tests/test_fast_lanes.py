@@ -2,9 +2,9 @@
 (openai deltas, MindIE full-text snapshots) -> SSE bytes -> Pipeline -> each client encoder (chat, responses,
 messages) -> the client's bytes.
 
-- fed one whole event per read (SSEDecoder.payloads' fast lane, the normaliser's fast lane, the encoders' hot
-  paths), the client gets byte for byte what it gets when the same bytes arrive cut anywhere (the decoder's general
-  loop) and every chunk takes the normaliser's general path;
+- fed one whole event per read (SSEDecoder.payloads' fast lane, the text lane, the encoders' hot paths), the client
+  gets byte for byte what it gets when the same bytes arrive cut anywhere (the decoder's general loop) and the text
+  lane is closed (`Normalizer.fast_lane = False`);
 - every event an encoder writes is compact JSON exactly as orjson writes it (the cached-bytes hot paths splice
   strings into pre-serialised bytes: a wrong splice would show here), with consecutive Responses sequence numbers.
 """

@@ -1,5 +1,5 @@
 """Histogram samples taken in batches give exactly what one `observe` per sample gives: an upstream's per-token list
-read into a histogram (`HistogramChild.observe_readings`, proxy/hub/readings.py: both builds' ways), the zeros of one
+read into a histogram (`HistogramChild.observe_readings`, proxy/hub/readings.py), the zeros of one
 read's later tokens (`observe_many`), and the list that reading makes (`values`: one pass for plain numbers)."""
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.build import BUILD
 from proxy.dialects import mindie
 from proxy.hub.readings import MAX_READINGS, Readings
 from proxy.hub.readings import values as read_values
 from proxy.metrics import definitions as metrics_mod
-from proxy.metrics import local as local_metrics
 from proxy.metrics.local import LocalHistogram
 
 BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
@@ -59,25 +57,14 @@ UNITS = st.sampled_from([1.0, mindie.DECODE_TIME_UNIT, mindie.QUEUE_WAIT_TIME_UN
 MIXED = [3, True, None, "4", -1, float("nan"), float("inf"), 2**70, 7.25, [], {"a": 1}, 0.5]
 
 
-def with_native_loops(native: bool, check: Any) -> None:
-    """Run `check` with the compiled build's loops (NATIVE_LOOPS) or the interpreted ones, in either build (the
-    flag is read at each call; restored after)."""
-    local_metrics.NATIVE_LOOPS = native  # type: ignore[misc]
-    try:
-        check()
-    finally:
-        local_metrics.NATIVE_LOOPS = BUILD == "mypyc"  # type: ignore[misc]
-
-
 @settings(max_examples=300, deadline=None)
 @given(before=st.lists(amount, max_size=5),
        batch=st.one_of(st.lists(item, max_size=60), st.lists(plain, max_size=60), clustered),
-       unit=UNITS, native=st.booleans())
-def test_observe_readings_equals_observe_each_value(before: list[float], batch: list[Any], unit: float,
-                                                    native: bool) -> None:
-    """Both branches of `observe_readings` (`count_readings` compiled, `values` + bisect interpreted) count and sum
-    what one `observe` per finite non-negative number times the unit gives, in order."""
-    with_native_loops(native, lambda: check_observe_readings(before, batch, unit))
+       unit=UNITS)
+def test_observe_readings_equals_observe_each_value(before: list[float], batch: list[Any], unit: float) -> None:
+    """`observe_readings` counts and sums what one `observe` per finite non-negative number times the unit gives, in
+    order."""
+    check_observe_readings(before, batch, unit)
 
 
 def check_observe_readings(before: list[float], batch: list[Any], unit: float) -> None:
@@ -94,24 +81,20 @@ def check_observe_readings(before: list[float], batch: list[Any], unit: float) -
     assert total == want_total or (math.isnan(total) and math.isnan(want_total))
 
 
-def test_a_mixed_list_is_read_alike_by_both_builds() -> None:
+def test_a_mixed_list_is_read_as_its_numbers() -> None:
     """Bools, None, strings, negatives, NaN, infinity and containers are left out; a huge integer is a number."""
     for unit in (1.0, 1e-3, 1e-6):
         want = [3 * unit, 2**70 * unit, 7.25 * unit, 0.5 * unit]
         assert read_values(Readings(MIXED, unit)) == want
-        for native in (True, False):
-            with_native_loops(native, lambda: check_observe_readings([], MIXED, unit))  # noqa: B023 (run at once)
+        check_observe_readings([], MIXED, unit)
 
 
 def test_only_the_first_max_readings_items_are_read() -> None:
     items = [1.0] * (MAX_READINGS + 10)
     assert len(read_values(Readings(items))) == MAX_READINGS
-    for native in (True, False):
-        def check() -> None:
-            child = local_child()
-            child.observe_readings(Readings(items))
-            assert sum(child.counts) == MAX_READINGS
-        with_native_loops(native, check)
+    child = local_child()
+    child.observe_readings(Readings(items))
+    assert sum(child.counts) == MAX_READINGS
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,42 +1,11 @@
-"""Ids: response ids name stored responses, so they are random (the system's CSPRNG), never handed out twice, not even
-by two processes forked from one (proxy/endpoint/inference.py RandomHex); a request's own x-request-id is the first it
-sent."""
+"""Ids: response ids name stored responses, so they are random (secrets.token_hex: proxy/endpoint/inference.py) and
+distinct; a request's own x-request-id is the first it sent."""
 
 from __future__ import annotations
 
-import os
 import re
 
-from proxy.endpoint.request import RandomHex
-
 MSG = [{"role": "user", "content": "hi"}]
-
-
-def test_ids_are_hex_and_never_repeat_across_batches() -> None:
-    source = RandomHex()
-    ids = [source.hex(12) for _ in range(3 * RandomHex.BATCH // 12 + 7)]  # across several draws from the system
-    assert all(re.fullmatch(r"[0-9a-f]{24}", i) for i in ids)
-    assert len(set(ids)) == len(ids)
-    assert len(source.hex(RandomHex.BATCH + 5)) == 2 * (RandomHex.BATCH + 5)  # longer than a batch: drawn whole
-
-
-def test_a_forked_child_does_not_hand_out_the_parents_bytes() -> None:
-    from proxy.endpoint import request as handlers
-
-    source = handlers.response_random
-    source.hex(12)  # the pool is filled: a child that kept it would hand out the parent's next bytes
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next id, to the parent
-        try:
-            os.write(write, source.hex(12).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    child = os.read(read, 64).decode()
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert re.fullmatch(r"[0-9a-f]{24}", child) and child != source.hex(12)
 
 
 def test_the_proxys_answers_carry_distinct_ids(start_mock, start_proxy) -> None:

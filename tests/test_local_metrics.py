@@ -284,8 +284,8 @@ def test_replica_sets_sharing_labels_add_up() -> None:
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6), max_size=20),
        st.floats(allow_nan=False), st.booleans())
 @settings(max_examples=300, deadline=None)
-def test_the_compiled_builds_bucket_index_is_bisect_left(bounds: list[float], amount: float, exact: bool) -> None:
-    """proxy/metrics/local.py `bucket_index` (the compiled build's, NATIVE_LOOPS) finds the bucket
+def test_bucket_index_is_bisect_left(bounds: list[float], amount: float, exact: bool) -> None:
+    """proxy/metrics/local.py `bucket_index` (a loop of C doubles compiled) finds the bucket
     bisect_left finds, for an amount between, on or beyond the bounds (a histogram's end in +Inf)."""
     from bisect import bisect_left
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from proxy.clients.native import NativeReader
     from proxy.errors import ProxyError
     from proxy.hub.canonical import ChatRequest, RequestContext
-    from proxy.hub.events import Answer, Delta, TextRun
+    from proxy.hub.events import Answer, Delta
     from proxy.settings import Settings
     from proxy.state.base import StateStore
 
@@ -77,10 +77,8 @@ class Encoder(Protocol):
     def head(self) -> bytes:
         """Streaming: the bytes that open the client's stream (b"" for Chat Completions)."""
 
-    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
-        """Streaming: the client bytes for these events (may be b""). Non-streaming: accumulate, return b"". A
-        TextRun (proxy/hub/events.py: a fast stream's text events of one read) gives what its Deltas give, written in
-        one loop."""
+    def feed(self, deltas: Sequence[Delta]) -> bytes:
+        """Streaming: the client bytes for these events (may be b""). Non-streaming: accumulate, return b""."""
 
     def finish(self) -> bytes:
         """The answer is complete. Streaming: the closing bytes (usage chunk and `[DONE]`, `response.completed`,

@@ -35,8 +35,7 @@ from proxy.clients.validate import (
 from proxy.dialects import dialect_usage_fields
 from proxy.errors import ClientRequestError, ProxyError
 from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
-from proxy.hub.events import Answer, Delta, TextRun
-from proxy.hub.jsontext import dumps_joined, dumps_text
+from proxy.hub.events import Answer, Delta
 from proxy.hub.sse import DONE, KEEPALIVE, encode_data
 
 if TYPE_CHECKING:
@@ -208,9 +207,6 @@ class ChatSink:
     def reasoning(self, index: int, text: str) -> None:
         """A chunk that only adds reasoning to choice `index`, in the delta key the client asked for."""
 
-    def run(self, run: TextRun) -> None:
-        """One `text` (or `reasoning`) chunk per text of the run, in order."""
-
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
         """Any other chunk: event `d` with its content as the client gets it and its reasoning `fields`."""
 
@@ -264,25 +260,14 @@ class ChatWriter(ChatSink):
     def text(self, index: int, text: str) -> None:
         if not self.chat:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"text":')
-            self.out.append(head + dumps_text(text) + self._tail)
+            self.out.append(head + orjson.dumps(text) + self._tail)
             return
         head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
-        self.out.append(head + dumps_text(text) + self._close)
+        self.out.append(head + orjson.dumps(text) + self._close)
 
     def reasoning(self, index: int, text: str) -> None:
         head = self._reasoning_heads.get(index) or self._reasoning_head(index)
-        self.out.append(head + dumps_text(text) + self._close)
-
-    def run(self, run: TextRun) -> None:
-        # One chunk per text, head + text + close each: written as the texts' JSON strings joined by close + head,
-        # between head and close (the same bytes in one piece: proxy/hub/jsontext.py dumps_joined).
-        index = run.index
-        if run.reasoning:
-            head = self._reasoning_heads.get(index) or self._reasoning_head(index)
-        else:
-            head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
-        close = self._close
-        self.out.append(dumps_joined(run.texts, close + head, head, close))
+        self.out.append(head + orjson.dumps(text) + self._close)
 
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
         """The general path: one event -> one framed chunk."""
@@ -411,10 +396,6 @@ class ChatFold(ChatSink):
     def reasoning(self, index: int, text: str) -> None:
         self._choice(index).reasoning.append(text)
 
-    def run(self, run: TextRun) -> None:
-        f = self._choice(run.index)
-        (f.reasoning if run.reasoning else f.content).extend(run.texts)
-
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
         f = self._choice(d.index)
         if fields:
@@ -515,24 +496,16 @@ class ChatEncoder:
     def head(self) -> bytes:
         return b""
 
-    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> bytes:
         # One chunk per event: choices of one upstream chunk go out one by one, as OpenAI sends n > 1 streams.
         sink = self.sink
         sink.begin()
         self._events(deltas)
         return sink.take()
 
-    def _events(self, deltas: Sequence[Delta | TextRun]) -> None:
+    def _events(self, deltas: Sequence[Delta]) -> None:
         sink = self.sink
         for d in deltas:
-            if type(d) is TextRun:
-                # The hot path's plain text, one chunk per text; a run it would not take (reasoning without a
-                # delta key, inside a `<think>` tag, a Completions stream) goes as its Deltas.
-                if self.chat and (self._reasoning_key if d.reasoning else d.index not in self._think_open):
-                    sink.run(d)
-                else:
-                    self._events(d.deltas())
-                continue
             if not (d.first or d.tool_calls or d.finish_reason is not None or d.logprobs is not None or d.extra
                     or d.choice_extra):
                 if not self.chat:

@@ -25,8 +25,6 @@ from proxy.clients.base import ClientCall, Headers
 from proxy.clients.messages_errors import error_event
 from proxy.errors import ProxyError, UpstreamError
 from proxy.hub.canonical import CHAT
-from proxy.hub.events import TextRun
-from proxy.hub.jsontext import dumps_joined, dumps_text
 from proxy.hub.sse import encode_event
 
 if TYPE_CHECKING:
@@ -61,7 +59,7 @@ def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
 
 
 def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
-    return _delta_head(index, kind, field) + dumps_text(value) + _END
+    return _delta_head(index, kind, field) + orjson.dumps(value) + _END
 
 
 class _Block:
@@ -91,11 +89,6 @@ class MessagesSink:
 
     def delta(self, block: _Block, text: str) -> None:
         """content_block_delta: text, thinking, or a tool call's argument fragment, by the block's kind."""
-
-    def texts(self, block: _Block, texts: list[str]) -> None:
-        """One content_block_delta per text, in order (a TextRun's)."""
-        for text in texts:
-            self.delta(block, text)
 
     def stop(self, block: _Block) -> None:
         """content_block_stop (a thinking block carries its signature by now)."""
@@ -135,13 +128,7 @@ class MessagesWriter(MessagesSink):
             block.index, body)))
 
     def delta(self, block: _Block, text: str) -> None:
-        self.out.append(block.delta_head + dumps_text(text) + _END)
-
-    def texts(self, block: _Block, texts: list[str]) -> None:
-        # One delta event per text, head + text + _END each, in one piece: the texts' JSON strings joined by
-        # _END + head, between head and _END (proxy/hub/jsontext.py dumps_joined).
-        head = block.delta_head
-        self.out.append(dumps_joined(texts, _END + head, head, _END))
+        self.out.append(block.delta_head + orjson.dumps(text) + _END)
 
     def stop(self, block: _Block) -> None:
         if block.kind == "thinking":
@@ -182,9 +169,6 @@ class MessagesFold(MessagesSink):
 
     def delta(self, block: _Block, text: str) -> None:
         self.parts[block.index].append(text)
-
-    def texts(self, block: _Block, texts: list[str]) -> None:
-        self.parts[block.index].extend(texts)
 
     def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> bytes:
         content = [_content(block, "".join(self.parts[block.index]), stop_reason) for block in self.blocks]
@@ -319,18 +303,9 @@ class MessagesEncoder:
         if args:
             self.sink.delta(block, args)
 
-    def _events(self, deltas: Sequence[Delta | TextRun]) -> None:
+    def _events(self, deltas: Sequence[Delta]) -> None:
         sink = self.sink
         for delta in deltas:
-            if type(delta) is TextRun:
-                if delta.index:
-                    continue
-                block = self.open
-                if delta.reasoning or block is None or block.kind != "text":
-                    self._events(delta.deltas())  # not the open text block: as its Deltas
-                    continue
-                sink.texts(block, delta.texts)
-                continue
             if delta.index:
                 continue  # Anthropic has one answer per request (the proxy never asks for more)
             if delta.reasoning:
@@ -386,7 +361,7 @@ class MessagesEncoder:
             "input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
             "output_tokens_details": None, "server_tool_use": None}))
 
-    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> bytes:
         self._events(deltas)
         return self.sink.take()
 

@@ -32,7 +32,7 @@ from proxy.clients.responses_events import ResponsesEncoder
 from proxy.clients.responses_request import SUMMARY_PREFIX
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError, UpstreamError
-from proxy.hub.events import Delta, TextRun
+from proxy.hub.events import Delta
 from proxy.hub.sse import KEEPALIVE
 
 SUMMARY_PROMPT: Final = (
@@ -92,14 +92,9 @@ class CompactionEncoder:
     def head(self) -> bytes:
         return self.inner.head()
 
-    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> bytes:
         for d in deltas:
-            if d.index != 0:
-                continue
-            if type(d) is TextRun:
-                if not d.reasoning:
-                    self._parts.extend(d.texts)
-            elif isinstance(d, Delta) and d.content:
+            if d.index == 0 and d.content:
                 self._parts.append(d.content)
         return b""
 

@@ -29,8 +29,7 @@ from proxy.clients.responses_request import ToolName, reasoning_of
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
 from proxy.hub.canonical import RequestContext
-from proxy.hub.events import Answer, Delta, TextRun
-from proxy.hub.jsontext import dumps_text
+from proxy.hub.events import Answer, Delta
 from proxy.hub.sse import KEEPALIVE, encode_event
 
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -129,11 +128,6 @@ class ResponsesSink:
     def delta(self, item: _Item, text: str) -> None:
         """More text for an open item: reasoning, output text, or a function call's arguments."""
 
-    def texts(self, item: _Item, texts: list[str]) -> None:
-        """One delta per text, in order (a TextRun's)."""
-        for text in texts:
-            self.delta(item, text)
-
     def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
         """A reasoning item closes: `done` is the item as the response holds it."""
 
@@ -203,13 +197,8 @@ class ResponsesWriter(ResponsesSink):
             item.delta_head = self._head(b"response.function_call_arguments.delta", item)
 
     def delta(self, item: _Item, text: str) -> None:
-        self.out.append(self._delta % (item.delta_head, dumps_text(text), self.seq))
+        self.out.append(self._delta % (item.delta_head, orjson.dumps(text), self.seq))
         self.seq += 1
-
-    def texts(self, item: _Item, texts: list[str]) -> None:
-        seq, head, delta = self.seq, item.delta_head, self._delta
-        self.out.extend([delta % (head, dumps_text(text), seq + n) for n, text in enumerate(texts)])
-        self.seq = seq + len(texts)
 
     def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
         ends: tuple[tuple[str, dict[str, Any]], ...]  # the item's closing events before output_item.done
@@ -356,23 +345,13 @@ class ResponsesEncoder:
     def head(self) -> bytes:
         return self.sink.opening(self.response("in_progress", with_output=False))
 
-    def feed(self, deltas: Sequence[Delta | TextRun]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> bytes:
         self._events(deltas)
         return self.sink.take()
 
-    def _events(self, deltas: Sequence[Delta | TextRun]) -> None:
+    def _events(self, deltas: Sequence[Delta]) -> None:
         sink = self.sink
         for d in deltas:
-            if type(d) is TextRun:
-                item = self._message
-                if d.index != 0:
-                    continue
-                if d.reasoning or item is None:
-                    self._events(d.deltas())  # not more text for the open message: as its Deltas
-                    continue
-                item.parts.extend(d.texts)
-                sink.texts(item, d.texts)
-                continue
             if d.index != 0:
                 continue
             if d.reasoning:

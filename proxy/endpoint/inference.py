@@ -13,6 +13,7 @@ framework does not do for us:
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,7 +25,6 @@ from proxy.endpoint.request import (
     Scope,
     parse_body,
     read_request_body,
-    response_random,
     scan_headers,
     take_request_id,
 )
@@ -83,7 +83,7 @@ class InferenceEndpoint:
             upstream_model=route.upstream_model,
             upstream=route.upstream,
             stream=call.stream,
-            response_id=self.client.id_prefix + response_random.hex(12),
+            response_id=self.client.id_prefix + secrets.token_hex(12),
             created=int(_wall_clock()),
         )
 

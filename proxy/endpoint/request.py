@@ -24,7 +24,6 @@ DISCONNECT_HOOK: Final = "dialect_proxy.on_disconnect"
 _current_task: Final = asyncio.current_task
 _ensure_future: Final = asyncio.ensure_future
 _running_loop: Final = asyncio.get_running_loop
-_urandom: Final = os.urandom
 _loads: Final = orjson.loads
 
 Scope = dict[str, Any]
@@ -144,40 +143,10 @@ _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 # Request ids the proxy makes: unique, not secret (they are logged and returned), so a random prefix per process and
-# a counter (no system call per request). Response ids, which name stored responses, stay random (_context,
-# RandomHex).
+# a counter (no system call per request). Response ids, which name stored responses, stay random
+# (proxy/endpoint/inference.py: secrets.token_hex).
 _ID_PREFIX: Final = os.urandom(8).hex()
 _id_counter: Final = itertools.count(1)
-
-
-class RandomHex:
-    """Random hex text for ids, from the system's CSPRNG as `os.urandom(n).hex()`, but drawn `BATCH` bytes at a time:
-    one getrandom system call per ~340 response ids instead of one per request. No byte is handed out twice, and a
-    forked child starts with an empty pool (`forget`), so two processes never share one."""
-
-    BATCH: Final = 4096
-
-    __slots__ = ("_pool", "_pos")
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._pos = 0
-
-    def hex(self, size: int) -> str:
-        pos = self._pos
-        if pos + size > len(self._pool):
-            self._pool = _urandom(max(self.BATCH, size))
-            pos = 0
-        self._pos = pos + size
-        return self._pool[pos:pos + size].hex()
-
-    def forget(self) -> None:
-        self._pool = b""
-        self._pos = 0
-
-
-response_random: Final = RandomHex()
-os.register_at_fork(after_in_child=response_random.forget)
 
 
 def _new_request_id() -> str:

@@ -19,7 +19,7 @@ from proxy.endpoint.request import SSE_HEADERS
 from proxy.errors import ClientRequestError, ProxyError, UpstreamError
 from proxy.gateway.upstream import StreamReads, read_body, release
 from proxy.hub import continuity
-from proxy.hub.events import Answer, TextRun
+from proxy.hub.events import Answer
 from proxy.hub.pipeline import Pipeline
 
 if TYPE_CHECKING:
@@ -130,9 +130,8 @@ class _Answering:
         trace = exchange.trace
         self.tap = None if trace is None else trace.output  # the answer's text for the trace (opt-in)
         self.encoder: Encoder = client.encoder(call, ctx, answer)
-        # Client encoders take the lane's runs as TextRuns; a continuity recorder reads Deltas.
-        self.pipeline = Pipeline(up.session, answer, runs=up.recorder is None)
-        self.events: list[Delta | TextRun] = []  # TextRuns only without a recorder (Pipeline `runs`)
+        self.pipeline = Pipeline(up.session, answer)
+        self.events: list[Delta] = []
         self.substantive = False  # a token or a finish is pending or sent: worth committing the 200 for
         head = [(b"content-type", client.content_type), *SSE_HEADERS, *call.headers]
         self.relay = Relay(exchange, head, self.encoder.error, self.encoder.head)
@@ -156,10 +155,7 @@ class _Answering:
         tokens = 0
         count = len(events)
         for event in events:
-            if type(event) is TextRun:  # one event per text, each a token
-                tokens += len(event.texts)
-                count += len(event.texts) - 1
-            elif event.content or event.reasoning or event.tool_calls:  # Delta.has_token, inlined (per event)
+            if event.content or event.reasoning or event.tool_calls:  # Delta.has_token, inlined (per event)
                 tokens += 1
             elif event.finish_reason is not None:
                 self.substantive = True
@@ -169,7 +165,7 @@ class _Answering:
         assert obs is not None
         obs.chunks(count, tokens)
         if self.up.recorder is not None:
-            self.up.recorder.feed(events)  # type: ignore[arg-type]  # Deltas only: no runs with a recorder
+            self.up.recorder.feed(events)
         if self.tap is not None:
             self.tap.feed(events)
         data = self.encoder.feed(events)

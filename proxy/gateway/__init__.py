@@ -4,7 +4,6 @@
     replicas.py    an upstream's replicas: choosing one, failing over (the retry loop), keeping the sick out
     admission.py   at most `max_in_flight` requests per replica, then a bounded queue
     upstream.py    the aiohttp client: one pooled session per upstream, failures classified
-    deadlines.py   the per-request deadlines on one loop timer
     health.py      a replica's readiness checks (/readyz, active health)
     catalog.py     an upstream's own model list, read once and kept
     redact.py      secrets and internal addresses out of any text that leaves the proxy

@@ -31,7 +31,6 @@ import orjson
 
 from proxy import __version__
 from proxy.errors import ProxyError, StreamTruncated, UpstreamTimeout, UpstreamUnreachable
-from proxy.gateway.deadlines import Alarm
 from proxy.gateway.redact import Redactor
 from proxy.settings import ServerSettings, UpstreamSettings, redact_url
 
@@ -121,26 +120,22 @@ class UpstreamClient:
         limit = self.server.first_byte_timeout if timeout is None else timeout
         if loop is None:
             loop = _running_loop()
-        alarm = Alarm(loop, loop.time() + limit)
         session = self.session
         try:
-            for _ in range(_STALE_RETRIES):
-                if _new_connection.get():
-                    _new_connection.set(False)
-                try:
-                    return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-                    if isinstance(e, aiohttp.ClientConnectorError) or _new_connection.get():
-                        raise
-                    log.debug(orjson.dumps({"event": "upstream_stale_connection", "upstream": self.upstream.name,
-                                            "url": redact_url(url),
-                                            "reason": self.redactor.secrets(_reason(e))}).decode())
-            # Closed pooled connections every time: the next one comes from the pool too, or is new.
-            return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
-        except asyncio.CancelledError:
-            if alarm.expired():
-                raise UpstreamTimeout(f"The upstream {self.what} sent no response within {limit:g} s.") from None
-            raise
+            async with asyncio.timeout_at(loop.time() + limit):
+                for _ in range(_STALE_RETRIES):
+                    if _new_connection.get():
+                        _new_connection.set(False)
+                    try:
+                        return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                        if isinstance(e, aiohttp.ClientConnectorError) or _new_connection.get():
+                            raise
+                        log.debug(orjson.dumps({"event": "upstream_stale_connection", "upstream": self.upstream.name,
+                                                "url": redact_url(url),
+                                                "reason": self.redactor.secrets(_reason(e))}).decode())
+                # Closed pooled connections every time: the next one comes from the pool too, or is new.
+                return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamTimeout(
                 f"Connecting to the upstream {self.what} timed out after "
@@ -152,8 +147,8 @@ class UpstreamClient:
             raise self._unreachable(url, e, "closed the connection without answering") from None
         except aiohttp.ClientError as e:
             raise self._unreachable(url, e, f"failed ({_kind(e)})") from None
-        finally:
-            alarm.cancel()
+        except TimeoutError:  # asyncio.timeout_at's (aiohttp's own timeouts are ClientErrors, above)
+            raise UpstreamTimeout(f"The upstream {self.what} sent no response within {limit:g} s.") from None
 
     def _unreachable(self, url: str, e: BaseException, what: str) -> UpstreamUnreachable:
         """The client's error names the upstream and the kind of failure; its address and the full reason go to the
@@ -228,33 +223,29 @@ async def read_body(
     if loop is None:
         loop = _running_loop()
     deadline = loop.time() + timeout
-    alarm = Alarm(loop, deadline if idle is None else min(deadline, loop.time() + idle))
     try:
-        chunks = []
-        size = 0
-        while True:
-            data = await content.read(_READ_SIZE)
-            if not data:
-                break
-            if idle is not None:
-                alarm.move(min(deadline, loop.time() + idle))
-            size += len(data)
-            if size > limit:
-                raise ProxyError(_TOO_LARGE, 502)
-            chunks.append(data)
-            if content.at_eof():  # the whole body is in (the usual case: one read), no read for the end
-                break
-        return b"".join(chunks)
-    except asyncio.CancelledError:
-        if not alarm.expired():
-            raise
+        async with asyncio.timeout_at(deadline if idle is None else min(deadline, loop.time() + idle)) as limits:
+            chunks = []
+            size = 0
+            while True:
+                data = await content.read(_READ_SIZE)
+                if not data:
+                    break
+                if idle is not None:
+                    limits.reschedule(min(deadline, loop.time() + idle))
+                size += len(data)
+                if size > limit:
+                    raise ProxyError(_TOO_LARGE, 502)
+                chunks.append(data)
+                if content.at_eof():  # the whole body is in (the usual case: one read), no read for the end
+                    break
+            return b"".join(chunks)
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+        raise ProxyError(_CUT_SHORT, 502) from None
+    except TimeoutError:  # asyncio.timeout_at's (aiohttp's own read timeouts are ClientConnectionErrors, above)
         if loop.time() >= deadline:
             raise UpstreamTimeout(f"The upstream's answer did not arrive within {timeout:g} s.") from None
         raise UpstreamTimeout(f"The upstream sent nothing for {idle:g} s.") from None
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-        raise ProxyError(_CUT_SHORT, 502) from None
-    finally:
-        alarm.cancel()
 
 
 _TOO_LARGE: Final = "The upstream's answer is larger than the proxy accepts."
@@ -353,21 +344,15 @@ async def release(resp: aiohttp.ClientResponse, drain_timeout: float = 1.0) -> N
     """Give a finished response's connection back to the pool (keep-alive to the upstream), after reading what is
     left of the body (the chunked terminator after `[DONE]`) for at most `drain_timeout`; otherwise close it."""
     if not resp.content.is_eof():
-        loop = _running_loop()
-        alarm = Alarm(loop, loop.time() + drain_timeout)
         try:
-            size = 0
-            while data := await resp.content.readany():
-                size += len(data)
-                if size > 2**16:  # an upstream that keeps talking after the end: not worth keeping
-                    break
-        except asyncio.CancelledError:
-            if not alarm.expired():
-                raise
-        except aiohttp.ClientError:
+            async with asyncio.timeout(drain_timeout):
+                size = 0
+                while data := await resp.content.readany():
+                    size += len(data)
+                    if size > 2**16:  # an upstream that keeps talking after the end: not worth keeping
+                        break
+        except (TimeoutError, aiohttp.ClientError):
             pass
-        finally:
-            alarm.cancel()
     if resp.content.is_eof():
         resp.release()
     else:

@@ -7,7 +7,6 @@
     continuity.py  reasoning continuity for upstreams that need an assistant turn's reasoning back
     params.py      parameters an upstream cannot honour: refused with a 400 that names them
     sse.py         server-sent events framing, both directions
-    jsontext.py    JSON string tokens of text for the streams' hot paths
     readings.py    per-token numbers an upstream reports about its own work
 
 May import: proxy.errors, proxy.build, proxy.settings, proxy.stream; the upstream session's base class

@@ -8,16 +8,12 @@ never with `<think>` tags), tool-call fragments already normalised (the first fr
 `id`, `type` and `function.name`; later ones only `index` and `function.arguments`), and the finish reason. An
 `Answer` holds what belongs to the whole answer (usage, unknown envelope fields); the normalizer fills it, client
 encoders, metrics and the access log read it. Neither knows any upstream or client dialect.
-
-A `TextRun` is several plain text Deltas of one choice in a row (the text lane's run over one read of a fast
-stream), for the client encoders, which write such a run in one loop (`Encoder.feed`); the continuity recorder gets
-Deltas.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, final
+from typing import Any
 
 from proxy.hub.readings import Readings
 
@@ -63,29 +59,6 @@ class Delta:
     def has_token(self) -> bool:
         """Generated output: content, reasoning or a tool call (TTFT counts to the first such event)."""
         return bool(self.content or self.reasoning or self.tool_calls)
-
-
-@final
-@dataclass(slots=True)
-class TextRun:
-    """Plain text events of one choice in a row, as the text lane takes them from one read (proxy/hub/pipeline.py): the
-    same as `Delta(index, text, "")` (reasoning) or `Delta(index, "", text)` (content) for each text, in order, each
-    non-empty. A client encoder writes one client event per text, as for those Deltas (`deltas()`)."""
-
-    index: int
-    reasoning: bool
-    texts: list[str]
-
-    def __init__(self, index: int, reasoning: bool, texts: list[str]) -> None:  # compiled, as Delta's
-        self.index = index
-        self.reasoning = reasoning
-        self.texts = texts
-
-    def deltas(self) -> list[Delta]:
-        index = self.index
-        if self.reasoning:
-            return [Delta(index, text, "") for text in self.texts]
-        return [Delta(index, "", text) for text in self.texts]
 
 
 @dataclass(slots=True)

@@ -29,8 +29,6 @@ from proxy.stream.usage import normalize_usage
 _DELTA_OWN: Final = frozenset({"role", "content", "reasoning_content", "reasoning", "tool_calls"})
 _CHOICE_OWN: Final = frozenset({"index", "delta", "text", "finish_reason", "logprobs"})
 _CHUNK_OWN: Final = frozenset({"id", "object", "created", "model", "choices", "usage"})
-# A delta with only these keys may take the fast lane (MindIE repeats `role`).
-_TEXT_ONLY: Final = frozenset({"role", "content"})
 
 
 class _Choice:
@@ -50,14 +48,14 @@ class Normalizer:
 
     def __init__(self, kind: str, reasoning_source: str, starts_in_reasoning: bool, answer: Answer,
                  fast_lane: bool = True) -> None:
-        self.fast_lane = fast_lane  # False: every chunk takes the general path (tests compare the two)
+        self.fast_lane = fast_lane  # False: the text lane never takes a choice (tests compare the two)
         self.chat = kind == CHAT
         self.source = reasoning_source
         self.split = self.chat and reasoning_source in ("auto", "tags")
         self.starts_in_reasoning = starts_in_reasoning and self.split
         self.answer = answer
         self._choices: dict[int, _Choice] = {}
-        self._lanes: set[int] = set()  # the choices whose plain text chunks may take the fast lane (feed)
+        self._lanes: set[int] = set()  # the choices whose plain text events the text lane may take (passes_text)
         self._keys: set[str] = set()  # the fields of the last chunk, and those of them the hub does not know
         self._extra: tuple[str, ...] = ()
         self._whole = False  # a final chunk (a whole non-stream answer) was fed: it ended every choice
@@ -68,61 +66,11 @@ class Normalizer:
     def feed(self, chunk: ChatChunk, final: bool = False) -> list[Delta]:
         """The events of one canonical chunk. `final`: the whole answer (a non-stream body) — every choice ends here,
         with or without a finish_reason."""
-        answer = self.answer
-        if answer.upstream_id is None:
-            upstream_id = chunk.get("id")
-            if isinstance(upstream_id, str) and upstream_id:
-                answer.upstream_id = upstream_id
-                model = chunk.get("model")  # read once, with the id (not per chunk)
-                if isinstance(model, str) and model:
-                    answer.upstream_model = model
-        usage = chunk.get("usage")
-        if usage:
-            normalized, extras = normalize_usage(usage)
-            if extras:
-                answer.usage_extras.update(extras)
-            answer.usage = normalized
-        # Fields the hub does not know (system_fingerprint, vendor extras), in the chunk's order. A stream's chunks
-        # mostly have the same fields: they are sorted out again only when the fields change.
-        keys = chunk.keys()
-        if final:
-            self._whole = True
-            extra: tuple[str, ...] | list[str] = () if keys <= _CHUNK_OWN else [
-                key for key in keys if key not in _CHUNK_OWN]
-        elif keys != self._keys:
-            self._keys = set(keys)
-            extra = self._extra = () if keys <= _CHUNK_OWN else tuple(
-                [key for key in keys if key not in _CHUNK_OWN])
-        else:
-            extra = self._extra
-        if extra:
-            envelope = answer.envelope_extra
-            for key in extra:
-                value = chunk[key]
-                if key not in envelope or envelope[key] != value:
-                    envelope[key] = value
-                    self.envelope_version += 1
+        self._answer_facts(chunk)
+        self._envelope(chunk, final)
         choices = chunk.get("choices")
         if not choices:
             return []
-        if len(choices) == 1 and not final:
-            # The fast lane: the common chunk only adds text to a choice on the lane (started, not finished, no
-            # think splitter), with nothing else to look at (no finish, logprobs, reasoning, tool calls, unknown
-            # fields). Exactly the Delta the general path (_choice) makes of it (tests/test_normalize.py).
-            choice = choices[0]
-            index = choice.get("index") or 0
-            if (index in self._lanes and choice.get("finish_reason") is None and choice.get("logprobs") is None
-                    and choice.keys() <= _CHOICE_OWN):
-                if self.chat:
-                    delta = choice.get("delta")
-                    if delta and delta.keys() <= _TEXT_ONLY:
-                        text = delta.get("content")
-                        if type(text) is str and text:
-                            return [Delta(index, "", text)]
-                else:
-                    text = choice.get("text")
-                    if type(text) is str and text:
-                        return [Delta(index, "", text)]
         out = []
         for choice in choices:
             event = self._choice(choice, final)
@@ -148,11 +96,50 @@ class Normalizer:
 
     def passes_text(self, index: int) -> bool:
         """Text (content or reasoning field) of a plain event for choice `index` now comes out exactly as it came in:
-        the choice is on the fast lane (started, not finished, no `<think>` splitting under way), which the text lane
-        (proxy/stream/text_lane.py) also takes. `fast_lane=False` turns both off."""
+        the choice has started, is not finished and has no `<think>` splitting under way, so the text lane
+        (proxy/stream/text_lane.py) may answer it. `fast_lane=False` keeps the lane closed."""
         return index in self._lanes
 
     # -----------------------------------------------------------------------------------------------------------
+    def _answer_facts(self, chunk: ChatChunk) -> None:
+        """The upstream's id and model (read once), and its usage."""
+        answer = self.answer
+        if answer.upstream_id is None:
+            upstream_id = chunk.get("id")
+            if isinstance(upstream_id, str) and upstream_id:
+                answer.upstream_id = upstream_id
+                model = chunk.get("model")  # read once, with the id (not per chunk)
+                if isinstance(model, str) and model:
+                    answer.upstream_model = model
+        usage = chunk.get("usage")
+        if usage:
+            normalized, extras = normalize_usage(usage)
+            if extras:
+                answer.usage_extras.update(extras)
+            answer.usage = normalized
+
+    def _envelope(self, chunk: ChatChunk, final: bool) -> None:
+        """Fields the hub does not know (system_fingerprint, vendor extras), in the chunk's order. A stream's chunks
+        mostly have the same fields: they are sorted out again only when the fields change."""
+        keys = chunk.keys()
+        if final:
+            self._whole = True
+            extra: tuple[str, ...] | list[str] = () if keys <= _CHUNK_OWN else [
+                key for key in keys if key not in _CHUNK_OWN]
+        elif keys != self._keys:
+            self._keys = set(keys)
+            extra = self._extra = () if keys <= _CHUNK_OWN else tuple(
+                [key for key in keys if key not in _CHUNK_OWN])
+        else:
+            extra = self._extra
+        if extra:
+            envelope = self.answer.envelope_extra
+            for key in extra:
+                value = chunk[key]
+                if key not in envelope or envelope[key] != value:
+                    envelope[key] = value
+                    self.envelope_version += 1
+
     def _state(self, index: int) -> _Choice:
         st = self._choices.get(index)
         if st is None:
@@ -167,28 +154,12 @@ class Normalizer:
         finish = choice.get("finish_reason")
         final = whole or finish is not None
         logprobs = choice.get("logprobs")
-        extra = choice_extra = None
-        tool_calls = None
         if self.chat:
-            # Typed, so that compiled its reads are dict lookups, not methods called by name; a delta that is not
-            # an object fails here (TypeError, compiled) or at its first read.
-            delta: dict[str, Any] = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content")
-            if reasoning is None:
-                reasoning = delta.get("reasoning")
-            r, c = self._text(st, delta.get("content"), reasoning, final)
-            calls = delta.get("tool_calls")
-            if calls or (final and st.tools is not None):
-                if st.tools is None:
-                    st.tools = ToolCallNormalizer()
-                normalized = st.tools.feed(calls) if calls else []
-                if final:
-                    normalized += st.tools.flush()
-                tool_calls = normalized or None
-            if not delta.keys() <= _DELTA_OWN:  # refusal, audio, annotations, vendor extras
-                extra = {k: v for k, v in delta.items() if k not in _DELTA_OWN}
+            r, c, tool_calls, extra = self._delta(st, choice, final)
         else:
             r, c = self._text(st, choice.get("text"), None, final)
+            tool_calls = extra = None
+        choice_extra = None
         if not choice.keys() <= _CHOICE_OWN:
             choice_extra = {k: v for k, v in choice.items() if k not in _CHOICE_OWN}
         first = not st.started
@@ -198,7 +169,7 @@ class Normalizer:
             if st.started and st.splitter is None and self.fast_lane:
                 self._lanes.add(index)  # (the splitter may just have found plain text)
             return None
-        # The fast lane (feed) takes the choice's plain text once it has started, has no splitter and is not over.
+        # The text lane may take the choice's plain text once it has started, has no splitter and is not over.
         st.started = True
         if final:
             st.finished = True
@@ -207,6 +178,30 @@ class Normalizer:
         elif st.splitter is None and self.fast_lane:
             self._lanes.add(index)
         return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
+
+    def _delta(self, st: _Choice, choice: dict[str, Any], final: bool
+               ) -> tuple[str, str, list[dict[str, Any]] | None, dict[str, Any] | None]:
+        """A chat choice's delta: (reasoning, content, tool calls, the fields the hub does not know)."""
+        # Typed, so that compiled its reads are dict lookups, not methods called by name; a delta that is not
+        # an object fails here (TypeError, compiled) or at its first read.
+        delta: dict[str, Any] = choice.get("delta") or {}
+        reasoning = delta.get("reasoning_content")
+        if reasoning is None:
+            reasoning = delta.get("reasoning")
+        r, c = self._text(st, delta.get("content"), reasoning, final)
+        tool_calls = None
+        calls = delta.get("tool_calls")
+        if calls or (final and st.tools is not None):
+            if st.tools is None:
+                st.tools = ToolCallNormalizer()
+            normalized = st.tools.feed(calls) if calls else []
+            if final:
+                normalized += st.tools.flush()
+            tool_calls = normalized or None
+        extra = None
+        if not delta.keys() <= _DELTA_OWN:  # refusal, audio, annotations, vendor extras
+            extra = {k: v for k, v in delta.items() if k not in _DELTA_OWN}
+        return r, c, tool_calls, extra
 
     def _text(self, st: _Choice, content: str | None, reasoning: str | None, final: bool) -> tuple[str, str]:
         """New (reasoning, content) text of one choice: inline tags -> reasoning (docs/decisions.md "Reasoning")."""

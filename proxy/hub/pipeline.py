@@ -2,7 +2,7 @@
 
     bytes ─▶ SSEDecoder ─▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed`: streams)
                       └──▶ TextLane (events that repeat a plain text event's template) ─▶ [Delta]
-                                    (several in one read, with `runs`: one TextRun)
+                                    (several in one read: one Delta each)
     JSON body ──────────▶ JSON ─▶ UpstreamSession.chunk ─▶ Normalizer ─▶ [Delta]      (`feed_body`: non-stream,
                                   (whole=True: one final chunk)                        one final chunk)
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy.errors import MalformedUpstream, StreamTruncated, UpstreamError
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.normalize import Normalizer
 from proxy.hub.sse import SSEDecoder, SSEEvent
 from proxy.stream.text_lane import TextLane
@@ -31,15 +31,16 @@ from proxy.stream.text_lane import TextLane
 if TYPE_CHECKING:
     from proxy.dialects.base import UpstreamSession
 
+
 log: Final = logging.getLogger("dialect_proxy")
 _json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per event)
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_held", "_lane", "_runs", "answer", "done", "normalizer",
+    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_held", "_lane", "answer", "done", "normalizer",
                  "session")
 
-    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True, runs: bool = False) -> None:
+    def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True) -> None:
         self.session = session
         self.answer = answer
         self.normalizer = Normalizer(session.ctx.kind, session.reasoning_source, session.starts_in_reasoning, answer)
@@ -55,13 +56,10 @@ class Pipeline:
         # answer's envelope fields (system_fingerprint ...) as they were, so its templates hold only while those
         # have not changed since.
         self._envelope = 0
-        # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for the
-        # client encoders (proxy/clients/base.py Encoder.feed), not for a consumer that reads Deltas.
-        self._runs = runs
         # Events held back while the session settles the stream's form (None: none to hold, the usual case).
-        self._held: list[Delta | TextRun] | None = [] if session.settling else None
+        self._held: list[Delta] | None = [] if session.settling else None
 
-    def feed(self, data: bytes, out: list[Delta | TextRun]) -> None:
+    def feed(self, data: bytes, out: list[Delta]) -> None:
         """Append the events that `data` completes to `out` (or hold them back while the session settles)."""
         held = self._held
         try:
@@ -74,7 +72,7 @@ class Pipeline:
             if not self.session.settling:
                 self._held = None
 
-    def finish(self, out: list[Delta | TextRun]) -> None:
+    def finish(self, out: list[Delta]) -> None:
         """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
         held = self._held
         try:
@@ -88,7 +86,7 @@ class Pipeline:
             out.extend(held)
             self._held = None
 
-    def feed_body(self, raw: bytes, out: list[Delta | TextRun]) -> None:
+    def feed_body(self, raw: bytes, out: list[Delta]) -> None:
         """A whole non-stream JSON body: append its events (the session's one entry and the same normaliser, one
         final chunk). `finish` follows, as after a stream."""
         try:
@@ -105,74 +103,49 @@ class Pipeline:
         if chunk is not None:
             out.extend(self._feed(chunk, True))
 
-    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta | TextRun]) -> None:
+    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
         lane = self._lane
         count = len(events)
-        many = count > 1  # a fast stream's read: lane events come in runs (TextLane.run)
         i = 0
-        while i < count:
+        while i < count and not self.done:
             event = events[i]
+            taken = self._by_lane(lane, events, i, out) if lane is not None and type(event) is bytes else 0
+            if taken:
+                i += taken
+                continue
             i += 1
-            if self.done:
+            parsed = _parse(event)
+            if parsed is _DONE:
+                self.done = True
                 return
-            if type(event) is bytes:  # a plain `data:` event (proxy/hub/sse.py SSEDecoder.payloads), not yet decoded
-                if event == b"[DONE]":
-                    self.done = True
-                    return
-                if lane is not None:
-                    if self.normalizer.envelope_version != self._envelope:
-                        lane.forget()
-                        self._envelope = self.normalizer.envelope_version
-                    if not many:
-                        hit = lane.match(event)
-                        if hit is not None and self.session.lane_open() and self.normalizer.passes_text(hit[0]):
-                            index, reasoning, text = hit
-                            text = self.session.lane_text(index, text, reasoning)
-                            if text:  # no new text (a cumulative snapshot adding nothing): no event, as the full path
-                                out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
-                            continue
-                    else:
-                        # This event and the lane events right after it: a lane event changes neither the session's
-                        # nor the normaliser's state, so what is asked of the first holds for the run.
-                        run = lane.run(events, i - 1)
-                        if run is not None and self.session.lane_open() and self.normalizer.passes_text(run[0]):
-                            index, reasoning, texts = run
-                            i += len(texts) - 1
-                            if self.session.rewrites_text:  # in order: a cumulative snapshot each
-                                lane_text = self.session.lane_text
-                                texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
-                            if texts:  # (no new text, a cumulative snapshot adding nothing: no event)
-                                found = TextRun(index, reasoning, texts)
-                                if self._runs:
-                                    out.append(found)
-                                else:
-                                    out.extend(found.deltas())
-                            continue
-                try:
-                    parsed: Any = _json_loads(event)  # orjson checks the UTF-8
-                except orjson.JSONDecodeError:
-                    parsed = _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
-                plain = event
-            else:
-                assert isinstance(event, SSEEvent)
-                if event.garbage is not None:
-                    raise StreamTruncated(
-                        "The upstream sent data that is not an event stream: " + preview(event.garbage),
-                        reason="invalid_data",
-                    )
-                if event.data == "[DONE]":
-                    self.done = True
-                    return
-                parsed = _loads(event.data)
-                if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
-                    parsed = {"error": parsed}
-                plain = None
             chunk = self._chunk(parsed)
             if chunk is not None:
                 deltas = self._feed(chunk)
                 out.extend(deltas)
-                if lane is not None and plain is not None and len(deltas) == 1:
-                    self._learn(lane, plain, chunk, deltas[0])
+                if lane is not None and type(event) is bytes and len(deltas) == 1:
+                    self._learn(lane, event, chunk, deltas[0])
+
+    def _by_lane(self, lane: TextLane, events: Sequence[bytes | SSEEvent], at: int, out: list[Delta]) -> int:
+        """How many events from `at` on the text lane answered (0: none, the full path takes `events[at]`): that one
+        and the lane events right after it in the same read. A lane event changes neither the session's nor the
+        normaliser's state, so what is asked of the first holds for the run."""
+        normalizer = self.normalizer
+        if normalizer.envelope_version != self._envelope:
+            lane.forget()
+            self._envelope = normalizer.envelope_version
+        run = lane.run(events, at)
+        if run is None or not self.session.lane_open() or not normalizer.passes_text(run[0]):
+            return 0
+        index, reasoning, texts = run
+        taken = len(texts)
+        if self.session.rewrites_text:  # in order: a cumulative snapshot each
+            lane_text = self.session.lane_text
+            texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
+        if reasoning:  # (no new text, a cumulative snapshot adding nothing: no event, as the full path)
+            out.extend([Delta(index, text, "") for text in texts])
+        else:
+            out.extend([Delta(index, "", text) for text in texts])
+        return taken
 
     def _learn(self, lane: TextLane, data: bytes, chunk: dict[str, Any], d: Delta) -> None:
         """Teach the lane this event's template if the full path passed its one choice's text through unchanged."""
@@ -198,6 +171,32 @@ class Pipeline:
             if delta.get(field) == d.reasoning:
                 lane.learn(data, field, d.reasoning, d.index, True)
                 return
+
+
+_DONE: Final = object()  # what `_parse` gives for the stream's `[DONE]`
+
+
+def _parse(event: bytes | SSEEvent) -> Any:
+    """One event's JSON value (`_DONE` for `[DONE]`): a plain `data:` event as its undecoded bytes (proxy/hub/sse.py
+    SSEDecoder.payloads), any other as an `SSEEvent`."""
+    if type(event) is bytes:
+        if event == b"[DONE]":
+            return _DONE
+        try:
+            return _json_loads(event)  # orjson checks the UTF-8
+        except orjson.JSONDecodeError:
+            return _loads(event.decode("utf-8", "replace"))  # invalid UTF-8: U+FFFD, as SSEDecoder.feed
+    assert isinstance(event, SSEEvent)
+    if event.garbage is not None:
+        raise StreamTruncated(
+            "The upstream sent data that is not an event stream: " + preview(event.garbage), reason="invalid_data"
+        )
+    if event.data == "[DONE]":
+        return _DONE
+    parsed = _loads(event.data)
+    if event.event == "error" and isinstance(parsed, dict) and "error" not in parsed:
+        parsed = {"error": parsed}
+    return parsed
 
 
 def _loads(data: str) -> Any:

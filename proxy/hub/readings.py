@@ -64,8 +64,9 @@ _PLAIN_NUMBERS: Final = frozenset({int, float})
 
 def values(readings: Readings) -> list[float]:
     """What reading `readings` gives, as a list: each item that is a finite non-negative number, times the unit, among
-    the first MAX_READINGS. The interpreted build's histograms read this list (a list of plain numbers, the usual case,
-    converted in one pass of builtins); the compiled build's read the items in place."""
+    the first MAX_READINGS (a list of plain numbers, the usual case, converted in one pass of builtins): what a
+    prometheus_client histogram is given (`Metrics(local=False)`); the local ones read the items in place
+    (proxy/metrics/local.py `count_readings`)."""
     items = readings.items[:MAX_READINGS]
     unit = readings.unit
     if items and set(map(type, items)) <= _PLAIN_NUMBERS:  # no bool, None or string among them

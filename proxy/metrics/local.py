@@ -16,29 +16,23 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from functools import reduce
-from operator import add
 from typing import Any, Final
 
 from prometheus_client import metrics as _prom_metrics
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from proxy.build import BUILD
 from proxy.hub.readings import MAX_READINGS, Readings, finite
-from proxy.hub.readings import values as read_values
 
 __all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "LiveGaugeChild", "LocalCounter", "LocalGauge",
-           "LocalHistogram", "NATIVE_LOOPS", "bucket_index", "count_readings"]
+           "LocalHistogram", "bucket_index", "count_readings"]
 
 
 def bucket_index(bounds: list[float], amount: float) -> int:
     """`bisect_left(bounds, amount)`, the index of the first bound >= amount (the bucket prometheus_client counts
     it in), as a loop of float comparisons: compiled, C doubles, where bisect_left makes a rich comparison of two
-    float objects a probe. Interpreted, bisect_left is the faster one, so callers take this one `if NATIVE_LOOPS` (a
-    native call compiled; a call through a variable would cost what it saves)."""
+    float objects a probe (interpreted, bisect_left would be the faster one; both builds run this one)."""
     lo = 0
     hi = len(bounds)
     while lo < hi:
@@ -48,11 +42,6 @@ def bucket_index(bounds: list[float], amount: float) -> int:
         else:
             hi = mid
     return lo
-
-
-# Compiled, a histogram's bucket search and an upstream list's reading are loops of C doubles (`bucket_index`,
-# `count_readings`); interpreted, bisect, sorted and reduce are the faster ones.
-NATIVE_LOOPS: Final = BUILD == "mypyc"
 
 
 def _use_created() -> bool:
@@ -191,30 +180,13 @@ class HistogramChild(_Child):
             self.sum += amount
             return
         bounds = self.bounds  # the first bound >= amount, as prometheus_client
-        self.counts[bucket_index(bounds, amount) if NATIVE_LOOPS else bisect_left(bounds, amount)] += 1
+        self.counts[bucket_index(bounds, amount)] += 1
         self.sum += amount
 
     def observe_readings(self, readings: Readings) -> None:
         """Each value of an upstream's list (read as proxy/hub/readings.py says), as a call of `observe` each: the same
-        buckets, the sum added in the same order. Compiled, the items are read in place (`count_readings`);
-        interpreted, the list that `read_values` makes is sorted once and bisected once per bucket (C there, where a
-        loop is not)."""
-        if NATIVE_LOOPS:
-            self.sum = count_readings(self.bounds, self.counts, readings.items, readings.unit, self.sum)
-            return
-        amounts = read_values(readings)
-        self.sum = reduce(add, amounts, self.sum)  # in the list's order, as observe() one by one adds them
-        amounts.sort()
-        n = len(amounts)
-        below = 0
-        counts = self.counts
-        for i, bound in enumerate(self.bounds):
-            upto = bisect_right(amounts, bound)
-            if upto != below:
-                counts[i] += upto - below
-                below = upto
-                if below == n:
-                    return
+        buckets, the sum added in the same order, the items read in place (`count_readings`)."""
+        self.sum = count_readings(self.bounds, self.counts, readings.items, readings.unit, self.sum)
 
     def observe_many(self, amount: float, n: int) -> None:
         """`n` observations of the same `amount` (as `n` calls of `observe`; the sum may differ in its last bits)."""
@@ -224,7 +196,7 @@ class HistogramChild(_Child):
             self.sum += amount * n
             return
         bounds = self.bounds
-        self.counts[bucket_index(bounds, amount) if NATIVE_LOOPS else bisect_left(bounds, amount)] += n
+        self.counts[bucket_index(bounds, amount)] += n
         self.sum += amount * n
 
     def samples(self, metric: Metric, name: str, labels: dict[str, str], created: bool) -> None:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from proxy.gateway.redact import Redactor
     from proxy.gateway.replicas import Replica
     from proxy.hub.canonical import RequestContext
-    from proxy.hub.events import Answer, Delta, TextRun
+    from proxy.hub.events import Answer, Delta
     from proxy.metrics.definitions import Metrics
     from proxy.metrics.observer import RequestObserver
     from proxy.settings import Settings
@@ -806,19 +806,15 @@ class Output:
         self.reasoning: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}
 
-    def feed(self, events: Iterable[Delta | TextRun]) -> None:
+    def feed(self, events: Iterable[Delta]) -> None:
         for event in events:
             if event.index != 0:
                 continue
-            texts = getattr(event, "texts", None)
-            if texts is not None:  # a TextRun
-                (self.reasoning if event.reasoning else self.text).extend(texts)
-                continue
             if event.reasoning:
-                self.reasoning.append(event.reasoning)  # type: ignore[arg-type]
-            if event.content:  # type: ignore[union-attr]
-                self.text.append(event.content)  # type: ignore[union-attr]
-            for fragment in event.tool_calls or ():  # type: ignore[union-attr]
+                self.reasoning.append(event.reasoning)
+            if event.content:
+                self.text.append(event.content)
+            for fragment in event.tool_calls or ():
                 call = self.calls.setdefault(fragment.get("index", 0), {"type": "tool_call", "id": None,
                                                                         "name": None, "arguments": ""})
                 if fragment.get("id"):

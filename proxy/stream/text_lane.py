@@ -11,7 +11,7 @@ event's data (its undecoded bytes: proxy/hub/sse.py SSEDecoder.payloads) and kee
 template. A later event that is the same text around another string token is the same JSON with one string
 changed; while the session and the normaliser say that text passes through them unchanged (no cumulative text, no
 `<think>` splitting, no pending error: proxy/hub/pipeline.py asks them), the full path would give the same event with
-that string, so `match` returns the string alone (invalid UTF-8 in it: no match, the full path decides).
+that string, so `run` returns the string alone (invalid UTF-8 in it: no match, the full path decides).
 
 Templates are kept per choice and kind (text, reasoning), at most four, relearned when the upstream's envelope
 changes; a stream whose events never fit a template stops learning after a few tries (the cost stays bounded).
@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import orjson
 
-from proxy.build import BUILD
-from proxy.stream.jsonplain import PLAIN
-
 if TYPE_CHECKING:
-    from proxy.hub.sse import SSEEvent
+    from proxy.hub.sse import SSEEvent  # a type only: the hub imports this part
 
 __all__ = ["TextLane"]
 
@@ -47,9 +44,9 @@ _MAX_TRIES: Final = 4  # learns in a row without a single match in between: the 
 _SHORT: Final = 32
 _QUOTE: Final = 0x22
 _loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per call)
-# The direct read pays off compiled only (in C, its checks cost less than orjson's call; interpreted, more:
-# docs/speed.md), so the pure Python build skips it.
-_DIRECT: Final = BUILD == "mypyc"
+# A byte table that changes exactly the bytes a JSON string cannot hold raw: U+0000-U+001F, the quote, the backslash
+# (UTF-8 multi-byte sequences hold none of them).
+PLAIN: Final = bytes(0xFF if b < 0x20 or b in (0x22, 0x5C) else b for b in range(256))
 
 
 class TextLane:
@@ -60,24 +57,11 @@ class TextLane:
         self._templates: list[tuple[bytes, bytes, int, bool]] = []
         self._tries = 0
 
-    def match(self, data: bytes) -> tuple[int, bool, str] | None:
-        """(choice index, is reasoning, text) when `data` is a learned template around one non-empty string."""
-        for prefix, suffix, index, reasoning in self._templates:
-            start = len(prefix)
-            end = len(data) - len(suffix)
-            if end - start >= 2 and data.startswith(prefix) and data.endswith(suffix):
-                value = _text(data, start, end)
-                if value is not None:
-                    self._tries = 0
-                    return index, reasoning, value
-                return None
-        return None
-
     def run(self, events: Sequence[bytes | SSEEvent], at: int) -> tuple[int, bool, list[str]] | None:
-        """`match` for the events of one read from `at` on (a fast upstream's read holds many): the texts of
-        `events[at]` and of the events right after it that are the same template around one non-empty string, in
-        order. The run stops before the first event that is not (another template, an `SSEEvent`, [DONE], an
-        invalid string)."""
+        """(choice index, is reasoning, texts) for the events of one read from `at` on (a fast upstream's read holds
+        many): the texts of `events[at]` and of the events right after it that are the same template around one
+        non-empty string, in order. The run stops before the first event that is not (another template, an
+        `SSEEvent`, [DONE], an invalid string)."""
         first = events[at]
         if not isinstance(first, bytes):
             return None
@@ -90,23 +74,13 @@ class TextLane:
         start = len(prefix)
         tail = len(suffix)
         texts: list[str] = []
-        loads = _loads
-        value: Any
         for data in itertools.islice(events, at, None):
             if not isinstance(data, bytes):
                 break
             end = len(data) - tail
             if end - start < 2 or not data.startswith(prefix) or not data.endswith(suffix):
                 break
-            if _DIRECT:
-                value = _text(data, start, end)
-            else:  # `_text`'s orjson step, inline: interpreted, the call and the direct read's checks cost more
-                try:
-                    value = loads(data[start:end])
-                except orjson.JSONDecodeError:
-                    break
-                if value.__class__ is not str:
-                    break
+            value = _text(data, start, end)
             if not value:
                 break
             texts.append(value)
@@ -146,13 +120,12 @@ class TextLane:
             pos = data.find(key, pos + 1)
 
 
-def _text(data: bytes, start: int, end: int, direct: bool = _DIRECT) -> str | None:
+def _text(data: bytes, start: int, end: int) -> str | None:
     """The value of `data[start:end]` if that is a JSON string token holding text, else None (not JSON, not a
-    string, empty). With `direct` (compiled), a short token with no byte that JSON escapes inside (a control
-    character, a quote, a backslash: `PLAIN` leaves it unchanged, and translate gives back the very object then) is
-    its UTF-8 between the quotes, without a call of orjson (a tiny string's parse costs more than the check).
-    Anything else, orjson decides."""
-    if direct and end - start <= _SHORT and data[start] == _QUOTE and data[end - 1] == _QUOTE:
+    string, empty). A short token with no byte that JSON escapes inside (a control character, a quote, a backslash:
+    `PLAIN` leaves it unchanged, and translate gives back the very object then) is its UTF-8 between the quotes,
+    without a call of orjson (a tiny string's parse costs more than the check). Anything else, orjson decides."""
+    if end - start <= _SHORT and data[start] == _QUOTE and data[end - 1] == _QUOTE:
         inner = data[start + 1:end - 1]
         if inner.translate(PLAIN) is inner:
             try:

@@ -646,10 +646,18 @@ async def main() -> None:
     ap.add_argument("--compiled", action="store_true",
                     help="measure a compiled copy of this tree (setup.py, mypyc; needs a C compiler) as the proxy; "
                          "with --ref HEAD, proxy/ref is compiled / pure Python")
+    ap.add_argument("--ref-compiled", action="store_true", help="the --ref commit is compiled too (mypyc)")
     args = ap.parse_args()
     global REF_TREE, PROXY_TREE
     if args.ref:
         REF_TREE = export_ref(args.ref)
+        if args.ref_compiled:  # as tests/bench/instructions.py --ref-compiled
+            sys.path.insert(0, os.path.dirname(HERE))
+            import compiled_tree  # tests/compiled_tree.py
+
+            source = export_ref(args.ref)
+            compiled_tree.build(REF_TREE, src=source)
+            shutil.rmtree(source, ignore_errors=True)
     if args.compiled:
         PROXY_TREE = compiled_copy()
     seconds, rounds = (1.0, 2) if args.quick else (args.seconds, args.rounds)

@@ -1,5 +1,4 @@
-"""Where a relay's work goes, by layer of the request path (docs/speed.md, "How it is measured" and "2026-11-26,
-second session").
+"""Where a relay's work goes, by layer of the request path (docs/speed.md, "How to measure").
 
     python tests/bench/instructions.py --compiled --keep DIR [--rows ...]   # callgrind dumps: DIR/<relay>-<row>.<pid>.1
     python tests/bench/layers.py callgrind DUMP --per 200 [--functions 20]   # instructions per request, by library
@@ -51,10 +50,10 @@ LAYERS: list[tuple[str, str]] = [
     ("clients", "client spoke"), ("validate", "client spoke"),
     ("dialects", "upstream spoke"), ("mapping", "upstream spoke"),
     ("hub", "hub"), ("stream", "hub"), ("events", "hub"), ("pipeline", "hub"), ("normalize", "hub"),
-    ("canonical", "hub"), ("continuity", "hub"), ("params", "hub"), ("sse", "hub"), ("jsontext", "hub"),
+    ("canonical", "hub"), ("continuity", "hub"), ("params", "hub"), ("sse", "hub"),
     ("readings", "hub"),
     ("gateway", "upstream client"), ("upstream", "upstream client"), ("replicas", "upstream client"),
-    ("admission", "upstream client"), ("deadlines", "upstream client"), ("routing", "upstream client"),
+    ("admission", "upstream client"), ("routing", "upstream client"),
     ("metrics.tracing", "tracing"), ("tracing", "tracing"),
     ("metrics", "metrics"), ("local_metrics", "metrics"), ("prometheus", "metrics"), ("local", "metrics"),
     ("files", "metrics"), ("process", "server"), ("runtime", "server"),

@@ -35,7 +35,7 @@ from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_con
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
 from proxy.hub.canonical import CHAT, RequestContext  # noqa: E402
-from proxy.hub.events import Answer, Delta, TextRun  # noqa: E402
+from proxy.hub.events import Answer, Delta  # noqa: E402
 from proxy.hub.pipeline import Pipeline  # noqa: E402
 from proxy.metrics.definitions import Metrics  # noqa: E402
 from proxy.settings import UpstreamSettings  # noqa: E402
@@ -130,24 +130,19 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
         session = dialect.session(ctx)
         answer = Answer()
         encoder = make_encoder(ctx, answer)
-        pipeline = Pipeline(session, answer, runs=True)  # as the handler: the lane's runs as TextRuns
-        events: list[Delta | TextRun] = []
+        pipeline = Pipeline(session, answer)
+        events: list[Delta] = []
         sent = 0
         head = False
         for piece in pieces:
             pipeline.feed(piece, events)
             if events:
-                # the handler's metrics call per read (proxy/endpoint/translate.py _Answering._account: a TextRun is a
-                # token per text)
+                # the handler's metrics call per read (proxy/endpoint/translate.py _Answering._account)
                 tokens = 0
-                count = len(events)
                 for e in events:
-                    if type(e) is TextRun:
-                        tokens += len(e.texts)
-                        count += len(e.texts) - 1
-                    elif e.content or e.reasoning or e.tool_calls:
+                    if e.content or e.reasoning or e.tool_calls:
                         tokens += 1
-                obs.chunks(count, tokens)
+                obs.chunks(len(events), tokens)
                 data = encoder.feed(events)
                 events.clear()
                 if not head:
@@ -173,7 +168,7 @@ def nonstream_request(dialect_name: str, body: bytes) -> Callable[[], int]:
         answer = Answer()
         pipeline = Pipeline(session, answer)
         encoder = chat_encoder(ctx, answer)
-        events: list[Delta | TextRun] = []
+        events: list[Delta] = []
         pipeline.feed_body(body, events)
         pipeline.finish(events)
         encoder.feed(events)

@@ -1,7 +1,6 @@
 """The Chat/Completions encoder's hot path (cached envelope bytes around one dumped string) against its general path
 (the whole chunk built as a dict and dumped): byte for byte the same, for any sequence of events and any client
-setting; a TextRun (several text events in one) gives the bytes of its Deltas; and the envelope follows fields that
-appear mid-stream."""
+setting; and the envelope follows fields that appear mid-stream."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.clients.chat import ChatEncoder, chat_encoder
 from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.settings import UpstreamSettings
 
 REASONING_MODES = ["reasoning_content", "reasoning", "think_tags", "none"]
@@ -97,34 +96,6 @@ def test_hot_path_chunks_parse_as_chat_chunks() -> None:
     assert [c["choices"][0]["index"] for c in chunks] == [0, 0, 0, 1]
     assert all(c["id"] == "chatcmpl-ours" and c["model"] == "alias" and c["usage"] is None for c in chunks)
     assert [c.get("system_fingerprint") for c in chunks] == [None, None, None, "fp_1"]
-
-
-RUNS = st.builds(TextRun, index=st.integers(0, 1), reasoning=st.booleans(),
-                 texts=st.lists(TEXT.filter(bool), min_size=1, max_size=5))
-# Reasoning alone: under `think_tags` it leaves a `<think>` open, which the next content must close.
-THINKING = st.builds(Delta, index=st.integers(0, 1), reasoning=TEXT.filter(bool))
-
-
-def expand(events: list[Delta | TextRun]) -> list[Delta]:
-    return [d for e in events for d in (e.deltas() if isinstance(e, TextRun) else [e])]
-
-
-@settings(max_examples=300, deadline=None)
-@given(events=st.lists(st.one_of(DELTAS, THINKING, RUNS), max_size=16), kind=st.sampled_from([CHAT, COMPLETIONS]),
-       include_usage=st.booleans(), reasoning=st.sampled_from(REASONING_MODES), extras=EXTRAS,
-       batch=st.integers(1, 4), stream=st.booleans())
-def test_a_text_run_gives_the_bytes_of_its_deltas(events: list[Delta | TextRun], kind: str, include_usage: bool,
-                                                  reasoning: str, extras: list[tuple[int, dict[str, Any]]],
-                                                  batch: int, stream: bool) -> None:
-    """What the pipeline hands an encoder that takes runs (proxy/hub/pipeline.py `runs`) against the same events as
-    Deltas: the same chunks (the run's loop, or its Deltas where the hot path would not take them: `<think>` tags,
-    reasoning the client does not get, Completions), and the same non-stream body."""
-    run_answer, delta_answer = Answer(upstream_id="up-1"), Answer(upstream_id="up-1")
-    with_runs = encoder(kind, include_usage, reasoning, run_answer, False, stream)
-    with_deltas = encoder(kind, include_usage, reasoning, delta_answer, False, stream)
-    runs_out, deltas_out = in_batches(events, batch, extras, [run_answer, delta_answer],
-                                      [with_runs.feed, lambda group: with_deltas.feed(expand(group))])
-    assert runs_out + with_runs.finish() == deltas_out + with_deltas.finish()
 
 
 def test_non_stream_message_has_refusal_and_annotations() -> None:

@@ -20,7 +20,7 @@ from hub_harness import request_context
 from proxy.dialects.mindie import MindIEDialect
 from proxy.errors import StreamTruncated
 from proxy.hub.canonical import CHAT
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
 from proxy.settings import UpstreamSettings
 from proxy.stream.cumulative import StreamForm
@@ -154,18 +154,17 @@ def pipeline(dialect: MindIEDialect, full_text: bool) -> Pipeline:
     return Pipeline(dialect.session(request_context(CHAT, "qwen", up, stream=True)), Answer())
 
 
-def texts(events: list[Delta | TextRun]) -> list[tuple[str, str]]:
+def texts(events: list[Delta]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for e in events:
-        for d in e.deltas() if isinstance(e, TextRun) else [e]:
-            if d.content or d.reasoning:
-                out.append((d.reasoning, d.content))
+        if e.content or e.reasoning:
+            out.append((e.reasoning, e.content))
     return out
 
 
 def test_the_first_texts_wait_for_the_verdict_then_go_in_order() -> None:
     p = pipeline(MindIEDialect(), full_text=True)
-    out: list[Delta | TextRun] = []
+    out: list[Delta] = []
     snapshots = ["Hello", "Hello from", "Hello from the", "Hello from the sea"]
     for snapshot in snapshots[:3]:
         p.feed(event(snapshot), out)
@@ -182,7 +181,7 @@ def test_reasoning_in_its_own_field_is_not_held() -> None:
     """MindIE's reasoning_content is a true delta in either mode: a long reasoning phase streams as it comes; only
     the answer's first texts wait."""
     p = pipeline(MindIEDialect(), full_text=True)
-    out: list[Delta | TextRun] = []
+    out: list[Delta] = []
     for piece in ("Think", "ing", " hard"):
         p.feed(event("", reasoning=piece), out)
     assert texts(out) == [("Think", ""), ("ing", ""), (" hard", "")]
@@ -192,7 +191,7 @@ def test_reasoning_in_its_own_field_is_not_held() -> None:
 
 def test_a_short_answer_is_handed_on_at_its_end() -> None:
     p = pipeline(MindIEDialect(), full_text=False)
-    out: list[Delta | TextRun] = []
+    out: list[Delta] = []
     p.feed(event("Hi"), out)
     p.feed(event(" there"), out)
     assert texts(out) == []
@@ -204,7 +203,7 @@ def test_a_short_answer_is_handed_on_at_its_end() -> None:
 def test_a_stream_of_the_configured_form_ends_the_finding() -> None:
     dialect = MindIEDialect()
     cumulative = [event(t) for t in ("<think>", "<think>The", "<think>The user", "<think>The user greets")]
-    out: list[Delta | TextRun] = []
+    out: list[Delta] = []
     p = pipeline(dialect, full_text=False)
     with pytest.raises(StreamTruncated) as e:
         for raw in cumulative:

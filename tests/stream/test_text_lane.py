@@ -1,7 +1,7 @@
 """The text lane (proxy/stream/text_lane.py) gives exactly what the full path gives: random upstream streams through a
 pipeline with the lane and one without (`Pipeline(..., text_lane=False)`) produce the same events, the same answer
-and the same errors, whatever the upstream dialect, the JSON spelling and where the bytes are cut; with `runs` (the
-lane's runs as TextRuns), the same events once each run is its Deltas."""
+and the same errors, whatever the upstream dialect, the JSON spelling and where the bytes are cut (one event a read,
+or several: the lane's runs)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from proxy.dialects import DIALECTS
 from proxy.errors import ProxyError
 from proxy.hub.canonical import CHAT
-from proxy.hub.events import Answer, Delta, TextRun
+from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
 from proxy.hub.sse import SSEEvent
 from proxy.settings import UpstreamSettings
@@ -85,13 +85,13 @@ UPSTREAMS = [("openai", False), ("deepseek", False), ("mindie", False), ("mindie
 
 
 def run(raw: bytes, cuts: list[int], dialect: str, full_text: bool, lane: bool,
-        model: str = "m", runs: bool = False) -> tuple[list[Delta], tuple[Any, ...], str | None]:
+        model: str = "m") -> tuple[list[Delta], tuple[Any, ...], str | None]:
     upstream = UpstreamSettings(name="u", dialect=dialect, url="http://127.0.0.1:1", full_text=full_text)
     ctx = request_context(CHAT, model, upstream, stream=True)
     session = DIALECTS[dialect]().session(ctx)
     answer = Answer()
-    pipeline = Pipeline(session, answer, text_lane=lane, runs=runs)
-    events: list[Delta | TextRun] = []
+    pipeline = Pipeline(session, answer, text_lane=lane)
+    events: list[Delta] = []
     error = None
     points = sorted({min(c, len(raw)) for c in cuts}) + [len(raw)]
     start = 0
@@ -105,10 +105,7 @@ def run(raw: bytes, cuts: list[int], dialect: str, full_text: bool, lane: bool,
     except ProxyError as e:
         error = f"{type(e).__name__}: {e.message}"
     facts = (answer.usage, answer.usage_extras, answer.envelope_extra, answer.finish_reason, answer.upstream_id)
-    if runs:
-        assert all(e.texts and all(e.texts) for e in events if isinstance(e, TextRun))
-    deltas = [d for e in events for d in (e.deltas() if isinstance(e, TextRun) else [e])]
-    return deltas, facts, error
+    return events, facts, error
 
 
 @settings(max_examples=400, deadline=None)
@@ -154,7 +151,6 @@ def test_the_lane_gives_what_the_full_path_gives(data: Any, upstream: tuple[str,
     # (MindIE, proxy/hub/pipeline.py) has handed on what came in the reads before those texts began, no more.
     full = run(raw, cuts, dialect, full_text, False, model)
     assert run(raw, cuts, dialect, full_text, True, model) == full
-    assert run(raw, cuts, dialect, full_text, True, model, runs=True) == full
 
 
 def test_an_error_finish_reason_still_ends_the_stream_when_the_next_event_fits_the_lane() -> None:
@@ -174,10 +170,10 @@ def test_a_plain_stream_goes_through_the_lane() -> None:
     lane = TextLane()
     first = b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'
     lane.learn(first, "content", "a", 0, False)
-    assert lane.match(first.replace(b'"a"', '"b \\"q\\" é"'.encode())) == (0, False, 'b "q" é')
-    assert lane.match(first.replace(b'"a"', b'""')) is None  # empty text: the full path decides
-    assert lane.match(first.replace(b'null}', b'"stop"}')) is None  # another envelope
-    assert lane.match(first.replace(b'"a"', b'"a","role":"x"')) is None  # not one string token
+    assert match(lane, first.replace(b'"a"', '"b \\"q\\" é"'.encode())) == (0, False, 'b "q" é')
+    assert match(lane, first.replace(b'"a"', b'""')) is None  # empty text: the full path decides
+    assert match(lane, first.replace(b'null}', b'"stop"}')) is None  # another envelope
+    assert match(lane, first.replace(b'"a"', b'"a","role":"x"')) is None  # not one string token
 
 
 def test_a_run_of_lane_events_is_matched_at_once() -> None:
@@ -205,8 +201,8 @@ def test_learning_skips_a_lookalike_inside_another_string() -> None:
     lane = TextLane()
     data = b'{"id":"\\"content\\":\\"a\\"","choices":[{"index":0,"delta":{"content": "a"},"finish_reason":null}]}'
     lane.learn(data, "content", "a", 0, False)
-    assert lane.match(data.replace(b'"content": "a"', b'"content": "zz"')) == (0, False, "zz")
-    assert lane.match(data.replace(b'\\"a\\"', b'\\"b\\"')) is None
+    assert match(lane, data.replace(b'"content": "a"', b'"content": "zz"')) == (0, False, "zz")
+    assert match(lane, data.replace(b'\\"a\\"', b'\\"b\\"')) is None
 
 
 def test_learning_stops_when_events_never_repeat() -> None:
@@ -214,8 +210,8 @@ def test_learning_stops_when_events_never_repeat() -> None:
     for i in range(10):
         lane.learn(f'{{"id":"{i}","choices":[{{"index":0,"delta":{{"content":"a"}}}}]}}'.encode(), "content", "a", 0,
                    False)
-    assert lane.match(b'{"id":"9","choices":[{"index":0,"delta":{"content":"b"}}]}') is None  # learned only 4
-    assert lane.match(b'{"id":"3","choices":[{"index":0,"delta":{"content":"b"}}]}') == (0, False, "b")
+    assert match(lane, b'{"id":"9","choices":[{"index":0,"delta":{"content":"b"}}]}') is None  # learned only 4
+    assert match(lane, b'{"id":"3","choices":[{"index":0,"delta":{"content":"b"}}]}') == (0, False, "b")
 
 
 def test_invalid_utf8_in_a_lane_event_is_replaced_as_on_the_full_path() -> None:
@@ -261,5 +257,10 @@ def test_a_tokens_text_is_orjsons_verdict(text: str, spelling: str, junk: bytes,
         token = b'"' + junk + text.encode()[:4] + b'"'
     data = pad + token + pad[::-1]
     start, end = len(pad), len(pad) + len(token)
-    assert _text(data, start, end, direct=True) == _loads_text(token)  # the compiled build's read, in any build
-    assert _text(data, start, end, direct=False) == _loads_text(token)
+    assert _text(data, start, end) == _loads_text(token)
+
+
+def match(lane: TextLane, data: bytes) -> tuple[int, bool, str] | None:
+    """The lane's answer for one event alone: (choice index, is reasoning, text), or None."""
+    run = lane.run([data], 0)
+    return None if run is None else (run[0], run[1], run[2][0])
