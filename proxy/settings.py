@@ -23,6 +23,7 @@ REASONING_SOURCES = ("auto", "field", "tags", "off")
 REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/hub/continuity.py
 RESPONSES_SPECS = ("openai_api", "open_responses")  # proxy/clients/responses_events.py `reasoning_events`
 RESPONSE_MODEL = ("client", "upstream")
+MODEL_KINDS = ("chat", "embeddings", "rerank")  # what an upstream's models do (proxy/gateway/routing.py)
 RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/hub/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 BALANCE = ("least_outstanding", "prefix_affinity")
@@ -63,6 +64,9 @@ class UpstreamSettings:
     # Client dialects sent to this upstream untranslated (proxy/endpoint/passthrough.py): names its spoke serves
     # natively.
     passthrough: tuple[str, ...] = ()
+    # The kinds of model this upstream serves (docs/retrieval.md): chat, embeddings, rerank. Parsed settings always
+    # name them (by default, all its dialect serves: its mapping's paths); empty is chat alone.
+    kinds: tuple[str, ...] = ()
     # TLS to the upstream (MindIE with httpsEnabled uses mutual TLS): CA bundle to verify the server, client
     # certificate and key to present; tls_verify false accepts any server certificate (testing only).
     tls_ca_file: str | None = None
@@ -229,7 +233,7 @@ _CLIENT_KINDS: dict[str, tuple[type, tuple[str, ...] | None]] = {
 _UPSTREAM_KEYS = (
     "name", "dialect", "url", "models", "aliases", "full_text", "api_key_env", "health_url", "reasoning_source",
     "thinking_models", "reasoning_replay", "keep_upstream_id", "response_model", "response_format", "max_connections",
-    "passthrough",
+    "passthrough", "kinds",
     "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_verify",
     "retries", "balance", "max_in_flight", "queue_size", "queue_timeout", "outlier_failures", "outlier_backoff",
     "outlier_backoff_max", "health_interval", "affinity_load", "affinity_turns",
@@ -285,6 +289,27 @@ def passthrough_names(key: str, value: Any, dialect: str) -> tuple[str, ...]:
             raise ConfigError(f"{key}: {name!r} is not a client dialect the {dialect} dialect serves natively "
                               f"(it serves: {which})")
     return tuple(dict.fromkeys(names))
+
+
+def model_kinds(key: str, value: Any, dialect: str) -> tuple[str, ...]:
+    """`kinds`: the kinds of model an upstream serves (a list, or one string with commas), each one its dialect
+    serves (a path for it in its mapping); none given: all of those."""
+    from proxy.dialects.mapping import load_mapping
+
+    paths = load_mapping(dialect).paths
+    served = tuple(kind for kind in MODEL_KINDS if paths.get(kind))
+    if value is None:
+        return served
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    kinds = _str_list(key, value)
+    for kind in kinds:
+        if kind not in served:
+            raise ConfigError(f"{key}: {kind!r} is not a kind of model the {dialect} dialect serves "
+                              f"(it serves: {', '.join(served)})")
+    if not kinds:
+        raise ConfigError(f"{key}: name at least one of {', '.join(served)}")
+    return tuple(dict.fromkeys(kinds))
 
 
 def dialect_name(key: str, value: Any) -> str:
@@ -388,6 +413,7 @@ def build_upstream(prefix: str, data: Mapping[str, Any], environ: Mapping[str, s
         response_format=response_format,
         max_connections=max_connections,
         passthrough=passthrough_names(prefix + "passthrough", data.get("passthrough"), dialect),
+        kinds=model_kinds(prefix + "kinds", data.get("kinds"), dialect),
         tls_ca_file=tls["tls_ca_file"],
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],

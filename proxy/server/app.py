@@ -20,6 +20,7 @@ from proxy.build import BUILD
 from proxy.clients.responses import ResponsesClient
 from proxy.clients.responses_ws import ResponsesSocket
 from proxy.endpoint.inference import InferenceEndpoint
+from proxy.endpoint.retrieval import routes as retrieval_routes
 from proxy.errors import ProxyError
 from proxy.gateway.health import READY_CACHE, UpstreamCheck
 from proxy.gateway.redact import log_url
@@ -105,6 +106,7 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
         )
 
     inference = [Route(c.path, InferenceEndpoint(state, c), methods=["POST"]) for c in state.client_dialects.values()]
+    inference += [Route(path, endpoint, methods=["POST"]) for path, endpoint in retrieval_routes(state)]
     routes = [
         *inference,
         Route("/v1/models", models, methods=["GET"]),
