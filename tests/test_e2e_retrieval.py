@@ -144,11 +144,12 @@ def test_open_webui_reranker_body(proxy: Any) -> None:
 
 def test_cohere_sdk_rerank(proxy: Any) -> None:
     cohere = pytest.importorskip("cohere")
-    v1 = cohere.Client(api_key="unused", base_url=proxy.url)
-    got = v1.rerank(model="bge-reranker", query=QUERY, documents=DOCS, top_n=3)
+    with httpx.Client(timeout=10) as http:  # the SDK's own client would be left open
+        v1 = cohere.Client(api_key="unused", base_url=proxy.url, httpx_client=http)
+        got = v1.rerank(model="bge-reranker", query=QUERY, documents=DOCS, top_n=3)
+        v2 = cohere.ClientV2(api_key="unused", base_url=proxy.url, httpx_client=http)
+        got2 = v2.rerank(model="vllm-rerank", query=QUERY, documents=DOCS, top_n=2)
     assert [r.index for r in got.results] == _expected(DOCS)[:3]
-    v2 = cohere.ClientV2(api_key="unused", base_url=proxy.url)
-    got2 = v2.rerank(model="vllm-rerank", query=QUERY, documents=DOCS, top_n=2)
     assert [r.index for r in got2.results] == _expected(DOCS)[:2]
     assert got2.results[0].relevance_score == pytest.approx(score(QUERY, DOCS[got2.results[0].index]))
 
@@ -189,6 +190,9 @@ def test_unknown_model_and_wrong_kind(proxy: Any) -> None:
     with pytest.raises(openai.BadRequestError) as chat_model:
         client.embeddings.create(model="qwen-chat", input="x")
     assert "qwen-chat" in chat_model.value.message and "serves chat" in chat_model.value.message
+    with pytest.raises(openai.BadRequestError) as embed_model:  # and the reverse: chat from an embeddings model
+        client.chat.completions.create(model="bge-m3", messages=[{"role": "user", "content": "Hi"}])
+    assert "bge-m3" in embed_model.value.message and "serves embeddings models, not chat" in embed_model.value.message
     resp = httpx.post(proxy.url + "/v1/rerank", json={"model": "bge-m3", "query": "q", "documents": ["d"]},
                       timeout=10)
     assert resp.status_code == 400 and "serves embeddings" in _error(resp)["message"]

@@ -59,6 +59,7 @@ _clock: Final = time.perf_counter
 _wall_clock: Final = time.time
 _dumps: Final = orjson.dumps
 
+CHAT_MODELS: Final = "chat"  # the kind of model (proxy/gateway/routing.py) every client dialect here asks for
 KEY_NAME_SCOPE: Final = "dialect_proxy.key_name"  # set by proxy.server.asgi.ProxyApp: the name of the inbound key used
 
 
@@ -189,7 +190,7 @@ class InferenceEndpoint:
         return status
 
     def _context(self, call: ClientCall, request_id: str) -> RequestContext:
-        route = self.state.router.resolve(call.model)
+        route = self.state.router.resolve_kind(call.model, CHAT_MODELS)  # a chat request, whatever its dialect
         return RequestContext(
             kind=call.kind,
             request_id=request_id,

@@ -63,7 +63,7 @@ class Router:
         )
 
     def resolve_kind(self, model: str, kind: str) -> Route:
-        """The route of `model` for a request of `kind` (embeddings, rerank): its own upstream, which must serve that
+        """The route of `model` for a request of `kind` (chat, embeddings, rerank): its own upstream, which must serve that
         kind (400 naming what it serves), else the first default route ("*") whose upstream serves it, else 404."""
         route = self._exact.get(model)
         if route is not None:
@@ -75,7 +75,7 @@ class Router:
             return route
         for u in self._defaults:
             if kind in served_kinds(u):
-                return Route(u, model)
+                return self.resolve(model) if u is self._default else Route(u, model)
         raise ProxyError(
             f"The model `{model}` does not exist or is not served by this proxy as a {kind} model "
             f"(configured: {', '.join(sorted(self._exact)) or 'none'}).", 404, code="model_not_found", param="model")
