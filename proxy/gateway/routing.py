@@ -63,8 +63,9 @@ class Router:
         )
 
     def resolve_kind(self, model: str, kind: str) -> Route:
-        """The route of `model` for a request of `kind` (chat, embeddings, rerank): its own upstream, which must serve that
-        kind (400 naming what it serves), else the first default route ("*") whose upstream serves it, else 404."""
+        """The route of `model` for a request of `kind` (chat, embeddings, rerank): its own upstream, which must
+        serve that kind (400 naming what it serves), else the first default route ("*") whose upstream serves it,
+        else 404."""
         route = self._exact.get(model)
         if route is not None:
             served = served_kinds(route.upstream)
