@@ -104,7 +104,16 @@ def test_batches_past_tei_limit_are_split_and_joined_in_order(proxy: Any, mocks:
     assert [d.index for d in got.data] == list(range(75))
     assert [d.embedding for d in got.data] == [pytest.approx(embedding(t, DIMENSION)) for t in texts]
     assert mocks["tei"].stats()["requests"] - before == 3  # 32 + 32 + 11: TEI's default max_client_batch_size
+    assert _metric(proxy, "dialect_proxy_retrieval_batches_total", route="/v1/embeddings", upstream="tei-embed") == 3
     assert got.usage.prompt_tokens == 3 * 75
+
+
+def _metric(proxy: Any, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(proxy.url + "/metrics", timeout=10).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def test_a_lower_server_limit_is_learnt(proxy: Any, mocks: dict[str, Mock]) -> None:

@@ -43,26 +43,33 @@ def decode(request: dict[str, Any]) -> EmbedCall:
 
 def inputs(value: Any) -> list[Input]:
     """OpenAI's four forms of `input`, as a list of texts and token lists."""
-    if isinstance(value, str):
-        items: list[Any] = [value]
-    elif isinstance(value, list) and value and all(type(x) is int for x in value):
-        items = [value]  # one text's token ids
-    elif isinstance(value, list):
-        items = value
-    else:
-        raise ClientRequestError("`input` must be a string, a list of strings, or token ids.", param="input")
+    items = _items(value)
     if not items:
         raise ClientRequestError("`input` must not be empty.", param="input")
     if len(items) > MAX_INPUTS:
         raise ClientRequestError(f"`input` has {len(items)} items; at most {MAX_INPUTS} are allowed.", param="input")
     for item in items:
-        if isinstance(item, str):
-            if not item:
-                raise ClientRequestError("`input` must not contain an empty string.", param="input")
-        elif not isinstance(item, list) or not item or not all(type(x) is int and x >= 0 for x in item):
-            raise ClientRequestError("Each `input` item must be a non-empty string or a non-empty list of token ids.",
-                                     param="input")
+        _check(item)
     return items
+
+
+def _items(value: Any) -> list[Any]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(type(x) is int for x in value):
+        return [value]  # one text's token ids
+    if isinstance(value, list):
+        return value
+    raise ClientRequestError("`input` must be a string, a list of strings, or token ids.", param="input")
+
+
+def _check(item: Any) -> None:
+    if isinstance(item, str):
+        if not item:
+            raise ClientRequestError("`input` must not contain an empty string.", param="input")
+    elif not isinstance(item, list) or not item or not all(type(x) is int and x >= 0 for x in item):
+        raise ClientRequestError("Each `input` item must be a non-empty string or a non-empty list of token ids.",
+                                 param="input")
 
 
 def encode(call: EmbedCall, vectors: list[list[float]], usage: Usage) -> bytes:

@@ -208,6 +208,9 @@ class _Run:
             payload, usage = await (embed(ex, call) if isinstance(call, EmbedCall) else rank(ex, call))
         finally:
             info["batches"] = ex.batches
+            m = state.metrics
+            if ex.batches:
+                m.child(m.retrieval_batches, endpoint.route, m.upstream_label(route.upstream.name)).inc(ex.batches)
         obs.usage({"prompt_tokens": usage.prompt_tokens})
         info.update(prompt_tokens=usage.prompt_tokens, tokens_estimated=usage.estimated)
         if self.trace is not None:
