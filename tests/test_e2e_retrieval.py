@@ -231,3 +231,13 @@ def test_metrics_and_readiness(proxy: Any) -> None:
     ready = httpx.get(proxy.url + "/readyz", timeout=10).json()
     assert ready["upstreams"]["tei-embed"].startswith("up") and ready["upstreams"]["tei-rerank"].startswith("up")
     assert math.isfinite(len(text))
+
+
+def test_a_client_that_leaves_closes_the_upstream_request(proxy: Any, mocks: dict[str, Mock]) -> None:
+    from tests.conftest import wait_for
+
+    directives(mocks["tei"], "delay_ms=3000")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(proxy.url + "/v1/embeddings", json={"model": "bge-m3", "input": "x"}, timeout=0.3)
+    assert wait_for(lambda: _metric(proxy, "dialect_proxy_client_disconnects_total", route="/v1/embeddings") == 1,
+                    timeout=2.5)

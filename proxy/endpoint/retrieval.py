@@ -24,6 +24,7 @@ from proxy.clients import embeddings, rerank
 from proxy.clients.base import ClientCall
 from proxy.endpoint.request import (
     ClientGone,
+    Disconnect,
     Scope,
     parse_body,
     read_request_body,
@@ -148,24 +149,41 @@ class RetrievalEndpoint:
             info["key"] = scope[KEY_NAME_SCOPE]
         trace = None if state.telemetry is None else state.telemetry.request(scope, self.route, started, info)
         run = _Run(self, info, trace, started)
+        rid = [(b"x-request-id", rid_bytes)]
         status = 500
+        watch: Disconnect | None = None
         try:
-            body = await read_request_body(length, receive, state.settings.server.max_body_bytes)
-            payload = await run.answer(body)
-            status = 200
-            await send_json(send, 200, payload, [(b"x-request-id", rid_bytes)])
-        except ProxyError as err:
-            status = run.failed(err)
-            await send_json(send, err.status, err.body(), _headers(err) + [(b"x-request-id", rid_bytes)])
-        except ClientGone:
+            try:
+                body = await read_request_body(length, receive, state.settings.server.max_body_bytes)
+                watch = Disconnect(receive, scope)  # the client leaves: the upstream request is closed at once
+                payload = await run.answer(body)
+                watch.complete = True
+                status = 200
+                await send_json(send, 200, payload, rid)
+            except ProxyError as err:
+                status = run.failed(err)
+                if watch is not None:
+                    watch.complete = True
+                await send_json(send, err.status, err.body(), _headers(err) + rid)
+            except ClientGone:
+                info["client_disconnected"] = True
+                status = 499
+            except Exception:  # a bug of ours: an error in the client's envelope, never a stack trace
+                log.exception("unexpected error in %s (request %s)", self.route, request_id)
+                bug = ProxyError("Internal error in the proxy.", 500, type="server_error", code="internal_error")
+                info["error"] = bug.code
+                await send_json(send, 500, bug.body(), rid)
+        except asyncio.CancelledError:
+            if watch is None or not watch.disconnected:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
             info["client_disconnected"] = True
             status = 499
-        except Exception:  # a bug of ours: an error in the client's envelope, never a stack trace
-            log.exception("unexpected error in %s (request %s)", self.route, request_id)
-            bug = ProxyError("Internal error in the proxy.", 500, type="server_error", code="internal_error")
-            info["error"] = bug.code
-            await send_json(send, 500, bug.body(), [(b"x-request-id", rid_bytes)])
         finally:
+            if watch is not None:
+                watch.stop()
             run.finish(status)
 
 

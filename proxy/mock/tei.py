@@ -2,10 +2,11 @@
 common `GET /health` (proxy/mock/common.py), with TEI's error shape `{"error", "error_type"}` and statuses, its
 `max_client_batch_size` (32 unless the `max_batch=N` directive says otherwise) and its `x-compute-tokens` header
 (left out under the `no_tokens` directive). Vectors and scores: proxy/mock/retrieval.py. The `error=413|424|429`
-directive answers every request with that status and TEI's error for it."""
+directive answers every request with that status and TEI's error for it; `delay_ms=N` answers N ms late."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -26,8 +27,12 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message, "error_type": _ERRORS.get(status, "Backend")}, status_code=status)
 
 
-def _refusal(stats: Stats, size: int) -> Response | None:
-    """The directive's error, an empty batch, or one past the batch limit (TEI's own messages)."""
+async def _refusal(stats: Stats, size: int) -> Response | None:
+    """The directive's error, an empty batch, or one past the batch limit (TEI's own messages); after the
+    `delay_ms=N` directive's wait."""
+    delay = stats.directives.get("delay_ms", "")
+    if delay.isdigit():
+        await asyncio.sleep(int(delay) / 1000)
     wanted = stats.directives.get("error")
     if wanted and wanted.isdigit():
         return _error(int(wanted), f"mock: error {wanted} as asked")
@@ -52,7 +57,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         stats.last_request = body = await request.json()
         inputs = body.get("inputs")
         items = [inputs] if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)) else inputs or []
-        if (refused := _refusal(stats, len(items))) is not None:
+        if (refused := await _refusal(stats, len(items))) is not None:
             return refused
         size = body.get("dimensions") or int(stats.directives.get("dimension", DIMENSION))
         return _answer(stats, [embedding(item, size) for item in items], items)
@@ -60,7 +65,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     async def rerank(request: Request) -> Response:
         stats.last_request = body = await request.json()
         texts = body.get("texts") or []
-        if (refused := _refusal(stats, len(texts))) is not None:
+        if (refused := await _refusal(stats, len(texts))) is not None:
             return refused
         query = body.get("query", "")
         ranks = [{"index": i, "score": score(query, t), **({"text": t} if body.get("return_text") else {})}
