@@ -241,3 +241,27 @@ def test_a_client_that_leaves_closes_the_upstream_request(proxy: Any, mocks: dic
         httpx.post(proxy.url + "/v1/embeddings", json={"model": "bge-m3", "input": "x"}, timeout=0.3)
     assert wait_for(lambda: _metric(proxy, "dialect_proxy_client_disconnects_total", route="/v1/embeddings") == 1,
                     timeout=2.5)
+
+
+def test_embeddings_span(start_mock: Any, start_proxy: Any) -> None:
+    from tests.otlp_receiver import Receiver
+    from tests.test_tracing import one, otel_env, spans_of, traceparent
+
+    receiver = Receiver().start()
+    try:
+        tei = start_mock("tei")
+        proxy = start_proxy([{"name": "embed", "dialect": "tei", "url": tei.url, "models": ["bge-m3"]}],
+                            environ=otel_env(receiver))
+        header, trace_id, _ = traceparent()
+        texts = [f"t{i}" for i in range(40)]
+        got = proxy.client().embeddings.create(model="bge-m3", input=texts, extra_headers={"traceparent": header})
+        spans = spans_of(receiver, trace_id, 2)
+        server, client = one(spans, "SERVER"), one(spans, "CLIENT")
+        assert server.name == "embeddings bge-m3" and client.parent_id == server.span_id
+        for span in (server, client):
+            assert span.attributes["gen_ai.operation.name"] == "embeddings"
+            assert span.attributes["gen_ai.provider.name"] == "tei"
+            assert span.attributes["gen_ai.usage.input_tokens"] == got.usage.prompt_tokens == 40
+        assert server.attributes["http.response.status_code"] == 200
+    finally:
+        receiver.stop()

@@ -69,8 +69,11 @@ class Exchange:
         dialect = state.dialects[ctx.upstream.name]
         loop = asyncio.get_running_loop()
         attempts = state.replicas[ctx.upstream.name].attempts(self.request, self.info)
+        # The trace's upstream (CLIENT) span is the first batch's: a request traces one upstream exchange, and the
+        # span's end (proxy/metrics/tracing.py) carries the whole call's usage.
+        trace = self.trace if self.batches == 0 else None
         ticket, resp = await attempts.open(ctx, path, orjson.dumps(body), dialect.request_headers, self.deadline,
-                                           loop, self.trace)
+                                           loop, trace)
         done = False
         try:
             raw = await read_body(resp, max(self.deadline - loop.time(), 0.001),
