@@ -83,7 +83,7 @@ def test_base64_is_little_endian_float32(proxy: Any) -> None:
 def test_token_inputs_reach_tei(proxy: Any, mocks: dict[str, Mock]) -> None:
     got = proxy.client().embeddings.create(model="bge-m3", input=[[1, 2, 3], [4]], encoding_format="float")
     assert got.data[0].embedding == pytest.approx(embedding([1, 2, 3], DIMENSION))
-    assert mocks["tei"].last_request() == {"inputs": [[1, 2, 3], [4]]}
+    assert mocks["tei"].last_request()["body"] == {"inputs": [[1, 2, 3], [4]]}
     assert got.usage.prompt_tokens == 4
 
 

@@ -44,8 +44,18 @@ async def _refusal(stats: Stats, size: int) -> Response | None:
     return None
 
 
-def _answer(stats: Stats, data: Any, items: list[Any]) -> Response:
+async def _record(stats: Stats, request: Request) -> dict[str, Any]:
+    """The request's body, recorded as every mock records its inference requests (GET /_mock/last_request)."""
+    body: dict[str, Any] = await request.json()
     stats.requests += 1
+    stats.last_request = {"method": request.method, "path": request.url.path, "headers": dict(request.headers),
+                          "body": body, "traceparent": request.headers.get("traceparent")}
+    stats.recent.append(stats.last_request)
+    return body
+
+
+def _answer(stats: Stats, data: Any, items: list[Any]) -> Response:
+    stats.completed += 1
     headers = {} if "no_tokens" in stats.directives else {"x-compute-tokens": str(tokens(items))}
     return JSONResponse(data, headers=headers)
 
@@ -54,7 +64,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     model = cfg.served_model or DEFAULT_MODEL
 
     async def embed(request: Request) -> Response:
-        stats.last_request = body = await request.json()
+        body = await _record(stats, request)
         inputs = body.get("inputs")
         items = [inputs] if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)) else inputs or []
         if (refused := await _refusal(stats, len(items))) is not None:
@@ -63,7 +73,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         return _answer(stats, [embedding(item, size) for item in items], items)
 
     async def rerank(request: Request) -> Response:
-        stats.last_request = body = await request.json()
+        body = await _record(stats, request)
         texts = body.get("texts") or []
         if (refused := await _refusal(stats, len(texts))) is not None:
             return refused
