@@ -27,7 +27,7 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message, "error_type": _ERRORS.get(status, "Backend")}, status_code=status)
 
 
-async def _refusal(stats: Stats, size: int) -> Response | None:
+async def _refusal(stats: Stats, size: int, field: str) -> Response | None:
     """The directive's error, an empty batch, or one past the batch limit (TEI's own messages); after the
     `delay_ms=N` directive's wait."""
     delay = stats.directives.get("delay_ms", "")
@@ -37,7 +37,7 @@ async def _refusal(stats: Stats, size: int) -> Response | None:
     if wanted and wanted.isdigit():
         return _error(int(wanted), f"mock: error {wanted} as asked")
     if size == 0:
-        return _error(422, "`inputs` cannot be empty")
+        return _error(422, f"`{field}` cannot be empty")
     limit = int(stats.directives.get("max_batch", MAX_BATCH))
     if size > limit:
         return _error(422, f"batch size {size} > maximum allowed batch size {limit}")
@@ -67,7 +67,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         body = await _record(stats, request)
         inputs = body.get("inputs")
         items = [inputs] if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)) else inputs or []
-        if (refused := await _refusal(stats, len(items))) is not None:
+        if (refused := await _refusal(stats, len(items), "inputs")) is not None:
             return refused
         size = body.get("dimensions") or int(stats.directives.get("dimension", DIMENSION))
         return _answer(stats, [embedding(item, size) for item in items], items)
@@ -75,7 +75,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     async def rerank(request: Request) -> Response:
         body = await _record(stats, request)
         texts = body.get("texts") or []
-        if (refused := await _refusal(stats, len(texts))) is not None:
+        if (refused := await _refusal(stats, len(texts), "texts")) is not None:
             return refused
         query = body.get("query", "")
         ranks = [{"index": i, "score": score(query, t), **({"text": t} if body.get("return_text") else {})}
