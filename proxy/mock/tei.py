@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.mock.asgi import Stats
-from proxy.mock.common import MockConfig
+from proxy.mock.common import CHECK_HEADER, MockConfig
 from proxy.mock.retrieval import DIMENSION, embedding, score, tokens
 
 DEFAULT_MODEL = "BAAI/bge-m3"
@@ -47,6 +47,9 @@ async def _refusal(stats: Stats, size: int, field: str) -> Response | None:
 async def _record(stats: Stats, request: Request) -> dict[str, Any]:
     """The request's body, recorded as every mock records its inference requests (GET /_mock/last_request)."""
     body: dict[str, Any] = await request.json()
+    if CHECK_HEADER in request.headers:  # the proxy's readiness check: counted apart, as every mock does
+        stats.checks += 1
+        return body
     stats.requests += 1
     stats.last_request = {"method": request.method, "path": request.url.path, "headers": dict(request.headers),
                           "body": body, "traceparent": request.headers.get("traceparent")}
