@@ -51,6 +51,7 @@ COMPILED = [
     "proxy/gateway/upstream.py",
     "proxy/clients/validate.py",
     "proxy/stream/cumulative.py",
+    "proxy/stream/jsonplain.py",
     "proxy/stream/text_lane.py",
     "proxy/stream/think.py",
     "proxy/stream/tool_calls.py",

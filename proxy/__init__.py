@@ -1,3 +1,5 @@
-"""dialect-proxy: an OpenAI Chat Completions front for MindIE, Siliconstorm, DeepSeek and engine upstreams."""
+"""dialect-proxy: OpenAI Chat Completions, Completions, Responses and Anthropic Messages in front of MindIE,
+Siliconstorm, DeepSeek, engine-API, OpenAI and vLLM upstreams; embeddings and rerank in front of
+text-embeddings-inference (TEI), vLLM and OpenAI."""
 
 __version__ = "0.1.0"

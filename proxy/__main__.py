@@ -14,116 +14,25 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from proxy import __version__
 from proxy.build import BUILD
 from proxy.settings import (
-    CLIENT_REASONING,
-    LOG_LEVELS,
-    REASONING_SOURCES,
-    RESPONSE_FORMAT,
-    RESPONSES_SPECS,
+    ENV_PREFIX,
     ConfigError,
     Settings,
     build_settings,
+    command_line,
+    declared,
     dialect_name,
     dialect_names,
     env_var_name,
     load_config_file,
-    usage_field_names,
 )
 
-ENV_PREFIX = "DIALECT_PROXY_"
 _ARGS_ENV = "DIALECT_PROXY_INTERNAL_WORKER_ARGS"
-
-# (flag, help, kind, choices) — the settings key is the flag name with "_" for "-".
-SERVER_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
-    ("host", "address to listen on (default 127.0.0.1; the container image sets 0.0.0.0)", "str", None),
-    ("port", "port to listen on (default 8000)", "int", None),
-    ("workers", "worker processes (default 1); >1 turns on Prometheus multiprocess mode", "int", None),
-    ("log-level", "log level (default info)", "str", LOG_LEVELS),
-    ("log-bodies", "log request/response bodies at debug level, secrets redacted (default false)", "bool", None),
-    ("max-body-bytes", "largest accepted request body in bytes (default 4194304); larger gets 413", "int", None),
-    ("max-header-bytes", "largest accepted request line + headers in bytes (default 65536); larger gets 431",
-     "int", None),
-    ("header-timeout", "seconds a client has to send a request's line and headers, from its first byte or the "
-     "connection's opening (default 10); slower gets 408", "float", None),
-    ("body-timeout", "seconds a client has to send a request's body once its headers are in (default 60); slower "
-     "gets 408", "float", None),
-    ("max-client-connections", "open client connections accepted (default 2048); more get 503 at once", "int",
-     None),
-    ("ws-idle-timeout", "seconds a WebSocket (Responses WebSocket mode) may stay without a message either way "
-     "(default 600)", "float", None),
-    ("ws-max-age", "seconds a Responses WebSocket may stay open; then websocket_connection_limit_reached "
-     "(default 3600)", "float", None),
-    ("connect-timeout", "seconds to connect to an upstream (default 10)", "float", None),
-    ("first-byte-timeout", "seconds to wait for an upstream's response headers (default 600)", "float", None),
-    ("idle-timeout", "seconds of upstream silence allowed between stream chunks (default 300)", "float", None),
-    ("total-timeout", "seconds one request may take in all (default 1800)", "float", None),
-    ("keepalive-interval", "seconds of silence before an SSE ': keep-alive' comment goes to the client "
-     "(default 15)", "float", None),
-    ("shutdown-grace", "seconds in-flight requests get to finish after SIGTERM (default 30)", "float", None),
-    ("readiness-timeout", "seconds /readyz waits for each upstream's health URL (default 2)", "float", None),
-    ("ready-when", "/readyz is 200 when all (default: a sidecar) or any (a gateway) of the upstreams answer",
-     "str", ("all", "any")),
-    ("api-keys-env", "name of an environment variable holding the comma-separated API keys clients must send "
-     "(Authorization: Bearer KEY) on /v1/*; unset = no client authentication", "str", None),
-    ("api-keys-file", "YAML file mapping key names to client API keys (name: key); the name goes to the access "
-     "log and the `key` metrics label", "str", None),
-    ("state-store", "where state that outlives a request is kept (stored Responses, reasoning continuity): memory "
-     "(default; per process) or a redis://[:PASSWORD@]HOST:PORT/DB or rediss:// URL shared by replicas", "str", None),
-    ("state-max-entries", "memory store: most entries kept, oldest out first (default 10000)", "int", None),
-    ("state-max-bytes", "memory store: most bytes kept, oldest out first (default 268435456)", "int", None),
-    ("state-ttl", "seconds each stored entry lives, memory or Redis (default 86400)", "float", None),
-    ("state-timeout", "seconds to connect to / hear from Redis before a 503 (default 2)", "float", None),
-]
-CLIENT_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
-    ("client-reasoning", "how clients receive reasoning: reasoning_content (default), reasoning, think_tags, none",
-     "str", CLIENT_REASONING),
-    ("client-usage-fields", "openai (default), or deepseek to add prompt_cache_hit/miss_tokens to usage", "str",
-     usage_field_names()),
-    ("client-responses-spec", "the Responses specification /v1/responses follows where the two differ (the "
-     "raw-reasoning event names): openai_api (default; response.reasoning_text.*) or open_responses "
-     "(response.reasoning.*)", "str", RESPONSES_SPECS),
-]
-UPSTREAM_FLAGS: list[tuple[str, str, str, tuple[str, ...] | None]] = [
-    ("upstream-url", "the upstream server's base URL, with or without /v1 (single-upstream form; every model "
-     "name routes there unchanged). Several replicas: repeat the flag or separate URLs with commas", "str", None),
-    ("upstream-dialect", f"the upstream's dialect: {', '.join(dialect_names())} (any case)", "str", None),
-    ("upstream-name", "a name for the upstream in logs and metrics (default: the dialect)", "str", None),
-    ("full-text", "the MindIE upstream runs with fullTextEnabled (cumulative stream text)", "bool", None),
-    ("upstream-api-key-env", "name of the environment variable holding the upstream's API key", "str", None),
-    ("upstream-health-url", "URL /readyz probes (MindIE serves health on its management port, e.g. "
-     "http://127.0.0.1:1026/health)", "str", None),
-    ("upstream-reasoning-source", "where the upstream puts reasoning: auto, field, tags, off", "str",
-     REASONING_SOURCES),
-    ("upstream-thinking-models", "comma-separated upstream model names that start inside a <think> block", "str",
-     None),
-    ("models", "comma-separated client model names routed to the upstream (default: every name); /v1/models lists "
-     "them", "str", None),
-    ("aliases", "comma-separated client=upstream model names, e.g. gpt-4o=DeepSeek-R1,gpt-4o-mini=Qwen3-8B", "str",
-     None),
-    ("upstream-response-format", "response_format (structured output): pass (default for openai, deepseek), reject "
-     "with a 400 (default for mindie, siliconstorm, engine: set pass for MindIE >= 2.3), drop (leave it out)", "str",
-     RESPONSE_FORMAT),
-    ("upstream-tls-ca-file", "CA bundle to verify an https upstream (e.g. MindIE with httpsEnabled)", "str", None),
-    ("upstream-tls-cert-file", "client certificate for mutual TLS to the upstream", "str", None),
-    ("upstream-tls-key-file", "private key of that client certificate", "str", None),
-    ("upstream-tls-verify", "verify the upstream's certificate (default true; false is for testing only)", "bool",
-     None),
-    ("upstream-retries", "replicas: tries on another replica after a failure before the first byte (default 2)",
-     "int", None),
-    ("upstream-balance", "replicas: least_outstanding (default) or prefix_affinity", "str",
-     ("least_outstanding", "prefix_affinity")),
-    ("upstream-max-in-flight", "requests at once per replica (default 0: unlimited)", "int", None),
-    ("upstream-queue-size", "requests that may wait per replica when it is at max-in-flight (default 0)", "int",
-     None),
-    ("upstream-queue-timeout", "seconds a request may wait in that queue before a 429 (default 30)", "float", None),
-    ("upstream-passthrough", "comma-separated client dialects sent to the upstream untranslated, where it serves "
-     "them natively (e.g. responses for openai, messages for deepseek; docs/passthrough.md)", "str", None),
-]
-
 
 def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.upper().replace("-", "_")
@@ -135,23 +44,23 @@ def _mock_env(flag: str) -> str:
     return _env_name("mock-" + flag)
 
 
-def _add_flags(p: argparse.ArgumentParser, flags: list[tuple[str, str, str, tuple[str, ...] | None]]) -> None:
-    for flag, help_text, kind, choices in flags:
-        extra = f" [env {_env_name(flag)}]"
-        if flag == "upstream-url":
-            p.add_argument(f"--{flag}", action="append", default=None, help=help_text + extra)
-        elif kind == "bool":
-            p.add_argument(f"--{flag}", nargs="?", const="true", default=None, metavar="BOOL",
-                           help=help_text + extra)
+def _add_setting_flags(p: argparse.ArgumentParser) -> None:
+    """A flag for each declared setting (proxy/settings.py): its help, default and environment variable from there.
+    Values stay strings here: the settings read and check them, so a bad one is named the same way from a flag,
+    an environment variable or the file."""
+    groups = {"server": p.add_argument_group("server settings (server: in the config file)"),
+              "client": p.add_argument_group("client settings (client: in the config file)"),
+              "upstream": p.add_argument_group("the single upstream (with --upstream-url; upstreams[] in the config "
+                                               "file)")}
+    for d in declared():
+        group = groups[d.section]
+        metavar = d.flag.rpartition("-")[2].upper()
+        if d.name == "url":  # several replicas: repeat the flag
+            group.add_argument(f"--{d.flag}", action="append", default=None, metavar=metavar, help=d.help())
+        elif isinstance(d.default, bool):
+            group.add_argument(f"--{d.flag}", nargs="?", const="true", default=None, metavar="BOOL", help=d.help())
         else:
-            p.add_argument(f"--{flag}", default=None, choices=choices, help=help_text + extra)
-
-
-def _value(args: argparse.Namespace, flag: str, environ: dict[str, str] | os._Environ[str]) -> Any:
-    value = getattr(args, flag.replace("-", "_"), None)
-    if value is None:
-        value = environ.get(_env_name(flag)) or None
-    return value
+            group.add_argument(f"--{d.flag}", default=None, metavar=metavar, help=d.help())
 
 
 def parser() -> argparse.ArgumentParser:
@@ -159,7 +68,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="dialect-proxy",
-        description="An OpenAI Chat Completions proxy for MindIE, Siliconstorm, DeepSeek and engine upstreams.",
+        description="A proxy that serves OpenAI Chat Completions, Completions, Responses and Anthropic Messages "
+                    "from MindIE, Siliconstorm, DeepSeek, engine-API, OpenAI and vLLM upstreams; embeddings and rerank "
+                    "from TEI (text-embeddings-inference), vLLM and OpenAI.",
         epilog="Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG.",
     )
     p.add_argument("--version", action="version", version=f"dialect-proxy {__version__} ({BUILD})")
@@ -178,9 +89,7 @@ def parser() -> argparse.ArgumentParser:
     # The container's entrypoint is `dialect-proxy serve` (deploy/Dockerfile): `docker run IMAGE --version` lands here.
     serve.add_argument("--version", action="version", version=f"dialect-proxy {__version__} ({BUILD})")
     serve.add_argument("--config", default=None, help=f"YAML config file [env {_env_name('config')}]")
-    _add_flags(serve, SERVER_FLAGS)
-    _add_flags(serve, CLIENT_FLAGS)
-    _add_flags(serve, UPSTREAM_FLAGS)
+    _add_setting_flags(serve)
 
     mock = sub.add_parser("mock", help="run the built-in fake upstream for one dialect", description=(
         "Run the built-in fake upstream server. Pick behaviours per request with [mock:...] directives in the last "
@@ -306,66 +215,25 @@ def check_port(host: str, port: int, flag: str) -> None:
             raise StartupError(f"cannot listen on {host}:{port}: {what} (choose another {flag})") from None
 
 
-def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Settings:
-    server = {flag.replace("-", "_"): _value(args, flag, environ) for flag, *_ in SERVER_FLAGS}
-    client = {flag[len("client-"):].replace("-", "_"): _value(args, flag, environ) for flag, *_ in CLIENT_FLAGS}
-    config_path = _value(args, "config", environ)
-    url = _value(args, "upstream-url", environ)
-    if isinstance(url, list):  # repeated flag
-        url = ",".join(url)
-    if config_path and url:
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    given = command_line(vars(args), environ)
+    config_path = args.config or environ.get(_env_name("config")) or None
+    upstream = given["upstream"]
+    if config_path and "url" in upstream:
         raise ConfigError("--config and --upstream-url cannot be used together: give one upstream by flags, or "
                           "many in the file")
-    single = None
-    if url:
-        dialect = _value(args, "upstream-dialect", environ)
-        if not dialect:
-            raise ConfigError("--upstream-dialect: required with --upstream-url "
-                              f"(one of {', '.join(dialect_names())})")
-        single = {"url": url, "dialect": dialect}
-        for flag, key in (("upstream-name", "name"), ("full-text", "full_text"),
-                          ("upstream-api-key-env", "api_key_env"), ("upstream-health-url", "health_url"),
-                          ("upstream-reasoning-source", "reasoning_source"),
-                          ("upstream-response-format", "response_format"),
-                          ("upstream-tls-ca-file", "tls_ca_file"), ("upstream-tls-cert-file", "tls_cert_file"),
-                          ("upstream-tls-key-file", "tls_key_file"), ("upstream-tls-verify", "tls_verify"),
-                          ("upstream-retries", "retries"), ("upstream-balance", "balance"),
-                          ("upstream-max-in-flight", "max_in_flight"), ("upstream-queue-size", "queue_size"),
-                          ("upstream-queue-timeout", "queue_timeout"), ("upstream-passthrough", "passthrough")):
-            v = _value(args, flag, environ)
-            if v is not None:
-                single[key] = v
-        thinking = _value(args, "upstream-thinking-models", environ)
-        if thinking:
-            single["thinking_models"] = [m.strip() for m in thinking.split(",") if m.strip()]
-        models = _value(args, "models", environ)
-        if models:
-            single["models"] = [m.strip() for m in models.split(",") if m.strip()]
-        aliases = _value(args, "aliases", environ)
-        if aliases:
-            single["aliases"] = _aliases(aliases)
-    elif any(_value(args, flag, environ) for flag in ("models", "aliases")):
-        raise ConfigError("--models / --aliases go with --upstream-url; in a config file they are upstreams[].models "
-                          "and upstreams[].aliases")
-    elif not config_path:
+    if "url" in upstream and "dialect" not in upstream:
+        raise ConfigError(f"--upstream-dialect: required with --upstream-url (one of {', '.join(dialect_names())})")
+    if not config_path and "url" not in upstream:
         raise ConfigError("no upstream: give --upstream-url URL --upstream-dialect D, or --config FILE.yaml "
                           "(or try `dialect-proxy demo`)")
+    if config_path and upstream:
+        stray = next(iter(upstream.items()))
+        raise ConfigError(f"{stray[1].where} goes with --upstream-url; in a config file it is "
+                          f"upstreams[].{stray[0]}")
     config = load_config_file(config_path) if config_path else None
-    return build_settings(config=config, server_overrides=server, client_overrides=client, single_upstream=single,
-                          environ=environ)
-
-
-def _aliases(text: str) -> dict[str, str]:
-    """`a=b,c=d` -> {"a": "b", "c": "d"} (the --aliases flag)."""
-    out: dict[str, str] = {}
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        client, sep, upstream = item.partition("=")
-        if not sep or not client.strip() or not upstream.strip():
-            raise ConfigError(f"--aliases: {item.strip()!r} is not client=upstream (e.g. gpt-4o=DeepSeek-R1)")
-        out[client.strip()] = upstream.strip()
-    return out
+    return build_settings(config=config, server_overrides=given["server"], client_overrides=given["client"],
+                          single_upstream=upstream or None, environ=environ)
 
 
 def configure_logging(level: str) -> None:

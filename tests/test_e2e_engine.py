@@ -1,6 +1,7 @@
 """End to end: the official openai SDK -> proxy -> built-in mock "engine" upstream (POST /chat, /completion).
 
-The mock follows specs/engine-frontend-api.md strictly: it refuses `model`, `user` and `response_format`.
+The mock follows the engine's document strictly (docs/upstreams.md "The engine API"): it refuses `model`, `user`
+and `response_format`.
 """
 
 from __future__ import annotations

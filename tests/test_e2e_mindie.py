@@ -185,7 +185,7 @@ def test_close_only_think_for_r1_named_models(stack: Stack, full_text: bool) -> 
     _, proxy = stack(full_text=full_text)
     chunks = stream_deltas(proxy, "DeepSeek-R1", "hi [mock:think_close_only]")
     assert (joined(chunks, "reasoning_content"), joined(chunks)) == (REASONING, ANSWER)
-    # Another model name: a lone </think> is not ours to interpret (DECISIONS.md) and stays in the content.
+    # Another model name: a lone </think> is not ours to interpret (docs/decisions.md "Reasoning"): it stays.
     other = joined(stream_deltas(proxy, "qwen", "hi [mock:think_close_only]"))
     assert other == REASONING + "</think>\n\n" + ANSWER
 

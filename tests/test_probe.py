@@ -142,6 +142,26 @@ def test_a_given_dialect_the_server_does_not_speak_is_a_problem(start_mock) -> N
     assert "answers as" not in same.stdout
 
 
+def test_deepseek_given_to_a_mindie_server_warns_in_the_report_and_the_config_block(start_mock) -> None:
+    """--dialect deepseek against MindIE: DeepSeek's own listing path (/models) is a 404 there, yet the generic
+    listing shows MindIE, and the block the user may paste says so next to `dialect: deepseek`."""
+    mock = start_mock("mindie")
+    report = run_probe(mock.url, dialect="deepseek")
+    assert report.dialect == "deepseek" and report.answers_as == "mindie"
+    assert any("answers as the mindie dialect" in p["problem"] and "--dialect mindie" in p["hint"]
+               for p in report.problems), report.problems
+    config = report.config.splitlines()
+    assert "    dialect: deepseek" in config
+    assert "    # warning: this server answers as the mindie dialect, not deepseek (--dialect): see the probe's " \
+           "problems" in config
+    out = cli(mock.url, "--dialect", "deepseek")
+    assert out.returncode == 1
+    assert "problem: the server answers as the mindie dialect" in out.stdout
+    assert "# warning: this server answers as the mindie dialect" in out.stdout
+    agreed = run_probe(mock.url, dialect="mindie")
+    assert agreed.answers_as is None and "# warning" not in agreed.config and not agreed.problems
+
+
 def test_mindie_block_suggests_health_url_on_the_management_port(start_mock) -> None:
     report = run_probe(start_mock("mindie").url)
     assert report.dialect == "mindie"

@@ -141,7 +141,7 @@ def test_a_dialect_the_upstream_does_not_speak(start_mock, start_proxy, mock_dia
 
 
 def test_model_unknown_upstream_is_still_model_not_found(start_mock, start_proxy) -> None:
-    """A 404 that says the model does not exist stays a 404 model_not_found (DECISIONS.md "Errors")."""
+    """A 404 that says the model does not exist stays a 404 model_not_found (docs/decisions.md "Errors")."""
     mock = start_mock("openai", served_model="only-this")
     proxy = start_proxy(mock=mock)
     assert readyz(proxy)[0] == 200

@@ -53,11 +53,11 @@ def test_metrics_label_and_compiled_build_follow_the_registry() -> None:
 
 
 def test_the_probe_has_one_fallback_and_every_error_shape_one_owner() -> None:
-    assert [name for name, spoke in DIALECTS.items() if spoke.probe_generic] == ["openai"]
+    assert [name for name, spoke in DIALECTS.items() if spoke.probe.generic] == ["openai"]
     shapes = {"openai": {"error": {"message": "m", "type": "t"}}, "mindie": {"error": "m", "error_type": "t"},
               "siliconstorm": {"code": 801, "result": None, "message": "Apikey error"}}
     for owner, body in shapes.items():
-        assert [name for name, spoke in DIALECTS.items() if spoke.probe_error_shape(body)] == [owner]
+        assert [name for name, spoke in DIALECTS.items() if spoke.probe.error_shape(body)] == [owner]
 
 
 def test_the_mock_serves_every_dialect_and_the_proxy_speaks_it(start_mock, start_proxy) -> None:

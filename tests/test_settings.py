@@ -230,3 +230,84 @@ def test_upstream_url_flag_repeated_or_comma_separated():
     assert (u.max_in_flight, u.queue_size, u.balance) == (4, 8, "prefix_affinity")
     env = {"DIALECT_PROXY_UPSTREAM_URL": "http://a:1,http://b:2", "DIALECT_PROXY_UPSTREAM_DIALECT": "openai"}
     assert len(settings_from_args(parser().parse_args(["serve"]), env).upstreams[0].replicas) == 2
+
+
+_ONE_UPSTREAM = ("--upstream-url", "http://127.0.0.1:9", "--upstream-dialect", "openai")
+
+
+@pytest.mark.parametrize(("argv", "env", "line"), [
+    ((), {"DIALECT_PROXY_PORT": "abc"}, "DIALECT_PROXY_PORT: expected an integer, got 'abc'"),
+    (("--idle-timeout", "soon"), {}, "--idle-timeout: expected a number, got 'soon'"),
+    ((), {"DIALECT_PROXY_WORKERS": "0"}, "DIALECT_PROXY_WORKERS: must be greater than 0, got 0"),
+    (("--upstream-max-in-flight", "-1"), {}, "--upstream-max-in-flight: must be at least 0, got -1"),
+    ((), {"DIALECT_PROXY_FULL_TEXT": "sometimes"},
+     "DIALECT_PROXY_FULL_TEXT: expected a boolean (true/false, 1/0, yes/no), got 'sometimes'"),
+    (("--log-level", "warn"), {},
+     "--log-level: 'warn' is not one of debug, info, warning, error, critical (did you mean 'warning'?)"),
+    ((), {"DIALECT_PROXY_ALIASES": "gpt-4o"},
+     "DIALECT_PROXY_ALIASES: 'gpt-4o' is not client=upstream (e.g. gpt-4o=DeepSeek-R1)"),
+])
+def test_a_bad_flag_or_variable_is_named_as_given(argv, env, line):
+    """`dialect-proxy serve` names the flag or the environment variable a bad value came from, not a key the user
+    never typed; the same value from the flag wins over the variable (so the flag's name is the one shown)."""
+    r = _cli("serve", *_ONE_UPSTREAM, *argv, env={"DIALECT_PROXY_PORT": "0", **env})  # port 0: should it start
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"dialect-proxy: config error: {line}"]
+
+
+def test_a_bad_value_in_the_file_is_named_by_its_key_path(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("upstreams:\n  - {dialect: mindie, url: 'http://127.0.0.1:1025'}\n"
+                   "  - {dialect: openai, url: 'http://127.0.0.1:9', name: b, retries: many}\nserver: {port: abc}\n")
+    r = _cli("serve", "--config", str(cfg))
+    assert r.stderr.strip().splitlines() == ["dialect-proxy: config error: server.port: expected an integer, got 'abc'"]
+    cfg.write_text(cfg.read_text().replace("port: abc", "port: 0"))
+    r = _cli("serve", "--config", str(cfg))
+    assert r.stderr.strip().splitlines() == [
+        "dialect-proxy: config error: upstreams[1].retries: expected an integer, got 'many'"]
+    assert r.returncode == 2
+
+
+def test_an_unknown_key_gets_a_did_you_mean(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("upstreams:\n  - dialect: mindie\n    url: http://127.0.0.1:1025\n    ful_text: true\n"
+                   "server:\n  idle_timout: 5\n")
+    r = _cli("serve", "--config", str(cfg))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "dialect-proxy: config error: server.idle_timout: unknown key (did you mean 'idle_timeout'?)"]
+    cfg.write_text("upstreams:\n  - dialect: mindie\n    url: http://127.0.0.1:1025\n    ful_text: true\n")
+    r = _cli("serve", "--config", str(cfg))
+    assert r.stderr.strip().splitlines() == [
+        "dialect-proxy: config error: upstreams[0].ful_text: unknown key (did you mean 'full_text'?)"]
+
+
+def test_invalid_yaml_gives_line_column_and_reason(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("upstreams:\n  - dialect: mindie\n    url: http://127.0.0.1:1025\n   models: [a]\n")
+    r = _cli("serve", "--config", str(cfg))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"dialect-proxy: config error: config file {cfg}: not valid YAML at line 4, column 4: expected <block end>, "
+        "but found '<block mapping start>' (while parsing a block collection at line 2, column 3)"]
+    cfg.write_text('server:\n  host: "127.0.0.1\n')
+    r = _cli("serve", "--config", str(cfg))
+    assert r.stderr.strip().endswith("not valid YAML at line 3, column 1: found unexpected end of stream "
+                                     "(while scanning a quoted scalar at line 2, column 9)")
+
+
+def test_an_upstream_flag_with_a_config_file_is_refused(tmp_path):
+    """With --config, the upstreams are the file's: an upstream flag or variable would be silently ignored."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('upstreams: [{dialect: openai, url: "http://127.0.0.1:9"}]\n')
+    with pytest.raises(ConfigError, match=r"^DIALECT_PROXY_FULL_TEXT goes with --upstream-url; in a config file it "
+                                          r"is upstreams\[\]\.full_text$"):
+        settings_from_args(parser().parse_args(["serve", "--config", str(cfg)]), {"DIALECT_PROXY_FULL_TEXT": "1"})
+
+
+def test_every_upstream_setting_has_a_flag():
+    """Declared once: the file-only keys of before (reasoning_replay, the outlier and affinity keys ...) have their
+    flag and variable too."""
+    args = parser().parse_args(["serve", *_ONE_UPSTREAM, "--upstream-reasoning-replay", "strip",
+                                "--keep-upstream-id", "--upstream-outlier-backoff", "2.5"])
+    u = settings_from_args(args, {"DIALECT_PROXY_UPSTREAM_AFFINITY_TURNS": "3"}).upstreams[0]
+    assert (u.reasoning_replay, u.keep_upstream_id, u.outlier_backoff, u.affinity_turns) == ("strip", True, 2.5, 3)

@@ -3,7 +3,7 @@ closest to the hub. The request already is the canonical form; the encoder puts 
 
 - the first chunk of each choice carries `role: "assistant"` (content "" when it carries nothing else);
 - reasoning goes where `client.reasoning` says: `reasoning_content`, `reasoning`, re-inlined `<think>` tags, or
-  nowhere (DECISIONS.md "Reasoning");
+  nowhere (docs/decisions.md "Reasoning");
 - usage follows `stream_options.include_usage` (the one place that knows it): `usage: null` on every chunk and a
   final `choices: []` chunk with the usage — zeros if the upstream reported none; no `usage` key without it;
   `client.usage_fields: <dialect>` adds that upstream dialect's own usage fields (its spoke's `client_usage_fields`);

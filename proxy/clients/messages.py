@@ -336,7 +336,7 @@ class _Decoder:
                     reasoning.append(text)
                 elif text:
                     # Not reasoning this proxy produced (another server's, made up, or altered): never sent upstream
-                    # as reasoning (DECISIONS.md "Client dialects and state"); the upstream session decides what a
+                    # as reasoning (docs/decisions.md "Client dialects and state"); the upstream session decides what a
                     # tool-call turn without reasoning needs.
                     self.unverified_thinking += 1
             elif kind == "redacted_thinking":

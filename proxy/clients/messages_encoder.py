@@ -1,5 +1,5 @@
 """Hub events -> Anthropic Messages: one state machine (`MessagesEncoder`) emits the client's events to a consumer,
-the SSE writer for a stream or the fold for one `Message` (docs/hub.md "One path").
+the SSE writer for a stream or the fold for one `Message` (docs/hub.md "Client side").
 
 Content blocks open in the order the answer produces them and one at a time, as Anthropic streams them: reasoning
 opens a `thinking` block, content a `text` block, each new tool call a `tool_use` block; a change of kind closes the
@@ -236,7 +236,8 @@ class MessagesEncoder:
                  sink: MessagesSink) -> None:
         self.sink = sink
         self.omit_thinking = bool(call.options.get("omit_thinking"))
-        # Thinking blocks only when the request enabled thinking (DECISIONS.md): otherwise an upstream's reasoning is
+        # Thinking blocks only when the request enabled thinking (docs/decisions.md "Client dialects and
+        # state"): otherwise an upstream's reasoning is
         # left out of the answer (usage still counts it; continuity records it from the hub's events).
         self.show_thinking = bool(call.options.get("show_thinking"))
         self.stop_sequences = call.options.get("stop_sequences") or ()

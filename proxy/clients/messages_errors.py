@@ -1,6 +1,6 @@
 """Errors in the Anthropic shape: `{"type": "error", "error": {"type": ..., "message": ...}}` with Anthropic's
-statuses (DECISIONS.md "Client dialects and state": an overloaded upstream, 503, is 529 `overloaded_error`; 502 and 504
-stay, as `api_error`). The same body is the in-stream `event: error` after the stream head."""
+statuses (docs/decisions.md "Client dialects and state": an overloaded upstream, 503, is 529 `overloaded_error`;
+502 and 504 stay, as `api_error`). The same body is the in-stream `event: error` after the stream head."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _TYPES: Final = {401: "authentication_error", 402: "billing_error", 403: "permis
 
 
 def error_status(err: ProxyError) -> tuple[int, str]:
-    """Anthropic's status and error type for a proxy error (DECISIONS.md "Client dialects and state")."""
+    """Anthropic's status and error type for a proxy error (docs/decisions.md "Client dialects and state")."""
     status = err.status
     if status == 503:
         if err.code == "state_store_unavailable":

@@ -5,7 +5,7 @@ State (the state store, proxy/state): a response created with `store` (default t
 namespace "responses" as its response object plus the conversation so far in hub form, so that
 `previous_response_id` continues it and `GET`/`DELETE /v1/responses/{id}` answer. `store: false` keeps nothing
 (Codex sends the whole history every turn instead). An unknown, expired or unstored `previous_response_id` is a 400
-(DECISIONS.md "Client dialects and state"); a store that cannot be reached is a 503 for requests that need it.
+(docs/decisions.md "Client dialects and state"); a store that cannot be reached is a 503 for requests that need it.
 An `item_reference` input item names an output item of a stored response (an item's id carries its response's id:
 responses_events.item_response_hex) and stands for that item (the Vercel AI SDK sends them from its second turn on).
 """

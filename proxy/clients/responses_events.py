@@ -1,6 +1,6 @@
 """Hub events -> a Responses API answer: one item machine (`ResponsesEncoder`) emits the client's events to a
 consumer, the SSE writer (`ResponsesWriter`: the event stream the SDKs and Codex parse) or the fold
-(`ResponsesFold`: one `response` object) (docs/hub.md "One path").
+(`ResponsesFold`: one `response` object) (docs/hub.md "Client side").
 
     reasoning deltas ─▶ a `reasoning` item   (reasoning_text deltas, or with `reasoning.summary` asked for one
                                               summary_text part; sealed `encrypted_content` when included)

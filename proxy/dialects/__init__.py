@@ -1,10 +1,12 @@
 """The upstream-dialect registry: name -> spoke class, found by declaration.
 
-Every module `proxy/dialects/<name>.py` but the two every spoke shares (`base`: the `Dialect` and `UpstreamSession`
-base classes; `mapping`: the loader of mappings/<name>.yaml) is one upstream spoke and defines the `Dialect` subclass
-whose `name` is `<name>`: that class is the registry entry. Whatever lists the upstream dialects — the names the
-settings accept, the probe's steps, the metrics' `dialect` label, the compiled build (setup.py) — reads them from here,
-so a new spoke is its mapping, its module and its test file (docs/dialects.md "Declared once").
+Every module `proxy/dialects/<name>.py` but those every spoke shares (SHARED: `base`, the `Dialect` and
+`UpstreamSession` base classes; `mapping`, the loader of mappings/<name>.yaml; the parts a spoke composes —
+`error_shape`, `readiness`, `probing` — and `templates`, the chat-template heuristics) is one upstream spoke and
+defines the `Dialect` subclass whose `name` is `<name>`: that class is the registry entry. Whatever lists the upstream
+dialects — the names the settings accept, the probe's steps, the metrics' `dialect` label, the compiled build
+(setup.py) — reads them from here, so a new spoke is its mapping, its module and its test file (docs/dialects.md
+"Declared once").
 
 A spoke may import: proxy.errors, proxy.settings, the hub (canonical form, events, SSE, params) and the stream
 transforms; the gateway only as types. Never a client spoke, the endpoint, metrics or the server.
@@ -19,7 +21,8 @@ from typing import Any, Final
 
 from proxy.dialects.base import Dialect
 
-SHARED: Final = frozenset({"base", "mapping"})  # modules of this package that are not spokes
+# Modules of this package that are not spokes.
+SHARED: Final = frozenset({"base", "mapping", "error_shape", "readiness", "probing", "templates"})
 
 
 def _discover() -> dict[str, type[Dialect]]:

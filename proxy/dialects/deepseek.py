@@ -1,10 +1,10 @@
-"""The DeepSeek API as it is today (docs/deepseek.md; the seed document specs/deepseek-chat-completions-zh.md and
-WIRE-NOTES.md "DeepSeek API" for the fields they cover).
+"""The DeepSeek API as it is today (docs/deepseek.md; docs/upstreams.md "DeepSeek API" for what its reference and its
+observed behaviour say of the fields they cover).
 
 Models: `deepseek-flash` (V4.1 Flash; `deepseek-v4-flash` still accepted) and `deepseek-v4-pro`, thinking mode on by
 default. The retired names `deepseek-chat` / `deepseek-reasoner` depend on the upstream's own model list
 (proxy/gateway/catalog.py, read once and cached): a name the upstream lists goes through unchanged, under the rules of
-the API that serves it — the seed document's (specs/deepseek-chat-completions-zh.md): `deepseek-chat` without a thinking
+the API that serves it — the seed document's (docs/upstreams.md "DeepSeek API"): `deepseek-chat` without a thinking
 mode, `deepseek-reasoner` an R1-era reasoner. A name it does not list, or any name when the list cannot be read,
 behaves as DeepSeek defined it at the end: `deepseek-chat` is `deepseek-v4-flash` with thinking disabled,
 `deepseek-reasoner` the same with thinking enabled (the upstream gets the V4 name). Otherwise R1-era rules apply only
@@ -41,7 +41,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from proxy.dialects.base import Dialect, ProbeListing, UpstreamSession, is_r1_era, join_text_parts
+from proxy.dialects.base import Dialect, RequestRules, UpstreamSession, join_text_parts
+from proxy.dialects.probing import Probe, ProbeListing
+from proxy.dialects.templates import is_r1_era
 from proxy.errors import ClientRequestError
 from proxy.hub.canonical import CHAT, ChatRequest, RequestContext
 from proxy.stream.usage import deepseek_usage_fields
@@ -56,7 +58,8 @@ RETIRED_TARGET: Final = "deepseek-v4-flash"
 RETIRED_R1: Final = "deepseek-reasoner"
 # The reasoning of a thinking-mode tool-call turn the proxy never saw (docs/deepseek.md "Reasoning continuity"):
 # DeepSeek refuses such a turn without `reasoning_content`, and reports differ on whether an empty string passes its
-# check, so the value is fixed, non-empty and says what it is — never text a client made up (DECISIONS.md).
+# check, so the value is fixed, non-empty and says what it is — never text a client made up
+# (docs/decisions.md "Client dialects and state").
 REASONING_PLACEHOLDER: Final = "(reasoning not available)"
 BETA: Final = "/beta"
 
@@ -100,27 +103,26 @@ class DeepSeekSession(UpstreamSession):
         return out
 
 
+class DeepSeekProbe(Probe):
+    def listing(self, listing: ProbeListing) -> str | None:
+        return "serves /models without /v1" if listing.plain_listed else None
+
+    def chat_body(self, body: dict[str, Any], tools: bool) -> None:
+        if tools:  # thinking mode (DeepSeek's default) refuses a forced tool_choice
+            body["thinking"] = {"type": "disabled"}
+
+
 class DeepSeekDialect(Dialect):
     name = "deepseek"
     session_class = DeepSeekSession
-    default_reasoning_source = "field"
-    supports_prefix = True
-    reasoning_fallback = REASONING_PLACEHOLDER
+    rules = RequestRules(reasoning_source="field", supports_prefix=True, reasoning_fallback=REASONING_PLACEHOLDER)
     prepares = True
     offers_usage_fields = True  # `client.usage_fields: deepseek`: prompt_cache_hit/miss_tokens for chat clients
+    probe = DeepSeekProbe()
 
     @classmethod
     def client_usage_fields(cls) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
         return deepseek_usage_fields
-
-    @classmethod
-    def probe_listing(cls, listing: ProbeListing) -> str | None:
-        return "serves /models without /v1" if listing.plain_listed else None
-
-    @classmethod
-    def probe_chat_body(cls, body: dict[str, Any], tools: bool) -> None:
-        if tools:  # thinking mode (DeepSeek's default) refuses a forced tool_choice
-            body["thinking"] = {"type": "disabled"}
 
     async def prepare(self, ctx: RequestContext) -> None:
         """A retired name: whether the upstream still lists it decides its translation (read once, then cached)."""
@@ -305,7 +307,7 @@ def _split_inline_reasoning(message: Any) -> Any:
 
 
 def _replay(message: Any, policy: str, last: bool, thinking: bool) -> Any:
-    """Reasoning on one input message, per DECISIONS.md "DeepSeek reasoning replay"."""
+    """Reasoning on one input message, per docs/decisions.md "DeepSeek reasoning replay"."""
     if not isinstance(message, dict):
         return message
     if message.get("role") != "assistant":

@@ -1,4 +1,4 @@
-"""The "engine" frontend service API (specs/engine-frontend-api.md, treated as the whole truth).
+"""The "engine" frontend service API (docs/upstreams.md "The engine API", treated as the whole truth).
 
 - Routes `POST /chat` and `POST /completion`, no `/v1` prefix, no model listing (mappings/engine.yaml).
 - Requests: `model` is never sent ("[won't support]"); a `response_format` that asks for JSON is a 400 naming it
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from proxy.dialects.base import Dialect, UpstreamSession, join_text_parts
+from proxy.dialects.base import Dialect, RequestRules, UpstreamSession, join_text_parts
+from proxy.dialects.probing import Probe
+from proxy.dialects.readiness import Readiness
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 
 if TYPE_CHECKING:
@@ -44,23 +46,24 @@ class EngineSession(UpstreamSession):
         return chunk
 
 
+class EngineReadiness(Readiness):
+    def request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
+        path, body = super().request(u)
+        body.pop("model", None)  # never sent: the document strikes it through
+        return path, body
+
+
 class EngineDialect(Dialect):
     name = "engine"
     session_class = EngineSession
-    # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (DECISIONS.md "The engine
-    # dialect"); `response_format: drop` on the upstream opts into leaving it out.
-    default_response_format = "reject"
-    sends_model = False  # the document strikes `model` through
-    probe_chat_path = "stream"  # no model listing: a small streamed request on /chat tells
-    response_format_hint = (
+    readiness_class = EngineReadiness
+    # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (docs/decisions.md
+    # "The engine dialect"); `response_format: drop` on the upstream opts into leaving it out.
+    rules = RequestRules(response_format="reject", response_format_hint=(
         "Describe the format in the prompt, or set `response_format: drop` for this upstream to have the field left "
-        "out (the answer then does not follow the format)."
-    )
-
-    def readiness_request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
-        path, body = super().readiness_request(u)
-        body.pop("model", None)  # never sent: the document strikes it through
-        return path, body
+        "out (the answer then does not follow the format)."))
+    # The document strikes `model` through; no model listing: a small streamed request on /chat tells.
+    probe = Probe(sends_model=False, chat_path="stream")
 
     # -- requests ---------------------------------------------------------------------------------------------
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:

@@ -38,14 +38,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from proxy.dialects.base import (
-    Dialect,
-    ProbeListing,
-    UpstreamSession,
-    interleaved_thinking,
-    set_template_thinking,
-    thinking_kwarg,
-)
+from proxy.dialects.base import Dialect, RequestRules, UpstreamSession
+from proxy.dialects.error_shape import ErrorShape
+from proxy.dialects.probing import Probe, ProbeListing
+from proxy.dialects.templates import interleaved_thinking, set_template_thinking, thinking_kwarg
 from proxy.errors import ClientRequestError, ProxyError, StreamTruncated
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from proxy.hub.events import Timings
@@ -142,44 +138,58 @@ class MindIESession(UpstreamSession):
         self.extras.pop("full_text", None)  # a check, not a metric
         if out is None:
             return None
-        chat = self.ctx.kind == CHAT
-        key = "content" if chat else "text"
+        key = "content" if self.ctx.kind == CHAT else "text"
         form = self._form
         if form is not None:
-            for choice in out.get("choices") or ():
-                part = choice.get("delta") if chat else choice
-                if (choice.get("index") or 0) == 0 and isinstance(part, dict) and isinstance(part.get(key), str):
-                    self._watch(form, part[key])
+            first = self._first_text(out, key)
+            if first is not None:
+                self._watch(form, first)
         cumulative = self._cumulative
         if cumulative is None:
             if full_text is not None and self.ctx.stream:  # the upstream's own word: its text was cumulative
                 raise self._mismatch("cumulative")
             return out
         for choice in out.get("choices") or ():
-            index = choice.get("index") or 0
-            text = cumulative.get(index)
-            if text is None:
-                text = cumulative[index] = CumulativeText()
-            part = choice.get("delta") if chat else choice
-            if not isinstance(part, dict):
-                continue
-            snapshot = part.get(key)
-            delta = text.feed(snapshot) if snapshot else ""
-            if choice.get("finish_reason") is not None:
-                delta += text.flush(full_text if isinstance(full_text, str) else None)
-                self.rewrites += text.rewrites
-                if text.mismatch:
-                    self.full_text_mismatch = True
-                    log.warning(
-                        "upstream %s: streamed text differs from its final full_text (%d rewrites); the "
-                        "client keeps what it was sent",
-                        self.ctx.upstream.name,
-                        text.rewrites,
-                    )
-            if snapshot is not None or delta:
-                part[key] = delta
+            self._to_delta(cumulative, choice, key, full_text if isinstance(full_text, str) else None)
         return out
 
+    def _part(self, choice: dict[str, Any]) -> Any:
+        """Where a choice's text is: its delta (chat) or the choice itself (completions)."""
+        return choice.get("delta") if self.ctx.kind == CHAT else choice
+
+    def _first_text(self, out: ChatChunk, key: str) -> str | None:
+        """The text of choice 0 in this chunk (the one the stream's form is told by), if it has one."""
+        for choice in out.get("choices") or ():
+            part = self._part(choice)
+            if (choice.get("index") or 0) == 0 and isinstance(part, dict) and isinstance(part.get(key), str):
+                return str(part[key])
+        return None
+
+    def _to_delta(self, cumulative: dict[int, CumulativeText], choice: dict[str, Any], key: str,
+                  full_text: str | None) -> None:
+        """One choice's cumulative snapshot -> its true delta; at its finish, checked against `full_text`."""
+        index = choice.get("index") or 0
+        text = cumulative.get(index)
+        if text is None:
+            text = cumulative[index] = CumulativeText()
+        part = self._part(choice)
+        if not isinstance(part, dict):
+            return
+        snapshot = part.get(key)
+        delta = text.feed(snapshot) if snapshot else ""
+        if choice.get("finish_reason") is not None:
+            delta += text.flush(full_text)
+            self.rewrites += text.rewrites
+            if text.mismatch:
+                self.full_text_mismatch = True
+                log.warning(
+                    "upstream %s: streamed text differs from its final full_text (%d rewrites); the "
+                    "client keeps what it was sent",
+                    self.ctx.upstream.name,
+                    text.rewrites,
+                )
+        if snapshot is not None or delta:
+            part[key] = delta
 
     def _watch(self, form: StreamForm, text: str) -> None:
         verdict = form.feed(text)
@@ -193,34 +203,50 @@ class MindIESession(UpstreamSession):
         return cast("MindIEDialect", self.dialect).stream_form_mismatch(self.ctx, form)
 
 
-class MindIEDialect(Dialect):
-    name = "mindie"
-    session_class = MindIESession
-    # MindIE does not read stream_options; usage rides on its finish chunk anyway.
-    stream_usage_option = False
-    full_text_mode = True
-    probe_structured_output = True
-    # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
-    default_response_format = "reject"
-    response_format_hint = "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."
-    # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
-    top_k_zero_ok: ClassVar[bool] = False
+class MindIEErrors(ErrorShape):
+    """`Model not found` becomes a 404; the parameter a validation message names goes into `param`."""
 
-    @classmethod
-    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
+    def from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
+        err = super().from_body(status, raw, headers)
+        err.upstream_code = str(status)  # a bounded metrics label ("422"), not MindIE's free-text error_type
+        if not raw.strip() and status == 503:
+            err.message += " MindIE answers so while it starts up, or when it is overloaded or unhealthy."
+        if status in (400, 404, 422) and _MODEL_NOT_FOUND.search(err.message):
+            err.status, err.type, err.code, err.param = 404, "not_found_error", "model_not_found", "model"
+        elif err.status == 404:
+            err.code = "not_found"
+        elif err.status == 400 and err.param is None:
+            err.param = _param_in(err.message)
+        return err
+
+
+class MindIEProbe(Probe):
+    def error_shape(self, data: dict[str, Any]) -> bool:
         return isinstance(data.get("error"), str)  # {"error": "...", "error_type": "..."}
 
-    @classmethod
-    def probe_listing(cls, listing: ProbeListing) -> str | None:
-        if "MindIE Server" in listing.owners or listing.error_shape == cls.name:
+    def listing(self, listing: ProbeListing) -> str | None:
+        if "MindIE Server" in listing.owners or (listing.error and self.shaped(listing.body)):
             return "MindIE-shaped model list" if listing.listed else "MindIE error shape"
         return None
 
-    @classmethod
-    def probe_config_notes(cls, url: str) -> list[str]:
+    def config_notes(self, url: str) -> list[str]:
         parts = urlsplit(url)
         return [f"    # health_url: {parts.scheme}://{parts.hostname}:1026/health   # MindIE's health is on its "
                 "management port (managementPort, default 1026): set it so that /readyz asks it too"]
+
+
+class MindIEDialect(Dialect):
+    name = "mindie"
+    session_class = MindIESession
+    errors_class = MindIEErrors
+    probe = MindIEProbe(structured_output=True)
+    # MindIE does not read stream_options; usage rides on its finish chunk anyway.
+    # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
+    rules = RequestRules(stream_usage_option=False, response_format="reject", response_format_hint=(
+        "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."))
+    full_text_mode = True
+    # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
+    top_k_zero_ok: ClassVar[bool] = False
 
     def stream_form_mismatch(self, ctx: RequestContext, form: str) -> StreamTruncated:
         """The stream turned out `form` ("cumulative" or "deltas") against the upstream's `full_text`: the error that
@@ -288,7 +314,8 @@ class MindIEDialect(Dialect):
     def request_headers(self, ctx: RequestContext) -> dict[str, str]:
         headers = super().request_headers(ctx)
         # MindIE uses req-id as its own request key: two attempts (or two clients reusing an x-request-id) must not
-        # collide, so each attempt gets the request id plus a fresh suffix (DECISIONS.md "Responses").
+        # collide, so each attempt gets the request id plus a fresh suffix (docs/decisions.md
+        # "Model names and ids in answers").
         headers["req-id"] = f"{ctx.request_id}-{ctx.attempt}{_REQ_TAG}{next(_req_counter)}"
         return headers
 
@@ -300,20 +327,6 @@ class MindIEDialect(Dialect):
         if not (top_k == -1 or lowest <= top_k <= MAX_INT32):
             span = f"[0, {MAX_INT32}]" if self.top_k_zero_ok else f"-1 or [1, {MAX_INT32}]"
             raise ClientRequestError(f"`top_k` = {top_k} is outside {span} accepted by this upstream.", param="top_k")
-
-    # -- errors -----------------------------------------------------------------------------------------------
-    def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
-        err = super().error_from_body(status, raw, headers)
-        err.upstream_code = str(status)  # a bounded metrics label ("422"), not MindIE's free-text error_type
-        if not raw.strip() and status == 503:
-            err.message += " MindIE answers so while it starts up, or when it is overloaded or unhealthy."
-        if status in (400, 404, 422) and _MODEL_NOT_FOUND.search(err.message):
-            err.status, err.type, err.code, err.param = 404, "not_found_error", "model_not_found", "model"
-        elif err.status == 404:
-            err.code = "not_found"
-        elif err.status == 400 and err.param is None:
-            err.param = _param_in(err.message)
-        return err
 
 
 # ------------------------------------------------------------------------------------------------------ helpers

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.dialects.base import Dialect, ProbeListing
+from proxy.dialects.base import Dialect
+from proxy.dialects.probing import Probe, ProbeListing
+
+
+class OpenAIProbe(Probe):
+    def error_shape(self, data: dict[str, Any]) -> bool:
+        return isinstance(data.get("error"), dict)  # {"error": {"message", "type", "param", "code"}}
+
+    def listing(self, listing: ProbeListing) -> str | None:
+        if listing.listed:
+            return "OpenAI model list at /v1/models"
+        return "OpenAI error shape" if listing.error and self.shaped(listing.body) else None
 
 
 class OpenAIDialect(Dialect):
     name = "openai"
     offers_usage_fields = True  # the default: OpenAI's usage fields as they are
-    probe_generic = True
-    probe_chat_path = "invalid"
-
-    @classmethod
-    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
-        return isinstance(data.get("error"), dict)  # {"error": {"message", "type", "param", "code"}}
-
-    @classmethod
-    def probe_listing(cls, listing: ProbeListing) -> str | None:
-        if listing.listed:
-            return "OpenAI model list at /v1/models"
-        return "OpenAI error shape" if listing.error_shape == cls.name else None
+    probe = OpenAIProbe(generic=True, chat_path="invalid")

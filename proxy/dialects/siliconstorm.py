@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.dialects.base import ProbeListing
-from proxy.dialects.mindie import MindIEDialect
+from proxy.dialects.mindie import MindIEDialect, MindIEErrors, MindIEProbe
+from proxy.dialects.probing import ProbeListing
 from proxy.errors import ProxyError, UpstreamError, error_type_for
 
 # The document's own descriptions, used when a body carries a code without a message.
@@ -54,44 +54,22 @@ def _code(data: Any) -> int | None:
     return code
 
 
-class SiliconstormDialect(MindIEDialect):
-    name = "siliconstorm"
-    top_k_zero_ok = True
-    probe_error_at_200 = True
+class SiliconstormErrors(MindIEErrors):
+    """Its own `{code, message}` bodies, whatever the status; MindIE's otherwise (the engine behind it)."""
 
-    @classmethod
-    def probe_error_shape(cls, data: dict[str, Any]) -> bool:
-        return "code" in data and ("message" in data or "result" in data) and "choices" not in data and \
-            not isinstance(data.get("error"), dict | str)
-
-    @classmethod
-    def probe_refused_key(cls, raw: bytes) -> bool:
-        return b"801" in raw  # Apikey error
-
-    @classmethod
-    def probe_listing(cls, listing: ProbeListing) -> str | None:
-        if listing.error_shape == cls.name or (listing.status == 200 and listing.body_shape == cls.name):
-            return "Siliconstorm {code, message} error body"
-        return None
-
-    @classmethod
-    def probe_after_chat(cls, events: list[dict[str, Any]], usage_seen: bool) -> str | None:
-        batch_size = any(isinstance(e.get("usage"), dict) and "batch_size" in e["usage"] for e in events)
-        return None if batch_size or not usage_seen else "MindIE wire without MindIE's batch_size usage (hosted MindIE)"
-
-    def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
+    def from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
         try:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             data = _lenient(raw)
         if _code(data) is not None:
             return self._code_error(data)
-        return super().error_from_body(status, raw, headers)
+        return super().from_body(status, raw, headers)
 
-    def error_in_json(self, data: Any) -> ProxyError | None:
+    def in_json(self, data: Any) -> ProxyError | None:
         if _code(data) is not None:
             return self._code_error(data)
-        return super().error_in_json(data)
+        return super().in_json(data)
 
     def _code_error(self, data: dict[str, Any]) -> ProxyError:
         code = _code(data)
@@ -104,3 +82,28 @@ class SiliconstormDialect(MindIEDialect):
         err_type, err_code = error_type_for(status)
         return UpstreamError(f"{message} (Siliconstorm code {code})", status, type=err_type, code=err_code,
                              upstream_code=str(code))
+
+
+class SiliconstormProbe(MindIEProbe):
+    def error_shape(self, data: dict[str, Any]) -> bool:
+        return "code" in data and ("message" in data or "result" in data) and "choices" not in data and \
+            not isinstance(data.get("error"), dict | str)
+
+    def refused_key(self, raw: bytes) -> bool:
+        return b"801" in raw  # Apikey error
+
+    def listing(self, listing: ProbeListing) -> str | None:
+        if (listing.error or listing.status == 200) and self.shaped(listing.body):
+            return "Siliconstorm {code, message} error body"
+        return None
+
+    def after_chat(self, events: list[dict[str, Any]], usage_seen: bool) -> str | None:
+        batch_size = any(isinstance(e.get("usage"), dict) and "batch_size" in e["usage"] for e in events)
+        return None if batch_size or not usage_seen else "MindIE wire without MindIE's batch_size usage (hosted MindIE)"
+
+
+class SiliconstormDialect(MindIEDialect):
+    name = "siliconstorm"
+    top_k_zero_ok = True
+    errors_class = SiliconstormErrors
+    probe = SiliconstormProbe(structured_output=True, error_at_200=True)

@@ -20,6 +20,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.dialects.base import Dialect, UpstreamSession
+from proxy.dialects.readiness import Readiness
 from proxy.errors import UpstreamError
 from proxy.hub.retrieval import (
     EmbedBatch,
@@ -103,9 +104,20 @@ def _tokens(answer: UpstreamAnswer) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+class TEIReadiness(Readiness):
+    """An empty batch, which TEI refuses as invalid: on /rerank for an upstream that serves rerank alone (a reranker
+    model answers /embed with an error of another kind), else on /embed."""
+
+    def request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
+        if u.kinds == ("rerank",):
+            return "/rerank", {"query": "", "texts": []}
+        return "/embed", {"inputs": []}
+
+
 class TEIDialect(Dialect):
     name = "tei"
     session_class = UpstreamSession  # no chat: never asked for a session
+    readiness_class = TEIReadiness
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,10 +125,3 @@ class TEIDialect(Dialect):
 
     def retrieval_wire(self) -> RetrievalWire:
         return self.wire
-
-    def readiness_request(self, u: UpstreamSettings) -> tuple[str, dict[str, Any]]:
-        """An empty batch, which TEI refuses as invalid: on /rerank for an upstream that serves rerank alone (a
-        reranker model answers /embed with an error of another kind), else on /embed."""
-        if u.kinds == ("rerank",):
-            return self.wire.rerank_path, {"query": "", "texts": []}
-        return self.wire.embed_path, {"inputs": []}

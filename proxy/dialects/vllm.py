@@ -12,7 +12,7 @@ refuse:
   `none` and `minimal` are said by the template switch alone, `xhigh` goes as `high`: releases before the field
   widened answer any other value with a 400 (`max`, DeepSeek's grade, is taken as `xhigh`);
 - `stream_options.include_usage` is forced on (as for OpenAI); `continuous_usage_stats` is not sent: the proxy places
-  usage itself (the final chunk, DECISIONS.md "Streams"), so per-chunk counts would only cost bytes.
+  usage itself (the final chunk, docs/decisions.md "Streams"), so per-chunk counts would only cost bytes.
 
 Answers are OpenAI's, with vLLM's own fields passed through (`stop_reason`, `prompt_token_ids`, `kv_transfer_params`,
 ...). Reasoning arrives in `reasoning_content` (up to 0.11.0), in both `reasoning` and `reasoning_content` with the
@@ -29,15 +29,10 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.dialects.base import (
-    EFFORT_OFF,
-    Dialect,
-    ProbeListing,
-    UpstreamSession,
-    interleaved_thinking,
-    set_template_thinking,
-    thinking_kwarg,
-)
+from proxy.dialects.base import Dialect, UpstreamSession
+from proxy.dialects.error_shape import ErrorShape
+from proxy.dialects.probing import Probe, ProbeListing
+from proxy.dialects.templates import EFFORT_OFF, interleaved_thinking, set_template_thinking, thinking_kwarg
 from proxy.errors import ProxyError
 from proxy.hub.canonical import CHAT, ChatRequest, RequestContext
 
@@ -56,18 +51,33 @@ class VLLMSession(UpstreamSession):
         return out
 
 
+class VLLMErrors(ErrorShape):
+    def from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
+        err = super().from_body(status, raw, headers)
+        if err.param is None and raw[:1] == b"{":
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return err
+            if isinstance(data, dict) and data.get("object") == "error" and isinstance(data.get("param"), str):
+                err.param = data["param"]  # the flat shape (vLLM before 0.10.1)
+        return err
+
+
+class VLLMProbe(Probe):
+    def listing(self, listing: ProbeListing) -> str | None:
+        return "vLLM model list (owned_by: vllm)" if "vllm" in listing.owners else None
+
+    def config_notes(self, url: str) -> list[str]:
+        return ["    # vLLM reports cached prompt tokens (usage.prompt_tokens_details) only when it runs with "
+                "--enable-prompt-tokens-details"]
+
+
 class VLLMDialect(Dialect):
     name = "vllm"
     session_class = VLLMSession
-
-    @classmethod
-    def probe_listing(cls, listing: ProbeListing) -> str | None:
-        return "vLLM model list (owned_by: vllm)" if "vllm" in listing.owners else None
-
-    @classmethod
-    def probe_config_notes(cls, url: str) -> list[str]:
-        return ["    # vLLM reports cached prompt tokens (usage.prompt_tokens_details) only when it runs with "
-                "--enable-prompt-tokens-details"]
+    errors_class = VLLMErrors
+    probe = VLLMProbe()
 
     def reasoning_replay(self, body: ChatRequest, ctx: RequestContext) -> str:
         """`auto`: as for any upstream (R1-era models strip), and thinking models whose templates render the tool
@@ -94,15 +104,3 @@ class VLLMDialect(Dialect):
         if isinstance(opts, dict) and "continuous_usage_stats" in opts:
             out["stream_options"] = {k: v for k, v in opts.items() if k != "continuous_usage_stats"}
         return out
-
-    # -- errors -----------------------------------------------------------------------------------------------
-    def error_from_body(self, status: int, raw: bytes, headers: dict[str, str] | None = None) -> ProxyError:
-        err = super().error_from_body(status, raw, headers)
-        if err.param is None and raw[:1] == b"{":
-            try:
-                data = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                return err
-            if isinstance(data, dict) and data.get("object") == "error" and isinstance(data.get("param"), str):
-                err.param = data["param"]  # the flat shape (vLLM before 0.10.1)
-        return err

@@ -271,14 +271,14 @@ class InferenceEndpoint:
                 raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout, loop=loop)
                 obs.add_upstream_wait(_clock() - t_up)
                 if resp.status >= 300:
-                    raise dialect.answer_error(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()},
-                                               path, upstream.name, upstream.dialect)
+                    raise dialect.errors.answer(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()},
+                                                path, upstream.name, upstream.dialect)
                 if ctx.stream:
                     try:
                         data = orjson.loads(raw)
                     except orjson.JSONDecodeError:
                         data = None
-                    err = dialect.error_in_json(data)
+                    err = dialect.errors.in_json(data)
                     raise err or UpstreamError("The upstream answered a stream request without an event stream.")
                 events: list[Delta | TextRun] = []
                 try:

@@ -91,7 +91,7 @@ class Exchange:
             return answer
         if self.wire.learn(answer):
             return None
-        raise dialect.answer_error(resp.status, raw, answer.headers, path, ctx.upstream.name, ctx.upstream.dialect)
+        raise dialect.errors.answer(resp.status, raw, answer.headers, path, ctx.upstream.name, ctx.upstream.dialect)
 
 
 async def embed(ex: Exchange, call: EmbedCall) -> tuple[bytes, Usage]:

@@ -3,9 +3,9 @@
 
 Ready means "a request would work": the operator's `health_url` (or, when none is set, the dialect's own health path:
 `paths.health` in its mapping, e.g. vLLM's `GET /health`) answers 2xx, and the dialect's inference path exists and
-takes the configured key. The second is asked without generating anything: the spoke's readiness
-request (`Dialect.readiness_request`, proxy/dialects/base.py) is a chat body that the upstream must refuse as invalid,
-and the spoke judges the answer (`Dialect.readiness_verdict`) — its validation error is ready, a 404 or an auth error
+takes the configured key. The second is asked without generating anything: the spoke's readiness request
+(`Dialect.readiness.request`, proxy/dialects/readiness.py) is a chat body that the upstream must refuse as invalid,
+and the spoke judges the answer (`Dialect.readiness.verdict`) — its validation error is ready, a 404 or an auth error
 is not, and so is an error body at HTTP 200 (Siliconstorm's `{"code": 801}`). The request carries CHECK_HEADER, so
 that an upstream's logs (and the mock's counters) can tell it from a client's.
 """
@@ -65,9 +65,9 @@ async def probe(client: UpstreamClient, dialect: Dialect, u: UpstreamSettings, r
         health = await _health_url(client, replica.url + own, timeout, redactor, f"the {u.dialect} health path")
     if health is not None and not health.ready:
         return health
-    path, body = dialect.readiness_request(u)
+    path, body = dialect.readiness.request(u)
     url = replica.url + path
-    headers = dialect.readiness_headers(u)
+    headers = dialect.readiness.headers(u)
     headers[CHECK_HEADER] = "readiness"
     try:
         resp = await client.open("POST", url, body=orjson.dumps(body), headers=headers, timeout=timeout)
@@ -77,7 +77,7 @@ async def probe(client: UpstreamClient, dialect: Dialect, u: UpstreamSettings, r
             resp.close()
     except ProxyError as err:
         return UpstreamCheck(url, False, False, None, redactor.for_client(err.message))
-    ready, reason = dialect.readiness_verdict(resp.status, raw, path, u)
+    ready, reason = dialect.readiness.verdict(resp.status, raw, path, u)
     if health is not None:
         reason += f"; {health.reason}"
     return UpstreamCheck(url, ready, True, resp.status, redactor.for_client(reason))

@@ -2,7 +2,7 @@
 
 aiohttp was chosen by measurement (several times less CPU per relayed chunk than httpx: docs/speed.md). Its
 `ClientTimeout.total` stays None so long generations are not cut; the proxy enforces its own deadlines
-(DECISIONS.md "Timeouts"): connect (aiohttp `sock_connect`), response headers (`first_byte_timeout`), silence
+(docs/decisions.md "Timeouts"): connect (aiohttp `sock_connect`), response headers (`first_byte_timeout`), silence
 between chunks (`idle_timeout`, applied by the reader), whole request (`total_timeout`).
 
 Client libraries blur failures; we classify them: refused / reset / DNS -> 502 `UpstreamUnreachable`,

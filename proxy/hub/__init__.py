@@ -10,7 +10,8 @@
     jsontext.py    JSON string tokens of text for the streams' hot paths
     readings.py    per-token numbers an upstream reports about its own work
 
-May import: proxy.errors, proxy.build, proxy.settings, proxy.stream, and the upstream session's base class
-(proxy/dialects/base.py `UpstreamSession`, which the pipeline drives). Never a client spoke, an upstream spoke's
+May import: proxy.errors, proxy.build, proxy.settings, proxy.stream; the upstream session's base class
+(proxy/dialects/base.py `UpstreamSession`, which the pipeline drives) only as a type, under TYPE_CHECKING: the
+spokes import the hub. Never a client spoke, an upstream spoke's
 module, the gateway, metrics or the server: the hub knows no dialect and does no I/O.
 """

@@ -18,10 +18,10 @@ with reasoning on assistant turns (`Dialect.reasoning_replay`, from the upstream
 Keys (namespace `reasoning`): `call:<tool-call id>` for each call of the turn — every client dialect decodes into
 chat messages that carry the upstream's own tool-call ids — and, when the turn has text, `turn:<sha256 of the
 content and the calls' names and arguments>` as a fallback for a client that renamed the ids. A turn found under
-neither (history from elsewhere, an expired store) gets the dialect's `reasoning_fallback` (DeepSeek: a fixed,
+neither (history from elsewhere, an expired store) gets the dialect's `rules.reasoning_fallback` (DeepSeek: a fixed,
 non-empty placeholder, since reports differ on whether DeepSeek accepts an empty one), never a 400 and never text the
-client made up (DECISIONS.md). An empty reasoning counts as none: a client's `""` is restored like a missing field,
-and a recorded empty one gives way to the fallback where the dialect has one.
+client made up (docs/decisions.md "Client dialects and state"). An empty reasoning counts as none: a client's `""`
+is restored like a missing field, and a recorded empty one gives way to the fallback where the dialect has one.
 
 A store that cannot be reached: a request that needs a restore fails with 503 (`StoreUnavailable`); a failed
 write after an answer is logged and counted (`dialect_proxy_reasoning_continuity_total{event="record_failed"}`),
@@ -114,7 +114,7 @@ async def prepare(
         return None
     if mode != "restore":
         return None
-    restored, fallback = await restore(store, request, dialect.reasoning_fallback)
+    restored, fallback = await restore(store, request, dialect.rules.reasoning_fallback)
     if restored:
         metrics.reasoning_continuity(ctx.upstream.name, "restored", restored)
     if fallback:

@@ -18,12 +18,10 @@ from typing import Final
 import orjson
 
 from proxy.build import BUILD
+from proxy.stream.jsonplain import PLAIN
 
 __all__ = ["PLAIN", "dumps_joined", "dumps_text"]
 
-# A byte table that changes exactly the bytes a JSON string cannot hold raw: U+0000-U+001F, the quote, the backslash
-# (UTF-8 multi-byte sequences hold none of them).
-PLAIN: Final = bytes(0xFF if b < 0x20 or b in (0x22, 0x5C) else b for b in range(256))
 _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per call)
 _QUOTE: Final = b'"'
 _NATIVE: Final = BUILD == "mypyc"

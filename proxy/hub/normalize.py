@@ -209,7 +209,7 @@ class Normalizer:
         return Delta(index, r, c, tool_calls, finish, logprobs, extra, choice_extra, first)
 
     def _text(self, st: _Choice, content: str | None, reasoning: str | None, final: bool) -> tuple[str, str]:
-        """New (reasoning, content) text of one choice: inline tags -> reasoning (DECISIONS.md "Reasoning")."""
+        """New (reasoning, content) text of one choice: inline tags -> reasoning (docs/decisions.md "Reasoning")."""
         held = ""
         held_reasoning = ""
         if reasoning is not None and self.source == "auto" and not st.field_mode:

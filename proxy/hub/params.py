@@ -5,7 +5,7 @@ Two rules, applied to the canonical request before a dialect builds the upstream
 - `response_format`, per upstream (`response_format: pass | reject | drop`, default per dialect): `pass` sends it
   (OpenAI-compatible servers, DeepSeek for `json_object`, MindIE >= 2.3); `reject` answers a 400 naming it when the
   client asks for `json_object` or `json_schema` (MindIE before 2.3 and Siliconstorm would ignore it, and the answer
-  would not follow the format); `drop` leaves it out (the engine: DECISIONS.md "The engine dialect"). A
+  would not follow the format); `drop` leaves it out (the engine: docs/decisions.md "The engine dialect"). A
   `{"type": "text"}` format asks for nothing and is left out wherever it is not passed.
 - the `refuse` section of mappings/<dialect>.yaml: parameters the upstream has no equivalent for. A client that sets
   one to a value that asks for something gets a 400 naming it; null, an empty object/list/string and the values
@@ -68,7 +68,7 @@ def refuse_unsupported(body: dict[str, Any], refusals: Mapping[str, Refusal], up
 
 def apply_response_format(body: dict[str, Any], mode: str, upstream: str, dialect: str, hint: str) -> dict[str, Any]:
     """`response_format` per the upstream's `response_format` mode (returns the body, copied when changed). `hint`:
-    the dialect's advice when it is refused (proxy/dialects/base.py `response_format_hint`)."""
+    the dialect's advice when it is refused (proxy/dialects/base.py `RequestRules.response_format_hint`)."""
     if "response_format" not in body:
         return body
     if mode == "pass":

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from proxy.dialects.base import UpstreamSession
 from proxy.errors import StreamTruncated, UpstreamError
 from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.normalize import Normalizer
 from proxy.hub.sse import SSEDecoder, SSEEvent
 from proxy.stream.text_lane import TextLane
+
+if TYPE_CHECKING:
+    from proxy.dialects.base import UpstreamSession
 
 log: Final = logging.getLogger("dialect_proxy")
 _json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute looked up per event)

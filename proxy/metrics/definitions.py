@@ -4,7 +4,7 @@ One :class:`Metrics` object per app owns a private :class:`CollectorRegistry` (t
 process). Each request gets a RequestObserver (proxy/metrics/observer.py) from :meth:`Metrics.request`; it resolves
 its label children once, so the per-chunk call does no label lookups.
 
-Label values are bounded (DECISIONS.md "Metrics labels"): ``model`` is a configured name or ``other`` (without a
+Label values are bounded (docs/decisions.md "Metrics labels"): ``model`` is a configured name or ``other`` (without a
 config, the first 50 distinct names seen are kept); ``status`` is ``2xx``/``4xx``/``5xx``; codes, reasons and
 finish reasons are cleaned and capped. Never a request id, user text or key.
 

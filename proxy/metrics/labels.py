@@ -11,7 +11,7 @@ from proxy.errors import ERROR_TYPES
 
 OTHER: Final = "other"
 NONE: Final = "none"
-MAX_UNCONFIGURED_MODELS: Final = 50  # DECISIONS.md: without a config, the first 50 distinct names are kept
+MAX_UNCONFIGURED_MODELS: Final = 50  # docs/decisions.md "Metrics labels": the first 50 names
 MAX_LABEL_VALUES: Final = 50  # cap for route / upstream (config-bounded anyway; this is a guard)
 MAX_ERROR_CODES: Final = 100  # distinct (dialect, code) pairs; later ones become "other"
 MAX_LABEL_LENGTH: Final = 128
@@ -26,7 +26,7 @@ FINISH_REASONS: Final = frozenset(
 TOKEN_KINDS: Final = ("prompt", "completion", "cached", "reasoning")
 DIALECTS: Final = frozenset({*DIALECT_REGISTRY, "any"})  # the `dialect` label: the registry's names, or "any"
 CONTINUITY_EVENTS: Final = frozenset({"restored", "fallback", "recorded", "record_failed"})  # proxy/hub/continuity.py
-# The `code` label of dialect_proxy_errors_total: the client-facing codes (DECISIONS.md's error table, proxy/errors.py's
+# The `code` label of dialect_proxy_errors_total: the client-facing codes (docs/decisions.md "Errors", proxy/errors.py's
 # defaults and the codes the proxy's own refusals carry; deploy/METRICS.md lists them). Any other code is "other".
 ERROR_CODES: Final = frozenset({
     *(code for _, code in ERROR_TYPES.values()), "invalid_json", "invalid_request", "unsupported_parameter",

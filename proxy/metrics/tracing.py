@@ -590,7 +590,7 @@ class RequestTrace:
             attrs = {"http.response.status_code": status, **usage}
             ctx = self.ctx
             if answer is not None and ctx is not None and error is None:
-                # What the client's answer says (DECISIONS.md "Responses": our id, the alias asked for).
+                # What the client's answer says (docs/decisions.md "Model names and ids in answers").
                 keep = ctx.upstream.keep_upstream_id and answer.upstream_id and self.route.endswith("completions")
                 attrs["gen_ai.response.id"] = answer.upstream_id if keep else ctx.response_id
                 attrs["gen_ai.response.model"] = ctx.response_model

@@ -1,14 +1,14 @@
 """Mock DeepSeek API: `POST /chat/completions` (also under `/v1` and `/beta`), `GET /models`, and its Anthropic API
 (`POST /anthropic/v1/messages`: anthropic_api.py).
 
-Written from DeepSeek's API as it is today (docs/deepseek.md), specs/deepseek-chat-completions-zh.md and
-WIRE-NOTES.md, and strict like the real API:
+Written from DeepSeek's API as it is today (docs/deepseek.md) and its reference and observed behaviour
+(docs/upstreams.md "DeepSeek API"), and strict like the real API:
 
 * Models: `deepseek-flash`, `deepseek-v4-flash`, `deepseek-v4-pro`. The retired `deepseek-chat` and
   `deepseek-reasoner` -> 400 `Model Not Exist`. Any other name is served too (a DeepSeek-compatible host), R1-era
   when it matches the R1 pattern (`deepseek-r1`, `DeepSeek-R1-Distill-…`).
 * Flavour `legacy` (`create_app("deepseek", flavour="legacy")`): the API of the seed document
-  (specs/deepseek-chat-completions-zh.md) — `GET /models` lists `deepseek-chat` and `deepseek-reasoner`; today's V4
+  (docs/upstreams.md "DeepSeek API") — `GET /models` lists `deepseek-chat` and `deepseek-reasoner`; today's V4
   names -> `Model Not Exist`; `deepseek-chat` has no thinking mode, `deepseek-reasoner` is R1 (the R1 rules below);
   `thinking` and `reasoning_effort` are fields that API does not know (ignored).
 * Thinking mode is on by default; `thinking: {"type": "enabled" | "disabled"}` switches it, `reasoning_effort`
@@ -76,8 +76,8 @@ MODELS = ["deepseek-flash", "deepseek-v4-flash", "deepseek-v4-pro"]
 RETIRED = ("deepseek-chat", "deepseek-reasoner")
 LEGACY = "legacy"
 FLAVOURS = {
-    LEGACY: "the API of specs/deepseek-chat-completions-zh.md: deepseek-chat (no thinking mode) and deepseek-reasoner "
-            "(R1); today's V4 names do not exist there",
+    LEGACY: "the API of DeepSeek's first chat completion reference: deepseek-chat (no thinking mode) and "
+            "deepseek-reasoner (R1); today's V4 names do not exist there",
 }
 EFFORTS = ("low", "high", "max", "minimal", "medium", "xhigh", "ultra")
 R1_MODEL = re.compile(r"(?i)(^|[^a-z0-9])r1([^a-z0-9]|$)")

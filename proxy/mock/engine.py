@@ -1,4 +1,4 @@
-"""Mock "engine": the unidentified inference engine of specs/engine-frontend-api.md (treated as the whole truth).
+"""Mock "engine": the unidentified inference engine of docs/upstreams.md "The engine API" (the whole truth).
 
 Implemented from that document:
 * Endpoints `POST /chat` and `POST /completion` (no `/v1` prefix). No model listing (`/v1/models` is 404); only

@@ -1,6 +1,6 @@
 """Mock Huawei MindIE Server, OpenAI-compatible endpoints (`POST /v1/chat/completions`, `POST /v1/completions`).
 
-Written from specs/mindie-chat-completions.md, specs/mindie-streaming-zh.md and WIRE-NOTES.md:
+Written from MindIE's documentation and server source (docs/upstreams.md "MindIE Server", "MindIE streaming"):
 
 * Errors are `{"error": "<string>", "error_type": "<label>"}`; validation failures (also of `stream: true`
   requests, before any SSE) are 422 `Input Validation Error`, with the server's own messages, e.g.

@@ -195,7 +195,7 @@ def from_prompt(body: Any) -> Scenario:
 
 def r1_thinking(body: Any, sc: Scenario) -> Scenario:
     """An R1-named model on a server without a reasoning parser (MindIE, vLLM): its chat template puts `<think>` in
-    the prompt, so the model always reasons and ends the reasoning with a lone `</think>` (WIRE-NOTES.md "MindIE
+    the prompt, so the model always reasons and ends the reasoning with a lone `</think>` (docs/upstreams.md "MindIE
     Server"). `[mock:think]` / `[mock:think_unclosed]` keep that form (no opening tag). No thinking with
     `chat_template_kwargs.enable_thinking: false`, `[mock:no_think]`, or a reasoning parser (`reasoning_field`)."""
     model = body.get("model") if isinstance(body, dict) else None

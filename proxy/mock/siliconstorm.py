@@ -1,6 +1,6 @@
 """Mock Siliconstorm: hosted MindIE (`POST /v1/chat/completions` with `Authorization: Bearer {ApiKey}`).
 
-Written from specs/siliconstorm-chat-completions.md and WIRE-NOTES.md. Everything MindIE does (see mindie.py),
+Written from Siliconstorm's documentation (docs/upstreams.md "Siliconstorm"). Everything MindIE does (see mindie.py),
 with these differences taken from the Siliconstorm document:
 
 * Its own error envelope `{"code": N, "result": null, "message": "..."}`, which may arrive with HTTP 200, also for

@@ -13,8 +13,8 @@ path, so a probe works even where that path has a bug):
    (MindIE 2.3 and later), so the config block says `response_format: pass`?
 
 What is dialect-specific — how each dialect's servers are recognised, what its chat body carries, what its config
-block notes — each spoke declares (the `probe_*` members of proxy/dialects/base.py `Dialect`); this module runs
-those steps for every spoke in the registry.
+block notes — each spoke declares (its `Dialect.probe`, a proxy/dialects/probing.py `Probe`); this module runs those
+steps for every spoke in the registry.
 
 The result is a `Report`: a short table for people, one JSON object for scripts (`--json`), and the config block
 to paste into the proxy's YAML file.
@@ -32,12 +32,14 @@ import orjson
 import yaml
 
 from proxy.dialects import DIALECTS, family
-from proxy.dialects.base import THINKING_MODEL_RE, Dialect, ProbeListing
+from proxy.dialects.base import Dialect
 from proxy.dialects.mapping import load_mapping
+from proxy.dialects.probing import ProbeListing
+from proxy.dialects.templates import THINKING_MODEL_RE
 from proxy.gateway.upstream import connection_hint
 from proxy.hub.sse import SSEDecoder
 
-# DECISIONS.md "Reasoning": these upstream names start inside the thinking block.
+# docs/decisions.md "Reasoning": these upstream names start inside the thinking block.
 R1_NAME = THINKING_MODEL_RE
 _BODY_LIMIT = 2**20
 _MAX_EVENTS = 2000
@@ -71,6 +73,9 @@ class Report:
     tls: str = "none"            # none | tls | mutual_tls
     dialect: str | None = None
     dialect_evidence: list[str] = field(default_factory=list)
+    # What the server answered as when that is not the dialect given with --dialect (a warning in the table and in
+    # the config block); None: it agrees, or nothing was recognised.
+    answers_as: str | None = None
     paths: dict[str, int] = field(default_factory=dict)          # "GET /v1/models" -> HTTP status
     error_shapes: dict[str, str] = field(default_factory=dict)   # "GET /models" -> openai | mindie | siliconstorm...
     # What was not found out is None ("unknown" in the table, null in JSON), never a default that looks like an answer.
@@ -212,9 +217,9 @@ class Prober:
         self.report.paths[label] = answer.status
         shape = _error_shape(answer.body)
         owner = DIALECTS.get(shape)
-        if answer.status >= 400 or owner is not None and owner.probe_error_at_200:
+        if answer.status >= 400 or owner is not None and owner.probe.error_at_200:
             self.report.error_shapes[label] = shape
-        if answer.status in (401, 403) or owner is not None and owner.probe_refused_key(answer.body):
+        if answer.status in (401, 403) or owner is not None and owner.probe.refused_key(answer.body):
             self.report.api_key_required = True
         elif 200 <= answer.status < 300 and self.report.api_key_required is None and label.startswith("GET"):
             self.report.api_key_required = False
@@ -248,12 +253,14 @@ class Prober:
             await self._chat()
             if r.chat == "ok":
                 await self._tools()
-                if DIALECTS[r.dialect].probe_structured_output:
+                if DIALECTS[r.dialect].probe.structured_output:
                     await self._structured()
 
     async def _connect(self) -> bool:
-        """The first request: on a connection failure, find out what is wrong with the TLS settings."""
-        path = self._models_path(self.opts.dialect) or "/v1/models"
+        """The first request: on a connection failure, find out what is wrong with the TLS settings. It is the generic
+        model listing whatever --dialect says: detection reads it either way (a server of another dialect than the
+        one given must still be recognised)."""
+        path = "/v1/models"
         try:
             answer, _ = await self._request("GET", path)
         except _Failed as f:
@@ -298,52 +305,55 @@ class Prober:
             r.problem(f"not reachable: {f.problem}",
                       "check the host and port (and that the server runs and listens there)")
 
-    def _models_path(self, dialect: str | None) -> str | None:
-        return load_mapping(dialect).paths.get("models") if dialect else None
-
     async def _detect(self) -> None:
         """Which dialect the server answers as. A 404's body is no evidence (an engine API answers every OpenAI path
         with an OpenAI-shaped 404): before a verdict without a model listing, every dialect's chat path is tried.
         With --dialect, the server is still asked, and a different answer is a problem (a non-zero exit)."""
+        listing = await self._listing()
+        found: str | None = None
+        evidence = ""
+        for spoke in _detection_order():
+            recognised = spoke.probe.listing(listing)
+            if recognised is not None:
+                found, evidence = spoke.name, recognised
+                break
+        else:
+            found, evidence = await self._try_chat_paths()
+        self._auth_problem(self._first[1])
+        self._verdict(found, evidence)
+
+    async def _listing(self) -> ProbeListing:
+        """What the model-listing paths say: the first answer (`GET /v1/models`), then `GET /models`. The models are
+        those of the first that lists any."""
         r = self.report
         path, first = self._first
         self._record(f"GET {path}", first)
         listed = _model_cards(first.body) if first.status == 200 else None
-        if listed is not None:
-            r.models = [c["id"] for c in listed]
         plain = None
-        if path != "/models":
-            try:
-                plain, _ = await self._request("GET", "/models")
-                self._record("GET /models", plain)
-            except _Failed as f:
-                r.problem(f"GET /models: {f.problem}", "check the URL (host, port, path prefix)")
+        try:
+            plain, _ = await self._request("GET", "/models")
+            self._record("GET /models", plain)
+        except _Failed as f:
+            r.problem(f"GET /models: {f.problem}", "check the URL (host, port, path prefix)")
         plain_cards = _model_cards(plain.body) if plain is not None and plain.status == 200 else None
-        listing = ProbeListing(
-            first.status, _error_shape(first.body),
-            _error_shape(first.body) if first.status >= 400 and first.status not in (404, 405) else None,
+        r.models = [c["id"] for c in (listed if listed is not None else plain_cards or ())]
+        return ProbeListing(
+            first.status, _json(first.body), first.status >= 400 and first.status not in (404, 405),
             {str(c.get("owned_by")) for c in listed or ()}, listed is not None, plain_cards is not None)
-        found: str | None = None
-        evidence = ""
-        for spoke in _detection_order():
-            recognised = spoke.probe_listing(listing)
-            if recognised is not None:
-                found, evidence = spoke.name, recognised
-                if listed is None and plain_cards is not None:  # listed at /models only
-                    r.models = [c["id"] for c in plain_cards]
-                break
-        else:
-            found, evidence = await self._try_chat_paths()
-        self._auth_problem(first)
+
+    def _verdict(self, found: str | None, evidence: str) -> None:
+        """The report's dialect: the one given with --dialect (a server that answers as another family is a problem),
+        else the one found."""
+        r = self.report
         given = self.opts.dialect
         if given:
             r.dialect = given
             r.dialect_evidence.append("given with --dialect")
             if found is not None and family(found) != family(given):
+                r.answers_as = found
                 r.problem(f"the server answers as the {found} dialect ({evidence}), not {given} (--dialect)",
                           f"use dialect: {found} (probe: --dialect {found}, or leave --dialect out)")
-            return
-        if found is not None:
+        elif found is not None:
             r.dialect = found
             r.dialect_evidence.append(evidence)
         else:
@@ -353,13 +363,13 @@ class Prober:
 
     async def _try_chat_paths(self) -> tuple[str | None, str]:
         """Without a model listing: the chat paths of the dialects recognised there — a small streamed request
-        (`probe_chat_path = "stream"`), then a body invalid on purpose (`"invalid"`: its validation error proves the
+        (`Probe.chat_path = "stream"`), then a body invalid on purpose (`"invalid"`: its validation error proves the
         path; nothing is generated)."""
         for spoke in _detection_order():
             evidence: str | None
-            if spoke.probe_chat_path == "stream":
+            if spoke.probe.chat_path == "stream":
                 evidence = await self._try_streamed_chat(spoke)
-            elif spoke.probe_chat_path == "invalid":
+            elif spoke.probe.chat_path == "invalid":
                 evidence = await self._try_invalid_chat(spoke)
                 if evidence is None:
                     return None, ""
@@ -409,14 +419,14 @@ class Prober:
         spoke = DIALECTS[dialect]
         body: dict[str, Any] = {"messages": [{"role": "user", "content": self.opts.prompt}], "stream": True,
                                 "max_tokens": self.opts.max_tokens}
-        if spoke.sends_model:
+        if spoke.probe.sends_model:
             body["model"] = self._model()
-        if spoke.stream_usage_option:  # (MindIE does not read stream_options; it sends usage on its finish chunk)
+        if spoke.rules.stream_usage_option:  # (MindIE does not read stream_options; it sends usage on its finish chunk)
             body["stream_options"] = {"include_usage": True}
         if tools:
             body["tools"] = [TOOL]
             body["tool_choice"] = "required"
-        spoke.probe_chat_body(body, tools)
+        spoke.probe.chat_body(body, tools)
         if tools:
             body["messages"] = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
         return body
@@ -450,13 +460,13 @@ class Prober:
                     hint = "the server failed the request: see its message (and its logs); retry when it is up"
                 r.problem(f"the streamed chat request failed: {r.chat}", hint)
                 return
-        r.model_used = self._model() if DIALECTS[dialect].sends_model else None
+        r.model_used = self._model() if DIALECTS[dialect].probe.sends_model else None
         r.chat = "ok"
         _analyse(r, events, r.model_used or "")
         if not self.opts.dialect and family(dialect) == dialect:
             for spoke in DIALECTS.values():
                 if spoke.name != dialect and family(spoke.name) == dialect:
-                    evidence = spoke.probe_after_chat(events, r.usage != "none")
+                    evidence = spoke.probe.after_chat(events, r.usage != "none")
                     if evidence is not None:
                         r.dialect = spoke.name
                         r.dialect_evidence.append(evidence)
@@ -538,48 +548,59 @@ def _analyse(r: Report, events: list[dict[str, Any]], model: str) -> None:
     contents: list[str] = []
     field_reasoning = False
     usage_places: set[str] = set()
-    r.full_text, r.reasoning, r.usage = False, "none", "none"  # measured now (unknown until a stream was read)
+    marked_full_text = False
     for e in events:
         choices = e.get("choices")
-        if "full_text" in e:
-            r.full_text = True
+        marked_full_text = marked_full_text or "full_text" in e
         if isinstance(e.get("usage"), dict):
-            usage_places.add("final_chunk" if choices == [] else (
-                "finish_chunk" if any(isinstance(c, dict) and c.get("finish_reason") for c in choices or ())
-                else "every_chunk"))
+            usage_places.add(_usage_place(choices))
         for ch in choices or ():
             delta = ch.get("delta") if isinstance(ch, dict) else None
             if not isinstance(delta, dict):
                 continue
-            if delta.get("reasoning_content") or delta.get("reasoning"):
-                field_reasoning = True
+            field_reasoning = field_reasoning or bool(delta.get("reasoning_content") or delta.get("reasoning"))
             if isinstance(delta.get("content"), str) and delta["content"]:
                 contents.append(delta["content"])
-    growing = [b for a, b in zip(contents, contents[1:], strict=False) if b != a]
-    if len(contents) >= 3 and growing and all(b.startswith(a) for a, b in zip(contents, contents[1:], strict=False)):
-        r.full_text = True
+    # Measured now (unknown until a stream was read).
+    r.full_text = marked_full_text or _cumulative(contents)
     text = contents[-1] if r.full_text and contents else "".join(contents)
-    if field_reasoning:
-        r.reasoning = "field"
-    elif text.lstrip().startswith("<think>"):
-        r.reasoning = "tags"
-    elif "</think>" in text:
-        r.reasoning = "close_only"
-    elif R1_NAME.search(model):
-        r.reasoning = "close_only"  # R1 names start inside the block even when no </think> came within max_tokens
-    for place in ("final_chunk", "finish_chunk", "every_chunk"):
-        if place in usage_places:
-            r.usage = place
-            break
+    r.reasoning = "field" if field_reasoning else _reasoning_in_text(text, model)
+    r.usage = next((p for p in ("final_chunk", "finish_chunk", "every_chunk") if p in usage_places), "none")
+
+
+def _usage_place(choices: Any) -> str:
+    """Where an event that carries usage sits: the final `choices: []` chunk, a finish chunk, or any other."""
+    if choices == []:
+        return "final_chunk"
+    if any(isinstance(c, dict) and c.get("finish_reason") for c in choices or ()):
+        return "finish_chunk"
+    return "every_chunk"
+
+
+def _cumulative(contents: list[str]) -> bool:
+    """Each text repeats the one before it and grows: a cumulative (MindIE fullTextEnabled) stream."""
+    pairs = list(zip(contents, contents[1:], strict=False))
+    return len(contents) >= 3 and any(b != a for a, b in pairs) and all(b.startswith(a) for a, b in pairs)
+
+
+def _reasoning_in_text(text: str, model: str) -> str:
+    """The reasoning form of an answer without a reasoning field: `<think>` tags, R1's lone `</think>`, or none."""
+    if text.lstrip().startswith("<think>"):
+        return "tags"
+    if "</think>" in text:
+        return "close_only"
+    if R1_NAME.search(model):
+        return "close_only"  # R1 names start inside the block even when no </think> came within max_tokens
+    return "none"
 
 
 def _detection_order() -> list[type[Dialect]]:
     """The spokes in the order their evidence is asked for: the generic one last."""
-    return sorted(DIALECTS.values(), key=lambda spoke: spoke.probe_generic)
+    return sorted(DIALECTS.values(), key=lambda spoke: spoke.probe.generic)
 
 
 def _generic() -> type[Dialect]:
-    return next(spoke for spoke in DIALECTS.values() if spoke.probe_generic)
+    return next(spoke for spoke in DIALECTS.values() if spoke.probe.generic)
 
 
 def _chat_path(dialect: str) -> str:
@@ -592,11 +613,16 @@ def _reset(exc: BaseException) -> bool:
         not isinstance(exc, aiohttp.ClientConnectorError)
 
 
-def _model_cards(raw: bytes) -> list[dict[str, Any]] | None:
+def _json(raw: bytes) -> Any:
+    """A body parsed as JSON; None when it is not JSON."""
     try:
-        data = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
+
+
+def _model_cards(raw: bytes) -> list[dict[str, Any]] | None:
+    data = _json(raw)
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         return [m for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
     return None
@@ -611,7 +637,7 @@ def _error_shape(raw: bytes) -> str:
         return "text"
     if isinstance(data, dict):
         for spoke in DIALECTS.values():
-            if spoke.probe_error_shape(data):
+            if spoke.probe.error_shape(data):
                 return spoke.name
         if "detail" in data:
             return "fastapi"
@@ -647,36 +673,55 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
     (no block is better than one built on a guess)."""
     if r.dialect is None:
         return ""
-    dialect = r.dialect
     url = r.url
-    if r.problems and r.tls != "none" and url.startswith("http://") and any(
-            "https://" in p["hint"] for p in r.problems):
+    if r.problems and r.tls != "none" and url.startswith("http://") and _hinted(r, "https://"):
         url = "https://" + url[len("http://"):]
+    item = yaml.safe_dump([_entry(r, opts, r.dialect, url)], sort_keys=False, allow_unicode=True, width=120,
+                          default_flow_style=False)
+    lines = ["upstreams:", *("  " + line for line in item.splitlines())]
+    if r.answers_as is not None:
+        lines.append(f"    # warning: this server answers as the {r.answers_as} dialect, not {r.dialect} (--dialect): "
+                     "see the probe's problems")
+    lines.extend(DIALECTS[r.dialect].probe.config_notes(url))
+    if r.models:
+        lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
+                     "name here)")
+    return "\n".join(lines) + "\n"
+
+
+def _entry(r: Report, opts: ProbeOptions, dialect: str, url: str) -> dict[str, Any]:
+    """The config block's upstream entry: only the settings whose default would be wrong for this server."""
     entry: dict[str, Any] = {"name": dialect, "dialect": dialect, "url": url}
     spoke = DIALECTS[dialect]
     if r.full_text and spoke.full_text_mode:
         entry["full_text"] = True
     if opts.api_key_env or r.api_key_required:
         entry["api_key_env"] = opts.api_key_env or "UPSTREAM_API_KEY"
-    if r.response_format == "honoured" and spoke.probe_structured_output:
+    if r.response_format == "honoured" and spoke.probe.structured_output:
         entry["response_format"] = "pass"  # structured output (MindIE >= 2.3): let clients' response_format through
     if r.reasoning == "close_only" and r.model_used and not R1_NAME.search(r.model_used):
         entry["thinking_models"] = [r.model_used]
     if r.tls != "none" or url.startswith("https://"):
-        if opts.tls_ca_file or any("tls_ca_file" in p["hint"] for p in r.problems):
-            entry["tls_ca_file"] = opts.tls_ca_file or "/path/to/ca.pem"
-        if opts.tls_cert_file or r.tls == "mutual_tls" or any("tls_cert_file" in p["hint"] for p in r.problems):
-            entry["tls_cert_file"] = opts.tls_cert_file or "/path/to/client.pem"
-            entry["tls_key_file"] = opts.tls_key_file or "/path/to/client.key"
-        if not opts.tls_verify:
-            entry["tls_verify"] = False
-    item = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=120, default_flow_style=False)
-    lines = ["upstreams:", *("  " + line for line in item.splitlines())]
-    lines.extend(spoke.probe_config_notes(url))
-    if r.models:
-        lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
-                     "name here)")
-    return "\n".join(lines) + "\n"
+        entry.update(_tls_entry(r, opts))
+    return entry
+
+
+def _hinted(r: Report, word: str) -> bool:
+    """A problem's fix mentions `word` (a setting the block should then carry)."""
+    return any(word in p["hint"] for p in r.problems)
+
+
+def _tls_entry(r: Report, opts: ProbeOptions) -> dict[str, Any]:
+    """The TLS settings of an upstream reached over TLS: those given, and placeholders for those a problem asks for."""
+    entry: dict[str, Any] = {}
+    if opts.tls_ca_file or _hinted(r, "tls_ca_file"):
+        entry["tls_ca_file"] = opts.tls_ca_file or "/path/to/ca.pem"
+    if opts.tls_cert_file or r.tls == "mutual_tls" or _hinted(r, "tls_cert_file"):
+        entry["tls_cert_file"] = opts.tls_cert_file or "/path/to/client.pem"
+        entry["tls_key_file"] = opts.tls_key_file or "/path/to/client.key"
+    if not opts.tls_verify:
+        entry["tls_verify"] = False
+    return entry
 
 
 async def probe(opts: ProbeOptions) -> Report:

@@ -3,8 +3,8 @@ dropped but an upstream needs back). Values are opaque bytes under a namespace a
 
 Implementations: proxy.state.memory (the embedded default: bounded in entries and bytes, oldest first out; one per
 process) and proxy.state.redis (shared by several workers and replicas). A store that cannot be reached raises
-`StoreUnavailable` (a 503 for the requests that need it, DECISIONS.md "Client dialects and state"); requests that need
-no state never touch it. `proxy.state.open_store(settings)` builds the configured one.
+`StoreUnavailable` (a 503 for the requests that need it, docs/decisions.md "Client dialects and state"); requests
+that need no state never touch it. `proxy.state.open_store(settings)` builds the configured one.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MemoryStore: the embedded state store, in this process's memory.
 
-Bounded three ways (DECISIONS.md "Client dialects and state"): at most `max_entries` entries, at most `max_bytes`
+Bounded three ways (docs/decisions.md "Client dialects and state"): at most `max_entries` entries, at most `max_bytes`
 bytes (value + namespace + key, UTF-8), each entry for `ttl` seconds (a put's own ttl overrides). When a bound is hit
 the oldest entries (by time of their last put) go first. An expired entry is never returned. Every operation is O(1)
 amortised: one OrderedDict in put order; expired entries are dropped lazily (on get) and from the old end on every

@@ -7,7 +7,7 @@ proxy/state/redis.py's client:
     redis+cluster://[user:password@]host[:6379][,host[:6379]...]     a Redis Cluster from its seed nodes (rediss+cluster://)
 
 Query parameters: `wait_replicas=N` (every put waits until N replicas hold it, else the request that stored it gets a
-503: docs/decisions.md "State that survives a failover"; the default is 1 for Sentinel, 0 otherwise; not for
+503: docs/decisions.md "Operations", state that survives a failover; the default is 1 for Sentinel, 0 otherwise; not for
 Cluster), and for Sentinel `sentinel_username` / `sentinel_password` (the Sentinels' own credentials; the URL's user
 and password are the Redis servers'). A plain redis:// URL keeps redis-py's own query parameters too.
 

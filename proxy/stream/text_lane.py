@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from proxy.build import BUILD
-from proxy.hub.jsontext import PLAIN
-from proxy.hub.sse import SSEEvent
+from proxy.stream.jsonplain import PLAIN
+
+if TYPE_CHECKING:
+    from proxy.hub.sse import SSEEvent
 
 __all__ = ["TextLane"]
 

@@ -1,6 +1,6 @@
 """Inline `<think>…</think>` in content -> ("reasoning", text) and ("content", text) pieces, streaming-safe.
 
-The rules (DECISIONS.md "Reasoning"):
+The rules (docs/decisions.md "Reasoning"):
 - `start_in_reasoning=True` (DeepSeek-R1-family templates put the opening tag in the prompt): everything before
   `</think>` is reasoning. An explicit `<think>` at the very start (after optional whitespace) is consumed, together
   with that whitespace; a `<think>` anywhere else is reasoning text.

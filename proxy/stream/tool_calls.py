@@ -2,7 +2,7 @@
 
 The SDK (`openai.lib.streaming._deltas.accumulate_delta`) places each list entry at position `index` (so indices must
 be 0, 1, 2… in the order calls first appear) and concatenates every repeated string field except `index` and `type`
-(so a repeated `id` or `name` corrupts the call). Hence, per choice (DECISIONS.md "Streams"):
+(so a repeated `id` or `name` corrupts the call). Hence, per choice (docs/decisions.md "Streams"):
 
 - A call's first delta carries `index`, `id`, `type: "function"` and `function: {name, arguments}`; a missing id
   becomes a generated `call_<24 hex>`, missing arguments become "".

@@ -134,7 +134,8 @@ def test_non_stream_is_the_same_answer_folded():
 
 
 def test_without_thinking_enabled_the_reasoning_is_left_out():
-    """DECISIONS.md: thinking blocks only when the request enabled thinking; code that reads content[0].text works."""
+    """docs/decisions.md "Client dialects and state": thinking blocks only when the request enabled thinking; code
+    that reads content[0].text works."""
     body = orjson.loads(run([AGENT_TURN], stream=False, show_thinking=False))
     assert [b["type"] for b in body["content"]] == ["text", "tool_use", "tool_use"]
     assert body["content"][0]["text"] == "Checking now." and body["usage"]["output_tokens"] == 20

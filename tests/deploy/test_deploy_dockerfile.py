@@ -81,9 +81,9 @@ def test_runtime_stage_rules() -> None:
     assert [c.value for c in stage if c.cmd == "EXPOSE"] == [("8000",)]
     env = env_of(stage)
     assert env["DIALECT_PROXY_HOST"] == "0.0.0.0"
-    from proxy.__main__ import CLIENT_FLAGS, SERVER_FLAGS, UPSTREAM_FLAGS, _env_name
+    from proxy.settings import env_names
 
-    known = {_env_name(f) for f, *_ in SERVER_FLAGS + CLIENT_FLAGS + UPSTREAM_FLAGS} | {_env_name("config")}
+    known = set(env_names())
     assert {k for k in env if k.startswith("DIALECT_PROXY_")} <= known
     assert not any(c.cmd == "ADD" for c in instructions()), "COPY only (ADD fetches URLs and unpacks archives)"
     stop = [c for c in stage if c.cmd == "STOPSIGNAL"]

@@ -303,9 +303,9 @@ def test_gateway_config_has_replicas() -> None:
 
 
 def _cli_env_names() -> set[str]:
-    from proxy.__main__ import CLIENT_FLAGS, SERVER_FLAGS, UPSTREAM_FLAGS, _env_name
+    from proxy.settings import env_names
 
-    return {_env_name(f) for f, *_ in SERVER_FLAGS + CLIENT_FLAGS + UPSTREAM_FLAGS} | {_env_name("config")}
+    return set(env_names())
 
 
 def _test_pki(directory: Path) -> None:

@@ -485,6 +485,6 @@ def test_openai_shaped_errors_keep_status_and_message(status: int, ours: int, ty
             }
         }
     )
-    err = DS.error_from_body(status, raw, {"retry-after": "7"})
+    err = DS.errors.from_body(status, raw, {"retry-after": "7"})
     assert (err.status, err.type, err.message) == (ours, type_, "Insufficient Balance")
     assert err.response_headers().get("Retry-After") == ("7" if status == 429 else None)

@@ -472,7 +472,7 @@ def test_mappings_are_registered() -> None:
 def test_mindie_error_bodies_become_openai_envelopes(
     status: int, body: dict[str, Any], ours: int, type_: str, code: str, dialect: MindIEDialect
 ) -> None:
-    err = dialect.error_from_body(status, orjson.dumps(body))
+    err = dialect.errors.from_body(status, orjson.dumps(body))
     assert (err.status, err.type, err.code) == (ours, type_, code)
     upstream_message = body.get("error") or body["message"]
     assert err.message.startswith(upstream_message)
@@ -484,7 +484,7 @@ def test_mindie_error_bodies_become_openai_envelopes(
 def test_validation_errors_name_their_parameter() -> None:
     def param(message: str) -> str | None:
         body = {"error": message, "error_type": "Input Validation Error"}
-        return MINDIE.error_from_body(422, orjson.dumps(body)).param
+        return MINDIE.errors.from_body(422, orjson.dumps(body)).param
 
     assert param("Parameter temperature must be in (0.0,2], got 3.") == "temperature"
     assert param("Parameter [n] should be in [1, 128], got 200.") == "n"
@@ -492,14 +492,14 @@ def test_validation_errors_name_their_parameter() -> None:
     assert param("Parameter top logprobs must be in [0, 20], got 30.") == "top_logprobs"
     assert param("Input validation error: length of `stop` must be in [1, 1024], but got 0") == "stop"
     assert param("Request param contains role must be system, assistant, user or tool") is None
-    assert MINDIE.error_from_body(422, b'{"error":"Model not found","error_type":"x"}').param == "model"
+    assert MINDIE.errors.from_body(422, b'{"error":"Model not found","error_type":"x"}').param == "model"
 
 
 def test_empty_503_and_raw_text_500() -> None:
-    err = MINDIE.error_from_body(503, b"")
+    err = MINDIE.errors.from_body(503, b"")
     assert (err.status, err.type) == (503, "service_unavailable")
     assert "503" in err.message and "empty body" in err.message
-    err = MINDIE.error_from_body(500, b"Server internal error")
+    err = MINDIE.errors.from_body(500, b"Server internal error")
     assert (err.status, err.message) == (502, "Server internal error")
 
 
@@ -520,10 +520,10 @@ def test_siliconstorm_codes_whatever_the_http_status(
 ) -> None:
     body = {"code": code, "result": None, "message": f"message for {code}"}
     if http_status == 200:
-        err = SILICON.error_in_json(body)
+        err = SILICON.errors.in_json(body)
         assert err is not None
     else:
-        err = SILICON.error_from_body(http_status, orjson.dumps(body))
+        err = SILICON.errors.from_body(http_status, orjson.dumps(body))
     assert (err.status, err.type, err.code) == (status, type_, err_code)
     assert err.message.startswith(f"message for {code}") and str(code) in err.message
     assert err.upstream_code == str(code)
@@ -544,15 +544,15 @@ def test_siliconstorm_code_in_a_completion_or_a_stream_event() -> None:
         "Insufficient balance (Siliconstorm code 701)",
     )
     # Not errors: completions, and a success code.
-    assert SILICON.error_in_json({"code": 0, "result": {}, "message": "ok"}) is None
-    assert SILICON.error_in_json({"id": "x", "choices": [], "code": 5}) is None
+    assert SILICON.errors.in_json({"code": 0, "result": {}, "message": "ok"}) is None
+    assert SILICON.errors.in_json({"id": "x", "choices": [], "code": 5}) is None
     # MindIE itself does not read Siliconstorm codes.
-    assert MINDIE.error_in_json(body) is None
+    assert MINDIE.errors.in_json(body) is None
 
 
 def test_siliconstorm_document_example_is_read_although_it_is_not_json() -> None:
     raw = fixture("siliconstorm/error-701-spec.txt")  # verbatim: "message": 'Insufficient balance'
-    err = SILICON.error_from_body(402, raw)
+    err = SILICON.errors.from_body(402, raw)
     assert (err.status, err.type, err.message) == (
         402,
         "insufficient_quota",

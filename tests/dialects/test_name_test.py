@@ -1,10 +1,10 @@
-"""proxy/dialects/base.py NameTest: a model-name pattern's verdicts, remembered per name and bounded."""
+"""proxy/dialects/templates.py NameTest: a model-name pattern's verdicts, remembered per name and bounded."""
 
 from __future__ import annotations
 
 import re
 
-from proxy.dialects.base import R1_MODEL_RE, THINKING_MODEL_RE, NameTest, is_r1_era, is_thinking_model
+from proxy.dialects.templates import R1_MODEL_RE, THINKING_MODEL_RE, NameTest, is_r1_era, is_thinking_model
 
 NAMES = ["DeepSeek-R1", "deepseek-r1-distill-qwen-32b", "deepseek-reasoner", "deepseek-v4-flash", "qwen3-r10",
          "R1", "my_r1", "gpt-4o", "r1x", "", "Reasoner-7B"]

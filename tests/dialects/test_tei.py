@@ -59,7 +59,7 @@ def test_the_batch_limit_is_learnt_from_the_refusal_only_downwards() -> None:
     (429, "Overloaded", 429), (503, "Unhealthy", 503)])
 def test_tei_errors_become_the_clients_statuses(status: int, error_type: str, ours: int) -> None:
     raw = orjson.dumps({"error": "what TEI said", "error_type": error_type})
-    err = get_dialect("tei").answer_error(status, raw, {"retry-after": "2"}, "/embed", "tei", "tei")
+    err = get_dialect("tei").errors.answer(status, raw, {"retry-after": "2"}, "/embed", "tei", "tei")
     assert err.status == ours and err.message == "what TEI said" and err.upstream_code == error_type
     assert (err.headers.get("Retry-After") == "2") == (ours == 429)
 
@@ -68,7 +68,7 @@ def test_readiness_asks_an_empty_batch_of_the_kind_served() -> None:
     dialect = get_dialect("tei")
     embed = UpstreamSettings(name="e", dialect="tei", url="http://127.0.0.1:1", kinds=("embeddings",))
     rerank = UpstreamSettings(name="r", dialect="tei", url="http://127.0.0.1:1", kinds=("rerank",))
-    assert dialect.readiness_request(embed) == ("/embed", {"inputs": []})
-    assert dialect.readiness_request(rerank) == ("/rerank", {"query": "", "texts": []})
-    ready, why = dialect.readiness_verdict(422, b'{"error": "empty", "error_type": "Validation"}', "/embed", embed)
+    assert dialect.readiness.request(embed) == ("/embed", {"inputs": []})
+    assert dialect.readiness.request(rerank) == ("/rerank", {"query": "", "texts": []})
+    ready, why = dialect.readiness.verdict(422, b'{"error": "empty", "error_type": "Validation"}', "/embed", embed)
     assert ready, why

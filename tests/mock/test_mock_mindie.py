@@ -1,4 +1,4 @@
-"""The mock MindIE Server: shapes from the MindIE spec documents and WIRE-NOTES, directives, validation."""
+"""The mock MindIE Server: shapes from MindIE's documents (docs/upstreams.md), directives, validation."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def test_reasoning_and_tools() -> None:
 
 
 def test_mock_is_independent_of_the_proxy_code() -> None:
-    """DESIGN.md: the mock is written from the specs and never imports the proxy's own modules."""
+    """The mock is written from the upstreams' documents (docs/upstreams.md), never from the proxy's own modules."""
     root = Path(__file__).resolve().parents[2] / "proxy" / "mock"
     for path in root.glob("*.py"):
         tree = ast.parse(path.read_text())

@@ -43,7 +43,7 @@ def summary(calls: list[dict[str, Any]]) -> list[tuple[int, str, str, str, str]]
 
 
 def check_shape(batches: list[list[dict[str, Any]]]) -> None:
-    """DECISIONS "Streams": first delta of a call = index, id, type, name; later ones = index + arguments only."""
+    """docs/decisions.md "Streams": a call's first delta = index, id, type, name; later ones = index + arguments."""
     seen: set[int] = set()
     for batch in batches:
         for d in batch:
