@@ -10,15 +10,15 @@ import argparse
 import asyncio
 import errno
 import json
-import logging
 import os
 import socket
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from proxy import __version__
 from proxy.build import BUILD
+from proxy.server.logs import configure_logging, uvicorn_log_config
 from proxy.settings import (
     ENV_PREFIX,
     ConfigError,
@@ -124,7 +124,9 @@ def parser() -> argparse.ArgumentParser:
         "examples:\n"
         "  dialect-proxy demo\n"
         "  dialect-proxy demo --dialect deepseek --port 8000"))
-    demo.add_argument("--port", default=None, help=f"proxy port (default: a free port) [env {_env_name('port')}]")
+    demo.add_argument("--port", default=None,
+                      help=f"proxy port (default {DEMO_PORT}, or a free port while that one is taken) "
+                           f"[env {_env_name('port')}]")
     demo.add_argument("--mock-port", default=None,
                       help=f"mock upstream port (default: a free port) [env {_env_name('mock-port')}]")
     demo.add_argument("--dialect", default=None,
@@ -236,22 +238,12 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> 
                           single_upstream=upstream or None, environ=environ)
 
 
-def configure_logging(level: str) -> None:
-    root = logging.getLogger("dialect_proxy")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        root.addHandler(handler)
-        root.propagate = False
-    root.setLevel(level.upper())
-
-
 def _uvicorn_config(app: Any, host: str, port: int, level: str, **kw: Any) -> Any:
     import uvicorn
 
     kw.setdefault("http", "httptools")
     return uvicorn.Config(app, host=host, port=port, loop="uvloop", access_log=False, log_level=level,
-                          lifespan="on", proxy_headers=False, **kw)
+                          lifespan="on", proxy_headers=False, log_config=uvicorn_log_config(), **kw)
 
 
 def serve(settings: Settings) -> None:
@@ -274,6 +266,7 @@ def serve(settings: Settings) -> None:
         prepare_multiprocess_dir()
         uvicorn.run("proxy.__main__:worker_app", factory=True, host=s.host, port=s.port, workers=s.workers,
                     loop="uvloop", access_log=False, log_level=s.log_level, proxy_headers=False,
+                    log_config=uvicorn_log_config(),
                     timeout_graceful_shutdown=s.shutdown_grace, **frontend_options(s))  # type: ignore[arg-type]
         return
     from proxy.server.process import ProxyServer
@@ -295,6 +288,29 @@ def worker_app() -> Any:
     return create_app(settings, tune_gc=True)
 
 
+# The demo's proxy port: fixed, so that a snippet saved from one run works the next (docs/decisions.md "The demo's
+# ports"); the port of `serve` and of the README's examples.
+DEMO_PORT: Final = 8000
+DEMO_MODEL: Final = "demo"  # the model of the demo's snippets
+
+
+def demo_port(chosen: str | None, default: int = DEMO_PORT) -> tuple[int, str]:
+    """(the demo proxy's port, a note for the banner). A port asked for must be free; the default, when taken, gives
+    way to a free port (a first command should not fail on it), and the note says so."""
+    from proxy.settings import coerce_value
+
+    if chosen:
+        port = coerce_value("--port", chosen, int)
+        check_port("127.0.0.1", port, "--port")
+        return port, ""
+    try:
+        check_port("127.0.0.1", default, "--port")
+    except StartupError:
+        port = _free_port()
+        return port, f"  (port {default} is taken: this run uses {port}; `dialect-proxy demo --port N` picks one)\n"
+    return default, ""
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -313,17 +329,17 @@ def demo(args: argparse.Namespace) -> None:
     from proxy.settings import coerce_value
 
     environ = os.environ
-    port = args.port or environ.get(_env_name("port"))
     mock_port_value = args.mock_port or environ.get(_env_name("mock-port"))
-    proxy_port = coerce_value("--port", port, int) if port else _free_port()
+    # The mock's port is nobody's to keep (only the proxy talks to it): a free one unless asked for.
     mock_port = coerce_value("--mock-port", mock_port_value, int) if mock_port_value else _free_port()
     args.dialect = dialect_name("--dialect", args.dialect or environ.get(_mock_env("dialect")) or DEFAULT_DIALECT)
     check_port("127.0.0.1", mock_port, "--mock-port")
-    check_port("127.0.0.1", proxy_port, "--port")
+    proxy_port, port_note = demo_port(args.port or environ.get(_env_name("port")))
     full_text = DIALECTS[args.dialect].full_text_mode  # the mode worth seeing where the dialect has one
+    # `demo` (the snippets' model) is listed by /v1/models first; "*" routes every other name to the mock as well.
     settings = build_settings(single_upstream={
         "url": f"http://127.0.0.1:{mock_port}", "dialect": args.dialect, "full_text": full_text,
-        "name": f"mock-{args.dialect}",
+        "name": f"mock-{args.dialect}", "models": [DEMO_MODEL, "*"],
     }, server_overrides={"port": proxy_port})
     configure_logging("info")
     mock_server = uvicorn.Server(_uvicorn_config(create_mock(args.dialect, full_text=full_text), "127.0.0.1",
@@ -343,26 +359,32 @@ def demo(args: argparse.Namespace) -> None:
     print(f"""
 dialect-proxy {__version__} demo
   mock {args.dialect} upstream{mode}: http://127.0.0.1:{mock_port}
-  proxy, OpenAI API: {base}
+  proxy, OpenAI API: {base}   (models: {base}/models)
   metrics:           http://127.0.0.1:{proxy_port}/metrics
-
+{port_note}
 Try it (the mock speaks {args.dialect}; you speak OpenAI):
 
 curl -sN {base}/chat/completions -H 'Content-Type: application/json' \\
-  -d '{{"model": "demo", "stream": true, "stream_options": {{"include_usage": true}},
+  -d '{{"model": "{DEMO_MODEL}", "stream": true, "stream_options": {{"include_usage": true}},
        "messages": [{{"role": "user", "content": "Hello! [mock:think]"}}]}}'
 
 {sdk_note}{python} - <<'EOF'
 from openai import OpenAI
 client = OpenAI(base_url="{base}", api_key="unused")
 stream = client.chat.completions.create(
-    model="demo", stream=True, stream_options={{"include_usage": True}},
+    model="{DEMO_MODEL}", stream=True, stream_options={{"include_usage": True}},
     messages=[{{"role": "user", "content": "Hello! [mock:think]"}}])
+part = None  # "reasoning" or "answer": each starts on a line of its own
 for chunk in stream:
-    if chunk.choices:
-        d = chunk.choices[0].delta
-        print(getattr(d, "reasoning_content", None) or d.content or "", end="", flush=True)
-    elif chunk.usage:
+    for choice in chunk.choices:
+        reasoning = getattr(choice.delta, "reasoning_content", None)
+        for name, text in (("reasoning", reasoning), ("answer", choice.delta.content)):
+            if text:
+                if name != part:
+                    print(("\\n" if part else "") + name + ": ", end="")
+                    part = name
+                print(text, end="", flush=True)
+    if chunk.usage:
         print("\\nusage:", chunk.usage)
 EOF
 

@@ -3,7 +3,8 @@
     ProxyError                    status, type, code, message; `envelope()` / `to_response_bytes()`
      ├── ClientRequestError       the client's request is wrong (400, 404, 413); never retried
      ├── UpstreamError            the upstream answered with an error (any dialect's shape), or garbage
-     │    └── StreamTruncated     the upstream failed after the 200 was committed (sent as an SSE error event)
+     │    ├── StreamTruncated     the upstream failed after the 200 was committed (sent as an SSE error event)
+     │    └── MalformedUpstream   the upstream's JSON lacks a shape the translation relies on (names the field)
      ├── UpstreamUnreachable      refused, reset, DNS: 502
      └── UpstreamTimeout          connect / first byte / idle / total deadline: 504
 
@@ -48,6 +49,9 @@ def error_type_for(status: int) -> tuple[str, str]:
 
 class ProxyError(Exception):
     status: int = 500
+    # The id of the request it answers (its `x-request-id`), set where the error reaches the client: Anthropic's error
+    # body carries it (proxy/clients/messages_errors.py).
+    request_id: str | None = None
 
     def __init__(
         self,
@@ -99,6 +103,17 @@ class StreamTruncated(UpstreamError):
     def __init__(self, message: str, reason: str = "upstream_error", **kw: object) -> None:
         super().__init__(message, **kw)  # type: ignore[arg-type]
         self.reason = reason
+
+
+class MalformedUpstream(UpstreamError):
+    """Upstream JSON of a shape the translation relies on but did not get (a `choices` that is not a list, a `delta`
+    that is not an object ...): the upstream's fault, a 502 that names the field. Raised where the shape is read
+    (the upstream sessions, the normaliser); mid-stream proxy/hub/pipeline.py turns it into an `invalid_data`
+    truncation. Any other exception there is a bug of ours: a 500 `internal_error` (docs/behaviour.md "Errors")."""
+
+    def __init__(self, field: str, expected: str) -> None:
+        super().__init__(f"The upstream sent JSON of an unexpected shape: `{field}` is not {expected}.", 502)
+        self.field = field
 
 
 class UpstreamUnreachable(ProxyError):

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -200,25 +201,29 @@ def serve_process(args: list[str], environ: dict[str, str] | None = None,
     """`python -m proxy serve ARGS` in its own process (multiprocess metrics, `--workers`): yields its base URL once
     /healthz answers; afterwards SIGTERM, and its stderr must hold no traceback. `environ` is added to this process's
     environment without its DIALECT_PROXY_* and PROMETHEUS_MULTIPROC* variables; `preexec_fn` runs in the child
-    before it starts (e.g. lowering a resource limit)."""
+    before it starts (e.g. lowering a resource limit). Its output goes to a file (a pipe nobody reads would fill up
+    and stop it): the log (stdout, where a logged exception's traceback goes too, proxy/server/logs.py) and stderr."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DIALECT_PROXY_", "PROMETHEUS_MULTIPROC"))}
     env.update(environ or {})
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec_fn)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        assert wait_for(answers(url + "/healthz"), timeout=30), "the proxy did not start"
-        assert httpx.get(url + "/healthz", timeout=5).json()["build"] == EXPECTED_BUILD
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    with tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args], env=env,
+                                stdout=output, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+        url = f"http://127.0.0.1:{port}"
         try:
-            _, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate(timeout=10)
-    assert b"Traceback" not in err, err.decode()
+            assert wait_for(answers(url + "/healthz"), timeout=30), "the proxy did not start"
+            assert httpx.get(url + "/healthz", timeout=5).json()["build"] == EXPECTED_BUILD
+            yield url
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        output.seek(0)
+        out = output.read()
+    assert b"Traceback" not in out, out.decode()
 
 
 # ---------------------------------------------------------------------------------------------------------------

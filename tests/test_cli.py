@@ -3,6 +3,7 @@ dialect names in any case, the mock's own variables. Each case runs `python -m p
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -109,3 +110,31 @@ def test_models_and_aliases_flags_route_list_and_bound_metric_labels(start_mock)
         assert unknown.status_code == 404
         metrics = httpx.get(base + "/metrics", timeout=10).text
         assert 'model="gpt-4o"' in metrics and 'model="llama"' not in metrics
+
+
+def test_serve_logs_one_json_object_per_line(start_mock) -> None:
+    """uvicorn's start-up and shutdown lines, a plain message of the proxy's and the access line: every line `serve`
+    prints (stdout and stderr) is one JSON object, so a log pipeline parses one format."""
+    mock = start_mock("openai")  # DeepSeek's model list path (/models) is not the OpenAI mock's: a plain info line
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream-url", mock.url,
+                             "--upstream-dialect", "deepseek", "--upstream-name", "ds"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_for(answers(base + "/healthz"), timeout=30), "the proxy did not start"
+        httpx.get(base + "/v1/models", timeout=10)
+        httpx.post(base + "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                   timeout=10)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    lines = [json.loads(line) for line in out.splitlines()]  # every line, or a JSONDecodeError names it
+    assert lines and all(isinstance(line, dict) for line in lines), out
+    messages = {(line.get("logger"), line.get("message")) for line in lines}
+    assert ("uvicorn.error", "Application startup complete.") in messages, out
+    assert ("uvicorn.error", "Application shutdown complete.") in messages, out
+    assert ("dialect_proxy", "upstream ds: its model list answered HTTP 404") in messages, out
+    assert any(line.get("event") == "upstream_check" for line in lines), out
+    assert any(line.get("route") == "/v1/chat/completions" and line.get("status") == 502 for line in lines), out

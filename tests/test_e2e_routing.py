@@ -121,3 +121,24 @@ def test_usage_fields_deepseek_for_every_upstream_dialect(mocks, start_proxy) ->
             assert (hit > 0) == (model == "deepseek-chat"), model
             if hit:
                 assert usage.prompt_tokens_details.cached_tokens == hit
+
+
+@pytest.mark.parametrize(("method", "path", "meant"), [
+    ("POST", "/chat/completions", "/v1/chat/completions"),  # an OpenAI client's base URL without /v1
+    ("POST", "/responses", "/v1/responses"),
+    ("GET", "/models", "/v1/models"),
+    ("POST", "/v1/v1/messages", "/v1/messages"),  # the Anthropic SDK's base URL with /v1
+    ("POST", "/v1/chat/completion", None),  # no route near it: no guess
+    ("POST", "/models", None),  # /v1/models takes GET only: not what a POST meant
+])
+def test_a_path_without_its_v1_prefix_names_the_route_it_meant(mocks, start_proxy, method: str, path: str,
+                                                                 meant: str | None) -> None:
+    proxy = start_proxy(upstreams(mocks))
+    got = httpx.request(method, proxy.url + path, json={"model": "qwen-npu", "messages": []}, timeout=10)
+    assert got.status_code == 404 and got.json()["error"]["code"] == "not_found"
+    message = got.json()["error"]["message"]
+    assert message.startswith(f"No route for {method} {path}.")
+    if meant is None:
+        assert "Did you mean" not in message, message
+    else:
+        assert f"Did you mean {meant}?" in message and "base URL" in message, message

@@ -21,9 +21,9 @@ from hub_harness import drive, request_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.clients.base import ClientCall, Encoder
+from proxy.clients.base import Encoder
 from proxy.clients.chat import chat_encoder
-from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
+from proxy.clients.messages_encoder import MessagesCall, MessagesEncoder, messages_consumer
 from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
@@ -100,7 +100,7 @@ def responses(ctx: Any, answer: Answer) -> Encoder:
 
 
 def messages(ctx: Any, answer: Answer) -> Encoder:
-    call = ClientCall({"model": "m", "messages": []}, CHAT, "alias", True, {"stop_sequences": ()})
+    call = MessagesCall({"model": "m", "messages": []}, "alias", True)
     return MessagesEncoder(call, ctx, answer, SIGNER, messages_consumer(call, ctx))
 
 

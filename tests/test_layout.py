@@ -30,25 +30,18 @@ ALLOWED: dict[str, set[str]] = {
     "stream": set(),
     "hub": {"settings", "stream"},  # the pipeline names dialects' UpstreamSession as a type only
     "dialects": {"settings", "hub", "stream"},
-    "clients": {"settings", "hub", "dialects", "endpoint", "server"},  # endpoint, server: responses_ws.py only
+    "clients": {"settings", "hub", "dialects"},
     "gateway": {"settings"},
     "metrics": {"settings", "hub", "dialects"},  # dialects: the registry's names, the `dialect` label's values
-    "endpoint": {"settings", "hub", "clients", "gateway", "server"},  # server: the front end's disconnect hook
+    "endpoint": {"settings", "hub", "clients", "gateway"},
     "probe": {"dialects", "gateway", "hub"},
     "mock": set(),
 }
 TOP = {"__main__", "server"}  # may import anything below them
-NARROW = {("clients", "endpoint"): {"responses_ws.py"}, ("clients", "server"): {"responses_ws.py"},
-          ("endpoint", "server"): {"request.py"}}
+NARROW: dict[tuple[str, str], set[str]] = {}
 # Edges that point up, each a known debt with its reason. Nothing else may point up, and the cycle checks leave
 # these out (with them every cycle below would close).
 UPWARD: dict[tuple[str, str], str] = {
-    # The Responses WebSocket mode as a made-up HTTP client of the endpoint; issue 50 item 1 moves it to the
-    # transports (proxy/server/) and these two go.
-    ("clients", "endpoint"): "responses_ws.py drives the HTTP endpoint",
-    ("clients", "server"): "responses_ws.py reads the front end's hooks",
-    # The scope key the front end sets and the endpoint reads is defined by the front end.
-    ("endpoint", "server"): "request.py reads DISCONNECT_HOOK from proxy/server/frontend.py",
     # Settings validates names against the registries above it, inside functions, at start-up only.
     ("settings", "dialects"): "the upstream dialects' names",
     ("settings", "state"): "the state store URL's parser",

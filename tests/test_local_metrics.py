@@ -110,9 +110,9 @@ def test_replica_gauges_follow_admission() -> None:
 
     async def scenario() -> None:
         assert gauges() == (0, 0, 1)
-        first = await rset.attempts({}, {}).next()
+        first = await rset.attempts({}).next()
         assert gauges() == (1, 0, 1)
-        waiting = asyncio.create_task(rset.attempts({}, {}).next())
+        waiting = asyncio.create_task(rset.attempts({}).next())
         for _ in range(100):
             await asyncio.sleep(0)
             if gauges()[1]:
@@ -201,7 +201,7 @@ def test_replica_gauges_read_at_scrape_equal_prometheus_client_function_gauges()
         held = [await w.on(2) for w in worlds]
         same(in_flight__z=1, queue_length__z=0, up__z=1)
         assert series(local.m, "in_flight") == ['replica="z",upstream="gw"} 1.0']
-        solo = [w.solo.attempts({}, {}) for w in worlds]
+        solo = [w.solo.attempts({}) for w in worlds]
         solo_tickets = [await a.next() for a in solo]
         same(in_flight__solo=1, in_flight__z=1)
         # two more for z wait in its queue

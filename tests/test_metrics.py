@@ -491,7 +491,7 @@ def _mp_gateway_worker(first_up: bool, steps, done) -> None:  # type: ignore[no-
     rset = ReplicaSet(upstream, ServerSettings(), get_dialect("openai"), m, Redactor())
 
     async def run() -> None:
-        ticket = await rset.attempts({}, {}).next()
+        ticket = await rset.attempts({}).next()
         m.upstream_up("r1", first_up)
         m.flush_files()  # what the app does every second (proxy/server/appstate.py)
         done.put("holding")

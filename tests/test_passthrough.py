@@ -235,6 +235,7 @@ def test_messages_errors_upstream_and_proxy(deepseek_pair: tuple[Any, Any, anthr
         with pytest.raises(anthropic.APIStatusError) as caught:
             other.messages.create(model="deepseek-v4-pro", max_tokens=64, messages=[{"role": "user", "content": "x"}])
     assert caught.value.status_code == 502 and caught.value.body["error"]["type"] == "api_error"
+    assert caught.value.body["request_id"] == caught.value.response.headers["x-request-id"]  # the proxy's own error
 
 
 def test_other_routes_and_dialects_still_translate(deepseek_pair: tuple[Any, Any, anthropic.Anthropic]) -> None:

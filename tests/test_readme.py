@@ -28,7 +28,7 @@ def section(title: str) -> str:
 def commands(block: str) -> list[str]:
     """Shell commands of a ```sh block, continuation lines joined, comments dropped."""
     joined = re.sub(r"\\\n\s*", " ", block)
-    return [line.strip() for line in joined.splitlines() if line.strip().startswith("dialect-proxy ")]
+    return [line.strip() for line in joined.splitlines() if line.strip().startswith(".venv/bin/dialect-proxy ")]
 
 
 def test_running_it_as_printed() -> None:
@@ -36,8 +36,11 @@ def test_running_it_as_printed() -> None:
     sh = re.search(r"```sh\n(.*?)```", text, re.S)
     assert sh is not None
     cmds = commands(sh.group(1))
-    mock_cmd = next(c for c in cmds if c.startswith("dialect-proxy mock"))
-    serve_cmd = next(c for c in cmds if c.startswith("dialect-proxy serve") and "127.0.0.1:1025" in c)
+    # as printed from a clone, in a shell without an activated virtualenv: the program is .venv's, never a bare name
+    bare = [line for line in sh.group(1).splitlines() if line.startswith("dialect-proxy ")]
+    assert len(cmds) == 5 and not bare, (cmds, bare)
+    mock_cmd = next(c for c in cmds if c.startswith(".venv/bin/dialect-proxy mock"))
+    serve_cmd = next(c for c in cmds if c.startswith(".venv/bin/dialect-proxy serve") and "127.0.0.1:1025" in c)
     mock_port, proxy_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DIALECT_PROXY_")}
     procs = []

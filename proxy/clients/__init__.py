@@ -4,21 +4,21 @@ spoke is its module(s) and its test file).
 
 A client spoke decodes its requests into the hub form and encodes hub events into its own events and final object.
 It may import: proxy.errors, proxy.settings, the hub, the upstream-dialect registry's client-facing helpers
-(`dialect_usage_fields`), the state stores as types; the Responses WebSocket mode (responses_ws.py) also runs the
-endpoint over a WebSocket and so imports it and the front end's hooks. Never an upstream spoke's module or the
-gateway."""
+(`dialect_usage_fields`), the state stores as types. Never the endpoint, the front end, an upstream spoke's module or
+the gateway: a client dialect with a WebSocket mode declares it (`ClientDialect.websocket`), and the transport
+(proxy/server/responses_socket.py) calls the endpoint."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Final
+from typing import Any, Final
 
 from proxy.clients.base import ClientCall, ClientDialect, Encoder
 
 
-def _discover() -> dict[str, type[ClientDialect]]:
-    found: dict[str, type[ClientDialect]] = {}
+def _discover() -> dict[str, type[ClientDialect[Any]]]:
+    found: dict[str, type[ClientDialect[Any]]] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
         if info.ispkg or info.name == "base" or info.name.startswith("_"):
             continue
@@ -33,6 +33,6 @@ def _discover() -> dict[str, type[ClientDialect]]:
     return found
 
 
-CLIENT_DIALECTS: Final[dict[str, type[ClientDialect]]] = _discover()
+CLIENT_DIALECTS: Final[dict[str, type[ClientDialect[Any]]]] = _discover()
 
 __all__ = ["CLIENT_DIALECTS", "ClientCall", "ClientDialect", "Encoder"]

@@ -17,8 +17,7 @@ it, `Encoder.error` renders the in-stream error that makes the client's SDK rais
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -33,28 +32,43 @@ if TYPE_CHECKING:
 Headers = list[tuple[bytes, bytes]]
 
 
-@dataclass(slots=True)
 class ClientCall:
-    """One decoded client request."""
+    """One decoded client request. Each client dialect's call is a subclass that adds, as typed fields, what its
+    encoder and its `completed` need again (proxy/clients/chat.py ChatCall, responses.py ResponsesCall,
+    messages_encoder.py MessagesCall)."""
 
     request: ChatRequest  # the hub request: Chat Completions shape (kind "chat") or Completions shape ("completions")
     kind: str  # canonical.CHAT or canonical.COMPLETIONS: what the upstream is asked for
     model: str  # the model name the client asked for (routing happens on it)
     stream: bool
-    # Anything the client spoke needs again when encoding (custom tool names, store flags, input items ...).
-    options: dict[str, Any] = field(default_factory=dict)
     # Response headers the client spoke adds (e.g. the hosted tools left out of the upstream request).
-    headers: Headers = field(default_factory=list)
+    headers: Headers
+    # One fact of the client spoke's for the access log line, as (key, value): the Responses hosted tools left out
+    # ("ignored_tools"), the Anthropic thinking blocks left out unverified ("unverified_thinking").
+    log_note: tuple[str, str | int] | None
 
     def __init__(self, request: ChatRequest, kind: str, model: str, stream: bool,
-                 options: dict[str, Any] | None = None, headers: Headers | None = None) -> None:
+                 headers: Headers | None = None) -> None:
         # Written out, as Delta's (proxy/hub/events.py): compiled, a generated `__init__` runs interpreted.
         self.request = request
         self.kind = kind
         self.model = model
         self.stream = stream
-        self.options = {} if options is None else options
         self.headers = [] if headers is None else headers
+        self.log_note = None
+
+
+class Outcome:
+    """What a complete answer leaves for its client dialect to keep (`ClientDialect.completed`): the Responses API's
+    stored response — its id, the record to store (the response object and the conversation to continue from), and
+    whether the client asked to store it."""
+
+    __slots__ = ("record", "response_id", "store")
+
+    def __init__(self, response_id: str, record: dict[str, Any], store: bool) -> None:
+        self.response_id = response_id
+        self.record = record
+        self.store = store
 
 
 class Encoder(Protocol):
@@ -75,9 +89,16 @@ class Encoder(Protocol):
     def error(self, err: ProxyError) -> bytes:
         """Streaming, after the head: the in-stream error for `err` (the stream then closes)."""
 
+    def outcome(self) -> Outcome | None:
+        """After `finish`: what the client dialect keeps of this answer (None: nothing)."""
 
-class ClientDialect:
-    """One client API, built once per process. Subclasses set `name` (the metrics `route` label), `path` and
+
+CallT = TypeVar("CallT", bound=ClientCall)
+
+
+class ClientDialect(Generic[CallT]):
+    """One client API, built once per process, over its own call type `CallT` (what its `decode` makes and its
+    `encoder` reads). Subclasses set `name` (the metrics `route` label), `path` and
     `id_prefix` (the handler sets `ctx.response_id` = id_prefix + random hex; encoders use ctx.response_id,
     ctx.created and ctx.response_model)."""
 
@@ -90,20 +111,21 @@ class ClientDialect:
         self.settings = settings
         self.store = store
 
-    async def decode(self, body: dict[str, Any]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> CallT:
         """The client's JSON body (already parsed, a dict) -> a ClientCall. Raises ClientRequestError (400 naming the
         parameter) for what the client got wrong."""
         raise NotImplementedError
 
-    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
+    def encoder(self, call: CallT, ctx: RequestContext, answer: Answer) -> Encoder:
         raise NotImplementedError
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         """An error before the stream head (or for a non-stream request): status, headers, body."""
         raise NotImplementedError
 
-    async def completed(self, call: ClientCall, encoder: Encoder) -> None:
-        """A complete answer, before its last bytes go to the client (store what must outlive the request)."""
+    async def completed(self, outcome: Outcome) -> None:
+        """A complete answer that leaves something to keep (`Encoder.outcome`), before its last bytes go to the
+        client: store what must outlive the request."""
 
     # -- native passthrough (proxy/endpoint/passthrough.py): an upstream that serves this API as it is -----------------
     # Request headers of this API that go upstream with a passed-through request (never the client's credentials:
@@ -117,6 +139,15 @@ class ClientDialect:
     def native_error(self, err: ProxyError) -> bytes:
         """The in-stream error event for a failure of the proxy's own after a passed-through stream began (at an
         event boundary)."""
+        raise NotImplementedError
+
+    # -- a WebSocket mode (proxy/server/responses_socket.py: the Open Responses "WebSocket Transport") ---------------
+    # True: the dialect's path also takes WebSocket connections, each message one request answered as a stream.
+    websocket: ClassVar[bool] = False
+
+    def for_socket(self, cache: dict[str, bytes]) -> ClientDialect[CallT]:
+        """This client dialect for one WebSocket connection: its stream events one JSON text per line (each line one
+        message), and `cache` the connection's own state (response id -> stored record)."""
         raise NotImplementedError
 
     def routes(self) -> list[BaseRoute]:

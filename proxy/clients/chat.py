@@ -128,7 +128,17 @@ _CHAT_TABLE: Final = compile_table(CHAT_FIELDS)
 _COMPLETIONS_TABLE: Final = compile_table(COMPLETIONS_FIELDS)
 
 
-class ChatClient(ClientDialect):
+class ChatCall(ClientCall):
+    """A Chat Completions or Completions request: `include_usage` (stream_options.include_usage of a stream)."""
+
+    include_usage: bool
+
+    def __init__(self, request: dict[str, Any], kind: str, model: str, stream: bool, include_usage: bool) -> None:
+        super().__init__(request, kind, model, stream)
+        self.include_usage = include_usage
+
+
+class ChatClient(ClientDialect[ChatCall]):
     name = "chat"
     path = "/v1/chat/completions"
     id_prefix = "chatcmpl-"
@@ -140,7 +150,7 @@ class ChatClient(ClientDialect):
         # `client.usage_fields`, looked up once: what the usage chat clients get goes through (None: as it is).
         self.usage_fields = dialect_usage_fields(settings.client.usage_fields)
 
-    async def decode(self, body: dict[str, Any]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> ChatCall:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ClientRequestError("`model` is required and must be a non-empty string.", param="model")
@@ -149,16 +159,16 @@ class ChatClient(ClientDialect):
         stream = body.get("stream") is True
         opts = body.get("stream_options")
         include_usage = stream and isinstance(opts, dict) and opts.get("include_usage") is True
-        return ClientCall(body, self.kind, model, stream, {"include_usage": include_usage})
+        return ChatCall(body, self.kind, model, stream, include_usage)
 
     def _check(self, body: dict[str, Any]) -> None:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ClientRequestError("`messages` must be a non-empty list.", param="messages")
 
-    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
+    def encoder(self, call: ChatCall, ctx: RequestContext, answer: Answer) -> Encoder:
         client = self.settings.client
-        return chat_encoder(ctx, answer, call.stream, call.options["include_usage"], client.reasoning,
+        return chat_encoder(ctx, answer, call.stream, call.include_usage, client.reasoning,
                             self.usage_fields, self.kind == CHAT)
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
@@ -550,6 +560,9 @@ class ChatEncoder:
 
     def error(self, err: ProxyError) -> bytes:
         return encode_data(err.body())
+
+    def outcome(self) -> None:
+        return None  # nothing of a chat answer outlives the request
 
     def _format(self, d: Delta, out: dict[str, Any]) -> str:
         """Put reasoning where the client wants it; returns the (maybe re-inlined) content."""

@@ -28,13 +28,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.clients import tool_ids
-from proxy.clients.base import ClientCall, ClientDialect, Headers
-from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
+from proxy.clients.base import ClientDialect, Headers
+from proxy.clients.messages_encoder import MessagesCall, MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_event, error_response
 from proxy.clients.messages_native import MessagesReader
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ClientRequestError, ProxyError
-from proxy.hub.canonical import CHAT
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -93,7 +92,7 @@ _TOOL_SEARCH: Final = re.compile(r"(?i)tool.?search")
 IMAGE_TOKENS: Final = 1600  # count_tokens: Anthropic's own upper estimate for one image
 
 
-class MessagesClient(ClientDialect):
+class MessagesClient(ClientDialect[MessagesCall]):
     name = "messages"
     path = "/v1/messages"
     id_prefix = "msg_"
@@ -104,10 +103,10 @@ class MessagesClient(ClientDialect):
         key = settings.client.thinking_key
         self.signer = ThinkingSigner(key.encode() if key else None)
 
-    async def decode(self, body: dict[str, Any]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> MessagesCall:
         return decode_request(body, self.signer)
 
-    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:
+    def encoder(self, call: MessagesCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:
         return MessagesEncoder(call, ctx, answer, self.signer, messages_consumer(call, ctx))
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
@@ -384,36 +383,16 @@ def _tools(tools: Any, referenced: set[str]) -> tuple[list[dict[str, Any]], list
     discoverable = False
     for i, tool in enumerate(tools):
         path = f"tools.{i}"
-        if not isinstance(tool, dict):
-            raise _bad(path, "Input should be an object")
-        kind, name = tool.get("type"), tool.get("name")
-        if kind is not None and not isinstance(kind, str):
-            raise _bad(f"{path}.type", "Input should be a valid string")
-        if not isinstance(name, str) or not name:
-            if kind and kind != "custom":  # e.g. an MCP toolset: nothing an upstream can call
-                dropped.append(kind)
-                continue
-            raise _bad(f"{path}.name", "Field required")
+        kind, name = _tool_kind_name(tool, path)
+        if name is None:  # e.g. an MCP toolset: nothing an upstream can call
+            dropped.append(kind or "")
+            continue
         if _TOOL_SEARCH.search(name) or (kind or "").startswith("tool_search"):
             discoverable = True
-        if kind in (None, "custom"):
-            schema = tool.get("input_schema")
-            if not isinstance(schema, dict):
-                raise _bad(f"{path}.input_schema", "Input should be an object (a JSON schema)")
-            function: dict[str, Any] = {"name": name, "parameters": schema}
-            description = tool.get("description")
-            if description is not None:
-                if not isinstance(description, str):
-                    raise _bad(f"{path}.description", "Input should be a valid string")
-                function["description"] = description
-            if isinstance(tool.get("strict"), bool):
-                function["strict"] = tool["strict"]
-        else:
-            schema = next((s for prefix, s in CLIENT_TOOL_SCHEMAS.items() if kind.startswith(prefix)), None)
-            if schema is None:
-                dropped.append(name)
-                continue
-            function = {"name": name, "parameters": schema}
+        function = _custom_function(tool, path, name) if kind in (None, "custom") else _client_tool(kind or "", name)
+        if function is None:
+            dropped.append(name)
+            continue
         entry = {"type": "function", "function": function}
         if tool.get("defer_loading") is True:
             deferred.append((name, entry))
@@ -423,6 +402,43 @@ def _tools(tools: Any, referenced: set[str]) -> tuple[list[dict[str, Any]], list
         if name in referenced or not discoverable:
             out.append(entry)
     return out, dropped
+
+
+def _tool_kind_name(tool: Any, path: str) -> tuple[str | None, str | None]:
+    """A tool's (type, name); no name for a typed tool that has none (left out), else a 400."""
+    if not isinstance(tool, dict):
+        raise _bad(path, "Input should be an object")
+    kind, name = tool.get("type"), tool.get("name")
+    if kind is not None and not isinstance(kind, str):
+        raise _bad(f"{path}.type", "Input should be a valid string")
+    if isinstance(name, str) and name:
+        return kind, name
+    if kind and kind != "custom":
+        return kind, None
+    raise _bad(f"{path}.name", "Field required")
+
+
+def _custom_function(tool: dict[str, Any], path: str, name: str) -> dict[str, Any]:
+    """A custom tool (its own input_schema) as an OpenAI function."""
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise _bad(f"{path}.input_schema", "Input should be an object (a JSON schema)")
+    function: dict[str, Any] = {"name": name, "parameters": schema}
+    description = tool.get("description")
+    if description is not None:
+        if not isinstance(description, str):
+            raise _bad(f"{path}.description", "Input should be a valid string")
+        function["description"] = description
+    if isinstance(tool.get("strict"), bool):
+        function["strict"] = tool["strict"]
+    return function
+
+
+def _client_tool(kind: str, name: str) -> dict[str, Any] | None:
+    """A client tool that Anthropic defines (bash, text editor ...) as a function with its known schema; None for
+    one the upstream cannot be given."""
+    schema = next((s for prefix, s in CLIENT_TOOL_SCHEMAS.items() if kind.startswith(prefix)), None)
+    return None if schema is None else {"name": name, "parameters": schema}
 
 
 def _tool_choice(choice: Any, names: set[str]) -> tuple[Any, bool]:
@@ -515,9 +531,8 @@ def _optional(body: dict[str, Any], out: dict[str, Any]) -> None:
         out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
-def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: bool = False) -> ClientCall:
-    """An Anthropic Messages request -> the canonical chat request (`count_only`: the count_tokens body, which
-    needs no `max_tokens`)."""
+def _required(body: dict[str, Any], count_only: bool) -> tuple[str, Any, bool, list[Any]]:
+    """(model, max_tokens, stream, messages), each checked."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "Field required (a non-empty string)")
@@ -535,9 +550,12 @@ def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: 
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "Field required (a non-empty list)")
+    return model, max_tokens, stream, messages
 
+
+def _messages(messages: list[Any], system: Any, signer: ThinkingSigner) -> _Decoder:
+    """The system prompt and the turns, decoded in order."""
     dec = _Decoder(signer)
-    system = body.get("system")
     if system is not None:
         dec.system.append(_system_text(system, "system"))
     for i, message in enumerate(messages):
@@ -561,7 +579,37 @@ def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: 
                 dec.system.append(_system_text(content, f"{path}.content"))
         else:
             raise _bad(f"{path}.role", f"must be user, assistant or system, got {role!r}")
+    return dec
 
+
+def _apply_tools(body: dict[str, Any], referenced: set[str], out: ChatRequest) -> Headers:
+    """`tools` and `tool_choice` into `out`; the response headers that name the tools left out."""
+    headers: Headers = []
+    tools = body.get("tools")
+    if tools is None:
+        if body.get("tool_choice") is not None:
+            _tool_choice(body["tool_choice"], set())  # checked all the same
+        return headers
+    functions, dropped = _tools(tools, referenced)
+    if dropped:
+        headers.append((DROPPED_TOOLS_HEADER, ",".join(dropped).encode()))
+    if functions:
+        out["tools"] = functions
+    choice = body.get("tool_choice")
+    if choice is not None:
+        mapped, parallel = _tool_choice(choice, {f["function"]["name"] for f in functions})
+        if functions:
+            out["tool_choice"] = mapped
+            if not parallel:
+                out["parallel_tool_calls"] = False
+    return headers
+
+
+def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: bool = False) -> MessagesCall:
+    """An Anthropic Messages request -> the canonical chat request (`count_only`: the count_tokens body, which
+    needs no `max_tokens`)."""
+    model, max_tokens, stream, messages = _required(body, count_only)
+    dec = _messages(messages, body.get("system"), signer)
     out: ChatRequest = {"model": model, "messages": dec.out}
     if dec.system:
         out["messages"] = [{"role": "system", "content": "\n\n".join(dec.system)}, *dec.out]
@@ -574,31 +622,14 @@ def decode_request(body: dict[str, Any], signer: ThinkingSigner, *, count_only: 
     effort, omit = _effort(body)
     if effort is not None:
         out["reasoning_effort"] = effort
-
-    headers: Headers = []
-    tools = body.get("tools")
-    if tools is not None:
-        functions, dropped = _tools(tools, dec.referenced_tools)
-        if dropped:
-            headers.append((DROPPED_TOOLS_HEADER, ",".join(dropped).encode()))
-        if functions:
-            out["tools"] = functions
-        names = {f["function"]["name"] for f in functions}
-        choice = body.get("tool_choice")
-        if choice is not None:
-            mapped, parallel = _tool_choice(choice, names)
-            if functions:
-                out["tool_choice"] = mapped
-                if not parallel:
-                    out["parallel_tool_calls"] = False
-    elif body.get("tool_choice") is not None:
-        _tool_choice(body["tool_choice"], set())
+    headers = _apply_tools(body, dec.referenced_tools, out)
     thinking = body.get("thinking")
-    options: dict[str, Any] = {"omit_thinking": omit, "stop_sequences": out.get("stop") or (),
-                               "show_thinking": isinstance(thinking, dict) and thinking.get("type") != "disabled"}
+    call = MessagesCall(out, model, stream, omit_thinking=omit, stop_sequences=out.get("stop") or (),
+                        show_thinking=isinstance(thinking, dict) and thinking.get("type") != "disabled",
+                        headers=headers)
     if dec.unverified_thinking:
-        options["log"] = {"unverified_thinking": dec.unverified_thinking}  # the access log says how many were left out
-    return ClientCall(request=out, kind=CHAT, model=model, stream=stream, options=options, headers=headers)
+        call.log_note = ("unverified_thinking", dec.unverified_thinking)  # the access log says how many were left out
+    return call
 
 
 # ---------------------------------------------------------------------------------------------------- count_tokens

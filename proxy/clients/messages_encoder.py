@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy.clients import tool_ids
+from proxy.clients.base import ClientCall, Headers
 from proxy.clients.messages_errors import error_event
 from proxy.errors import ProxyError, UpstreamError
+from proxy.hub.canonical import CHAT
 from proxy.hub.events import TextRun
 from proxy.hub.jsontext import dumps_joined, dumps_text
 from proxy.hub.sse import encode_event
@@ -30,7 +32,6 @@ from proxy.hub.sse import encode_event
 if TYPE_CHECKING:
     import hmac
 
-    from proxy.clients.base import ClientCall
     from proxy.clients.signature import ThinkingSigner
     from proxy.hub.canonical import RequestContext
     from proxy.hub.events import Answer, Delta
@@ -103,7 +104,7 @@ class MessagesSink:
         """message_delta and message_stop: `usage` is a message_delta's (MessageDeltaUsage)."""
         return b""
 
-    def failure(self, err: ProxyError) -> bytes:
+    def failure(self, err: ProxyError, request_id: str) -> bytes:
         """The in-stream error after the head."""
         return b""
 
@@ -155,8 +156,8 @@ class MessagesWriter(MessagesSink):
         self.out.append(encode_event(b"message_stop", b'{"type":"message_stop"}'))
         return self.take()
 
-    def failure(self, err: ProxyError) -> bytes:
-        return error_event(err)
+    def failure(self, err: ProxyError, request_id: str) -> bytes:
+        return error_event(err, request_id)
 
     def take(self) -> bytes:
         out = self.out
@@ -224,6 +225,22 @@ def message_object(ctx: RequestContext, content: list[dict[str, Any]], stop_reas
             "usage": message_usage(usage)}
 
 
+class MessagesCall(ClientCall):
+    """An Anthropic Messages request: what its encoder needs again."""
+
+    omit_thinking: bool  # thinking blocks are left out of the answer (proxy/clients/messages.py decode_request)
+    show_thinking: bool  # the request enabled thinking
+    stop_sequences: Sequence[str]  # which stop sequence ended the answer is reported back
+
+    def __init__(self, request: dict[str, Any], model: str, stream: bool, *, omit_thinking: bool = False,
+                 show_thinking: bool = False, stop_sequences: Sequence[str] = (),
+                 headers: Headers | None = None) -> None:
+        super().__init__(request, CHAT, model, stream, headers)
+        self.omit_thinking = omit_thinking
+        self.show_thinking = show_thinking
+        self.stop_sequences = stop_sequences
+
+
 def messages_consumer(call: ClientCall, ctx: RequestContext) -> MessagesSink:
     """Where a request's events go: the SSE writer for a stream, the fold for one Message."""
     return MessagesWriter() if call.stream else MessagesFold(ctx)
@@ -232,15 +249,15 @@ def messages_consumer(call: ClientCall, ctx: RequestContext) -> MessagesSink:
 class MessagesEncoder:
     keepalive = PING
 
-    def __init__(self, call: ClientCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner,
+    def __init__(self, call: MessagesCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner,
                  sink: MessagesSink) -> None:
         self.sink = sink
-        self.omit_thinking = bool(call.options.get("omit_thinking"))
+        self.omit_thinking = call.omit_thinking
         # Thinking blocks only when the request enabled thinking (docs/decisions.md "Client dialects and
         # state"): otherwise an upstream's reasoning is
         # left out of the answer (usage still counts it; continuity records it from the hub's events).
-        self.show_thinking = bool(call.options.get("show_thinking"))
-        self.stop_sequences = call.options.get("stop_sequences") or ()
+        self.show_thinking = call.show_thinking
+        self.stop_sequences = call.stop_sequences
         self.ctx = ctx
         self.answer = answer
         self.signer = signer
@@ -380,4 +397,7 @@ class MessagesEncoder:
                              self.usage())
 
     def error(self, err: ProxyError) -> bytes:
-        return self.sink.failure(err)
+        return self.sink.failure(err, self.ctx.request_id)
+
+    def outcome(self) -> None:
+        return None  # nothing of a Message outlives the request

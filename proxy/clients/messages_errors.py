@@ -30,14 +30,16 @@ def error_status(err: ProxyError) -> tuple[int, str]:
     return status, "api_error"
 
 
-def error_body(err: ProxyError) -> dict[str, Any]:
-    # `request_id` is required (nullable) in Anthropic's ErrorResponse; the request's id travels in `x-request-id`.
-    return {"type": "error", "error": {"type": error_status(err)[1], "message": err.message}, "request_id": None}
+def error_body(err: ProxyError, request_id: str | None = None) -> dict[str, Any]:
+    """`request_id` is required (nullable) in Anthropic's ErrorResponse: the request's `x-request-id` (`request_id`,
+    else the error's own), null only where the request has none."""
+    return {"type": "error", "error": {"type": error_status(err)[1], "message": err.message},
+            "request_id": request_id or err.request_id}
 
 
-def error_event(err: ProxyError) -> bytes:
+def error_event(err: ProxyError, request_id: str | None = None) -> bytes:
     """The `error` event that ends an Anthropic stream already under way."""
-    return encode_event(b"error", orjson.dumps(error_body(err)))
+    return encode_event(b"error", orjson.dumps(error_body(err, request_id)))
 
 
 def error_response(err: ProxyError) -> tuple[int, Headers, bytes]:

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, openai_error_response
+from proxy.clients.base import ClientCall, ClientDialect, Encoder, Headers, Outcome, openai_error_response
 from proxy.clients.responses_compact import CompactionEncoder, retained_items, summary_request
 from proxy.clients.responses_events import (
     REASONING_EVENTS,
@@ -29,7 +29,7 @@ from proxy.clients.responses_events import (
     responses_consumer,
 )
 from proxy.clients.responses_native import ResponsesReader, stream_error
-from proxy.clients.responses_request import COMPACTION_TRIGGER, SUMMARY_PREFIX, Decoded, ToolName, reasoning_of, to_chat
+from proxy.clients.responses_request import COMPACTION_TRIGGER, Decoded, to_chat
 from proxy.clients.signature import COMPACTION, ThinkingSigner
 from proxy.clients.validate import (
     ARRAY,
@@ -95,10 +95,32 @@ IGNORED_TOOLS_HEADER: Final = b"x-dialect-proxy-ignored-tools"
 _ENCRYPTED: Final = "reasoning.encrypted_content"
 
 
-class ResponsesClient(ClientDialect):
+class ResponsesCall(ClientCall):
+    """A Responses request: its decoded form and what the encoder and the store need again."""
+
+    decoded: Decoded  # the hub request with the conversation so far (responses_request.py to_chat)
+    store: bool  # `store` (default true): the answer is kept for previous_response_id and GET
+    echo: Echo  # the request fields the response object repeats
+    seal: bool  # reasoning.encrypted_content was asked for in `include`
+    compact: bool  # the answer is the conversation's summary (responses_compact.py)
+    retained: list[dict[str, Any]] | None  # the compact endpoint: the input items the compaction keeps
+
+    def __init__(self, decoded: Decoded, model: str, stream: bool, store: bool, echo: Echo, seal: bool,
+                 headers: Headers | None = None) -> None:
+        super().__init__(decoded.request, CHAT, model, stream, headers)
+        self.decoded = decoded
+        self.store = store
+        self.echo = echo
+        self.seal = seal
+        self.compact = False
+        self.retained = None
+
+
+class ResponsesClient(ClientDialect[ResponsesCall]):
     name = "responses"
     path = "/v1/responses"
     id_prefix = "resp_"
+    websocket = True
 
     def __init__(self, settings: Settings, store: StateStore) -> None:
         super().__init__(settings, store)
@@ -109,16 +131,18 @@ class ResponsesClient(ClientDialect):
         self.reasoning_events = REASONING_EVENTS[settings.client.responses_spec]
         # A WebSocket connection's own copy has its connection-local state here (for_socket): response id -> record
         self.cache: dict[str, bytes] | None = None
+        self.lines = False  # a WebSocket connection's copy: stream events as JSON lines (responses_events.py)
 
     def for_socket(self, cache: dict[str, bytes]) -> ResponsesClient:
-        """This client for one WebSocket connection (responses_ws.py): `previous_response_id` is looked up in the
-        connection's `cache` first, and every response answered on it is kept there, stored or not (the Open
-        Responses spec's connection-local state: `store: false` continues on the same socket)."""
+        """This client for one WebSocket connection (proxy/server/responses_socket.py): `previous_response_id` is
+        looked up in the connection's `cache` first, and every response answered on it is kept there, stored or not
+        (the Open Responses spec's connection-local state: `store: false` continues on the same socket)."""
         client = ResponsesClient(self.settings, self.store)
         client.cache = cache
+        client.lines = True
         return client
 
-    async def decode(self, body: dict[str, Any]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> ResponsesCall:
         check_types(body, _TABLE)
         model = body.get("model")
         if not isinstance(model, str) or not model:
@@ -135,19 +159,18 @@ class ResponsesClient(ClientDialect):
             if isinstance(items, list) else None
         references = await self._references(wanted) if wanted else None  # a store read only when there are any
         decoded = to_chat(body, history, self.signer, references)
-        headers_out: Headers = []
-        options: dict[str, Any] = {"decoded": decoded, "store": store, "echo": Echo(body),
-                                   "seal": _ENCRYPTED in include}
-        if isinstance(items, list) and items and isinstance(items[-1], dict) \
-                and items[-1].get("type") == COMPACTION_TRIGGER:
-            # Codex's remote compaction: this turn's answer is the conversation's summary, as a compaction item.
+        # Codex's remote compaction: this turn's answer is the conversation's summary, as a compaction item.
+        compact = isinstance(items, list) and bool(items) and isinstance(items[-1], dict) \
+            and items[-1].get("type") == COMPACTION_TRIGGER
+        if compact:
             decoded.request = summary_request(decoded.request)
-            options["compact"] = True
+        call = ResponsesCall(decoded, model, stream, store, Echo(body), _ENCRYPTED in include)
+        call.compact = compact
         if decoded.ignored_tools:
             names = ",".join(dict.fromkeys(decoded.ignored_tools))
-            headers_out.append((IGNORED_TOOLS_HEADER, names.encode()))
-            options["log"] = {"ignored_tools": names}
-        return ClientCall(decoded.request, CHAT, model, stream, options, headers_out)
+            call.headers.append((IGNORED_TOOLS_HEADER, names.encode()))
+            call.log_note = ("ignored_tools", names)
+        return call
 
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         if not isinstance(previous, str) or not previous:
@@ -184,41 +207,27 @@ class ResponsesClient(ClientDialect):
                 found[item_id] = outputs[response_id][item_id]
         return found
 
-    def encoder(self, call: ClientCall, ctx: RequestContext, answer: Answer) -> Encoder:
-        decoded: Decoded = call.options["decoded"]
-        sink = responses_consumer(call.stream, self.reasoning_events)
-        encoder = ResponsesEncoder(ctx, answer, sink, call.options["echo"], decoded.tools,
-                                   self.signer if call.options["seal"] else None)
-        if "compact" in call.options:
-            return CompactionEncoder(encoder, self.sealer, call.options.get("retained"))
+    def encoder(self, call: ResponsesCall, ctx: RequestContext, answer: Answer) -> Encoder:
+        decoded = call.decoded
+        sink = responses_consumer(call.stream, self.reasoning_events, self.lines)
+        encoder = ResponsesEncoder(ctx, answer, sink, call.echo, decoded.tools, self.signer if call.seal else None)
+        if call.store or self.cache is not None:  # kept: the store, or the connection's own state (for_socket)
+            encoder.history = decoded.messages
+            encoder.store = call.store
+        if call.compact:
+            return CompactionEncoder(encoder, self.sealer, call.retained)
         return encoder
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return openai_error_response(err)
 
-    async def completed(self, call: ClientCall, encoder: Encoder) -> None:
-        store = call.options["store"]
-        if not store and self.cache is None:
-            return
-        decoded: Decoded = call.options["decoded"]
-        if isinstance(encoder, CompactionEncoder):  # the conversation goes on from its summary
-            summary = {"role": "user", "content": SUMMARY_PREFIX + encoder.summary}
-            messages = [m for m in decoded.messages if m["role"] == "user"
-                        and not (isinstance(m["content"], str) and m["content"].startswith(SUMMARY_PREFIX))]
-            record = {"response": encoder.inner.response("completed"), "messages": [*messages, summary]}
-        else:
-            assert isinstance(encoder, ResponsesEncoder)
-            status = "incomplete" if encoder.finish_reason in ("length", "content_filter") else "completed"
-            record = {
-                "response": encoder.response(status),
-                "messages": [*decoded.messages, _assistant_turn(encoder.items, decoded.tools)],
-            }
-        raw = orjson.dumps(record)
+    async def completed(self, outcome: Outcome) -> None:
+        raw = orjson.dumps(outcome.record)
         if self.cache is not None:  # the connection's most recent response only
             self.cache.clear()
-            self.cache[encoder.ctx.response_id] = raw
-        if store:
-            await self.store.put(NAMESPACE, encoder.ctx.response_id, raw)
+            self.cache[outcome.response_id] = raw
+        if outcome.store:
+            await self.store.put(NAMESPACE, outcome.response_id, raw)
 
     def native_reader(self) -> ResponsesReader:
         return ResponsesReader()
@@ -253,8 +262,9 @@ class CompactClient(ResponsesClient):
 
     name = "responses_compact"
     path = "/v1/responses/compact"
+    websocket = False
 
-    async def decode(self, body: dict[str, Any]) -> ClientCall:
+    async def decode(self, body: dict[str, Any]) -> ResponsesCall:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ClientRequestError("`model` is required and must be a non-empty string.", param="model",
@@ -262,10 +272,10 @@ class CompactClient(ResponsesClient):
         # The compact body's own fields; anything else (sampling, tools, stream ...) has no meaning here.
         request: dict[str, Any] = {key: body[key] for key in _COMPACT_FIELDS if key in body}
         call = await super().decode({**request, "store": False})
-        decoded: Decoded = call.options["decoded"]
-        call.options["retained"] = retained_items(decoded.messages)
+        decoded = call.decoded
+        call.retained = retained_items(decoded.messages)
         call.request = decoded.request = summary_request(decoded.request)
-        call.options["compact"] = True
+        call.compact = True
         return call
 
     def routes(self) -> list[BaseRoute]:
@@ -277,28 +287,3 @@ _COMPACT_FIELDS: Final = ("model", "input", "previous_response_id", "instruction
 
 def _not_found(response_id: str) -> ProxyError:
     return ProxyError(f"Response with id '{response_id}' not found.", 404, code="response_not_found")
-
-
-def _assistant_turn(items: list[dict[str, Any]], tools: dict[str, ToolName]) -> dict[str, Any]:
-    """This answer's output items as the hub's assistant message (what the next turn's history holds)."""
-    upstream = {(t.namespace, t.name): name for name, t in tools.items()}
-    message: dict[str, Any] = {"role": "assistant", "content": None}
-    text = "".join(p["text"] for item in items if item["type"] == "message" for p in item["content"])
-    reasoning = "".join(reasoning_of(item) for item in items if item["type"] == "reasoning")
-    calls = []
-    for item in items:
-        if item["type"] == "function_call":
-            arguments = item["arguments"]
-        elif item["type"] == "custom_tool_call":
-            arguments = orjson.dumps({"input": item["input"]}).decode()
-        else:
-            continue
-        name = upstream.get((item.get("namespace"), item["name"]), item["name"])
-        calls.append({"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": arguments}})
-    if text:
-        message["content"] = text
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = calls
-    return message

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import orjson
 
+from proxy.clients.base import Outcome
 from proxy.clients.responses_events import ResponsesEncoder
 from proxy.clients.responses_request import SUMMARY_PREFIX
 from proxy.clients.signature import ThinkingSigner
@@ -119,3 +120,14 @@ class CompactionEncoder:
 
     def error(self, err: ProxyError) -> bytes:
         return self.inner.error(err)
+
+    def outcome(self) -> Outcome | None:
+        """The conversation goes on from its summary: its user messages, then the summary as one."""
+        history = self.inner.history
+        if history is None:
+            return None
+        summary = {"role": "user", "content": SUMMARY_PREFIX + self.summary}
+        messages = [m for m in history if m["role"] == "user"
+                    and not (isinstance(m["content"], str) and m["content"].startswith(SUMMARY_PREFIX))]
+        record = {"response": self.inner.response("completed"), "messages": [*messages, summary]}
+        return Outcome(self.ctx.response_id, record, self.inner.store)

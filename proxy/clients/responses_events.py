@@ -24,7 +24,8 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.clients.responses_request import ToolName
+from proxy.clients.base import Outcome
+from proxy.clients.responses_request import ToolName, reasoning_of
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
 from proxy.hub.canonical import RequestContext
@@ -158,18 +159,23 @@ class ResponsesSink:
 
 
 class ResponsesWriter(ResponsesSink):
-    """The events as the Responses API's SSE stream, each with its `sequence_number`."""
+    """The events as the Responses API's stream, each with its `sequence_number`, framed for the transport: SSE
+    events (HTTP), or with `lines` one event's JSON per line (the WebSocket mode: each line one message,
+    proxy/server/responses_socket.py; orjson never writes a raw newline)."""
 
-    def __init__(self, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> None:
+    def __init__(self, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING, lines: bool = False) -> None:
         self.reasoning_events = reasoning_events  # (delta, done) event names: REASONING_EVENTS
+        self.lines = lines
         self.out: list[bytes] = []
         self.seq = 2  # 0 and 1 are the head's (sent when the endpoint commits the stream, after the first feed)
+        # a delta event after its item's head (_delta_head): the text, the sequence number, the framing's end
+        self._delta = b'%s%s,"sequence_number":%d}\n' if lines else b'%s%s,"sequence_number":%d}\n\n'
 
     def opening(self, response: dict[str, Any]) -> bytes:
         # Both events carry the same response object: serialised once (orjson's cost is per key, and this object
         # has many), each event's JSON is the bytes orjson would make of it.
         skeleton = _dumps(response)
-        return b"".join(encode_event(name, b'{"type":"%s","response":%s,"sequence_number":%d}' % (name, skeleton, n))
+        return b"".join(self._frame(name, b'{"type":"%s","response":%s,"sequence_number":%d}' % (name, skeleton, n))
                         for n, name in enumerate((b"response.created", b"response.in_progress")))
 
     def reasoning_added(self, item: _Item, summary: bool) -> None:
@@ -178,10 +184,10 @@ class ResponsesWriter(ResponsesSink):
             self._event(b"response.reasoning_summary_part.added", {
                 "type": "response.reasoning_summary_part.added", "item_id": item.id, "output_index": item.index,
                 "summary_index": 0, "part": {"type": "summary_text", "text": ""}})
-            item.delta_head = _delta_head(b"response.reasoning_summary_text.delta", item, summary_index=True)
+            item.delta_head = self._head(b"response.reasoning_summary_text.delta", item, summary_index=True)
         else:
             self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
-            item.delta_head = _delta_head(self.reasoning_events[0], item, content_index=True)
+            item.delta_head = self._head(self.reasoning_events[0], item, content_index=True)
 
     def message_added(self, item: _Item) -> None:
         self._added({"id": item.id, "type": "message", "role": "assistant", "status": "in_progress",
@@ -189,21 +195,20 @@ class ResponsesWriter(ResponsesSink):
         self._event(b"response.content_part.added", {
             "type": "response.content_part.added", "item_id": item.id, "output_index": item.index,
             "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
-        item.delta_head = _delta_head(b"response.output_text.delta", item, content_index=True, logprobs=True)
+        item.delta_head = self._head(b"response.output_text.delta", item, content_index=True, logprobs=True)
 
     def call_added(self, item: _Item) -> None:
         self._added(call_item(item, "", "in_progress"), item.index)
         if not item.custom:
-            item.delta_head = _delta_head(b"response.function_call_arguments.delta", item)
+            item.delta_head = self._head(b"response.function_call_arguments.delta", item)
 
     def delta(self, item: _Item, text: str) -> None:
-        self.out.append(b'%s%s,"sequence_number":%d}\n\n' % (item.delta_head, dumps_text(text), self.seq))
+        self.out.append(self._delta % (item.delta_head, dumps_text(text), self.seq))
         self.seq += 1
 
     def texts(self, item: _Item, texts: list[str]) -> None:
-        seq, head = self.seq, item.delta_head
-        self.out.extend([b'%s%s,"sequence_number":%d}\n\n' % (head, dumps_text(text), seq + n)
-                         for n, text in enumerate(texts)])
+        seq, head, delta = self.seq, item.delta_head, self._delta
+        self.out.extend([delta % (head, dumps_text(text), seq + n) for n, text in enumerate(texts)])
         self.seq = seq + len(texts)
 
     def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
@@ -259,10 +264,19 @@ class ResponsesWriter(ResponsesSink):
         return data
 
     # -- event framing --------------------------------------------------------------------------------------------
+    def _frame(self, name: bytes, payload: bytes) -> bytes:
+        return payload + b"\n" if self.lines else encode_event(name, payload)
+
+    def _head(self, name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
+              summary_index: bool = False) -> bytes:
+        head = _delta_head(name, item, content_index, logprobs, summary_index)
+        # the SSE event's lines before its JSON (`event: <name>`, `data: `): no part of a line
+        return head.partition(b"data: ")[2] if self.lines else head
+
     def _event(self, name: bytes, data: dict[str, Any]) -> None:
         data["sequence_number"] = self.seq
         self.seq += 1
-        self.out.append(encode_event(name, _dumps(data)))
+        self.out.append(self._frame(name, _dumps(data)))
 
     def _added(self, item: dict[str, Any], index: int) -> None:
         self._event(b"response.output_item.added", {"type": "response.output_item.added", "output_index": index,
@@ -280,9 +294,11 @@ class ResponsesFold(ResponsesSink):
         return _dumps(response)
 
 
-def responses_consumer(stream: bool, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> ResponsesSink:
-    """Where a request's events go: the SSE writer for a stream, the fold for one response object."""
-    return ResponsesWriter(reasoning_events) if stream else ResponsesFold()
+def responses_consumer(stream: bool, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING,
+                       lines: bool = False) -> ResponsesSink:
+    """Where a request's events go: the writer for a stream (SSE, or JSON `lines`), the fold for one response
+    object."""
+    return ResponsesWriter(reasoning_events, lines) if stream else ResponsesFold()
 
 
 def _delta_head(name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
@@ -325,6 +341,10 @@ class ResponsesEncoder:
         self.signer = signer  # set when the client asked for reasoning.encrypted_content
         self.items: list[dict[str, Any]] = []  # finished output items, in output order
         self.finish_reason: str | None = None
+        # The conversation before this answer (hub messages), when the answer is kept (store, or the connection's
+        # own state on a WebSocket: proxy/clients/responses.py); None: nothing of it outlives the request.
+        self.history: list[dict[str, Any]] | None = None
+        self.store = False  # the client asked to store it (`store`, default true)
         self._hex = ctx.response_id.partition("_")[2] or ctx.response_id
         self._summary = echo.reasoning["summary"] in _SUMMARY  # reasoning as a summary, not reasoning_text
         self._count = 0
@@ -379,6 +399,15 @@ class ResponsesEncoder:
         failed["error"] = {"code": err.code, "message": err.message}
         return self.sink.failure(failed, err)
 
+    def outcome(self) -> Outcome | None:
+        """The stored record: the response object and the conversation so far in hub form, this answer included."""
+        if self.history is None:
+            return None
+        status = "incomplete" if self.finish_reason in _INCOMPLETE else "completed"
+        record = {"response": self.response(status),
+                  "messages": [*self.history, assistant_turn(self.items, self.tools)]}
+        return Outcome(self.ctx.response_id, record, self.store)
+
     # -- the response object --------------------------------------------------------------------------------------
     def response(self, status: str, with_output: bool = True) -> dict[str, Any]:
         e = self.echo
@@ -432,6 +461,10 @@ class ResponsesEncoder:
     def usage(self) -> dict[str, Any] | None:
         return self._usage()
 
+    def _reasoning_text(self) -> str:
+        return "".join(part["text"] for item in self.items if item["type"] == "reasoning"
+                       for part in item.get("content") or item["summary"])
+
     def output_text(self) -> str:
         return "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
 
@@ -442,7 +475,10 @@ class ResponsesEncoder:
         prompt = usage.get("prompt_tokens") or 0
         completion = usage.get("completion_tokens") or 0
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        if not isinstance(reasoning, int):
+            # Unknown is not zero, but the schemas require an integer here: the reasoning's estimated tokens (0: none)
+            reasoning = min(_estimated_tokens(self._reasoning_text()), completion)
         return {
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": cached},
@@ -585,3 +621,36 @@ def item_response_hex(item_id: str) -> str | None:
     if not kind or len(rest) < _HEX + 2 or not rest[_HEX:].isdigit():
         return None
     return rest[:_HEX]
+
+
+def _estimated_tokens(text: str) -> int:
+    """About how many tokens `text` took, without the model's tokenizer, by the rule of `POST
+    /v1/messages/count_tokens` (proxy/clients/messages.py): one per 4 ASCII characters (rounded up), one per other
+    character (CJK text runs at about one token per character)."""
+    ascii_chars = len(text) if text.isascii() else sum(1 for ch in text if ch < "\x80")
+    return -(-ascii_chars // 4) + len(text) - ascii_chars
+
+
+def assistant_turn(items: list[dict[str, Any]], tools: dict[str, ToolName]) -> dict[str, Any]:
+    """This answer's output items as the hub's assistant message (what the next turn's history holds)."""
+    upstream = {(t.namespace, t.name): name for name, t in tools.items()}
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    text = "".join(p["text"] for item in items if item["type"] == "message" for p in item["content"])
+    reasoning = "".join(reasoning_of(item) for item in items if item["type"] == "reasoning")
+    calls = []
+    for item in items:
+        if item["type"] == "function_call":
+            arguments = item["arguments"]
+        elif item["type"] == "custom_tool_call":
+            arguments = orjson.dumps({"input": item["input"]}).decode()
+        else:
+            continue
+        name = upstream.get((item.get("namespace"), item["name"]), item["name"])
+        calls.append({"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": arguments}})
+    if text:
+        message["content"] = text
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message

@@ -137,20 +137,7 @@ def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: Thi
         return [{"role": "user", "content": value}]
     if not isinstance(value, list):
         raise ClientRequestError("`input` must be a string or a list of items.", param="input")
-    out: list[dict[str, Any]] = []
-    turn: dict[str, Any] | None = None  # the assistant turn being assembled (text, reasoning, tool calls)
-    reasoning: str | None = None  # a verified reasoning item waiting for its assistant turn
-
-    def assistant() -> dict[str, Any]:
-        nonlocal turn, reasoning
-        if turn is None:
-            turn = {"role": "assistant", "content": None}
-            out.append(turn)
-            if reasoning is not None:
-                turn["reasoning_content"] = reasoning
-                reasoning = None
-        return turn
-
+    turns = _Turns()
     for i, item in enumerate(value):
         param = f"input[{i}]"
         if not isinstance(item, dict):
@@ -162,56 +149,91 @@ def _input(value: Any, by_client: dict[tuple[str | None, str], str], signer: Thi
             kind = item.get("type")
             own = True
         if kind == "message":
-            role = item.get("role")
-            if role == "assistant":
-                text = _text(item.get("content"), param)
-                msg = assistant()
-                if text:
-                    msg["content"] = (msg["content"] or "") + text
-                continue
-            if role not in ("user", "system", "developer"):
-                raise ClientRequestError(f"`{param}.role` must be user, system, developer or assistant.",
-                                         param=f"{param}.role")
-            turn = None
-            # Most upstreams know no `developer` role; it is the system prompt of reasoning models.
-            out.append({"role": "user" if role == "user" else "system",
-                        "content": _content(item.get("content"), param)})
+            turns.message(item, param)
         elif kind in ("function_call", "custom_tool_call"):
-            call_id, name = item.get("call_id"), item.get("name")
-            if not isinstance(call_id, str) or not isinstance(name, str):
-                raise ClientRequestError(f"`{param}` needs string `call_id` and `name`.", param=param)
-            upstream = by_client.get((_namespace(item), name), name)
-            if kind == "custom_tool_call":
-                raw = item.get("input")
-                arguments = orjson.dumps({"input": raw if isinstance(raw, str) else ""}).decode()
-            else:
-                raw = item.get("arguments")
-                arguments = raw if isinstance(raw, str) else orjson.dumps(raw or {}).decode()
-            msg = assistant()
-            msg.setdefault("tool_calls", []).append(
-                {"id": call_id, "type": "function", "function": {"name": upstream, "arguments": arguments}})
+            turns.call(item, kind == "custom_tool_call", by_client, param)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str):
-                raise ClientRequestError(f"`{param}.call_id` must be a string.", param=f"{param}.call_id")
-            turn = None
-            out.append({"role": "tool", "tool_call_id": call_id, "content": _output(item.get("output"), param)})
+            turns.output(item, param)
         elif kind == "compaction":
-            turn = None
-            out.append({"role": "user", "content": SUMMARY_PREFIX + _summary(item, signer, param)})
+            turns.close({"role": "user", "content": SUMMARY_PREFIX + _summary(item, signer, param)})
         elif kind == "reasoning":
-            sealed = (reasoning_of(item) or None) if own else _reasoning(item, signer)
-            if sealed is not None:
-                if turn is not None and "tool_calls" not in turn and not turn["content"]:
-                    turn["reasoning_content"] = sealed
-                else:
-                    turn = None
-                    reasoning = sealed
+            turns.reasoning((reasoning_of(item) or None) if own else _reasoning(item, signer))
+        # Else calls of hosted tools (web_search_call, ...) from another server's history: nothing an upstream here
+        # can read; leaving them out keeps the conversation usable.
+    return turns.out
+
+
+class _Turns:
+    """The chat messages of a Responses input, item by item: consecutive assistant items (text, reasoning, tool
+    calls) make one assistant turn."""
+
+    __slots__ = ("out", "pending", "turn")
+
+    def __init__(self) -> None:
+        self.out: list[dict[str, Any]] = []
+        self.turn: dict[str, Any] | None = None  # the assistant turn being assembled
+        self.pending: str | None = None  # a verified reasoning item waiting for its assistant turn
+
+    def assistant(self) -> dict[str, Any]:
+        if self.turn is None:
+            self.turn = {"role": "assistant", "content": None}
+            self.out.append(self.turn)
+            if self.pending is not None:
+                self.turn["reasoning_content"] = self.pending
+                self.pending = None
+        return self.turn
+
+    def close(self, message: dict[str, Any]) -> None:
+        """A message that is no part of an assistant turn: the turn under way is over."""
+        self.turn = None
+        self.out.append(message)
+
+    def message(self, item: dict[str, Any], param: str) -> None:
+        role = item.get("role")
+        if role == "assistant":
+            text = _text(item.get("content"), param)
+            msg = self.assistant()
+            if text:
+                msg["content"] = (msg["content"] or "") + text
+            return
+        if role not in ("user", "system", "developer"):
+            raise ClientRequestError(f"`{param}.role` must be user, system, developer or assistant.",
+                                     param=f"{param}.role")
+        # Most upstreams know no `developer` role; it is the system prompt of reasoning models.
+        self.close({"role": "user" if role == "user" else "system", "content": _content(item.get("content"), param)})
+
+    def call(self, item: dict[str, Any], custom: bool, by_client: dict[tuple[str | None, str], str],
+             param: str) -> None:
+        call_id, name = item.get("call_id"), item.get("name")
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            raise ClientRequestError(f"`{param}` needs string `call_id` and `name`.", param=param)
+        upstream = by_client.get((_namespace(item), name), name)
+        if custom:
+            raw = item.get("input")
+            arguments = orjson.dumps({"input": raw if isinstance(raw, str) else ""}).decode()
         else:
-            # Calls of hosted tools (web_search_call, ...) from another server's history: nothing an upstream here
-            # can read; leaving them out keeps the conversation usable.
-            continue
-    return out
+            raw = item.get("arguments")
+            arguments = raw if isinstance(raw, str) else orjson.dumps(raw or {}).decode()
+        self.assistant().setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": {"name": upstream, "arguments": arguments}})
+
+    def output(self, item: dict[str, Any], param: str) -> None:
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str):
+            raise ClientRequestError(f"`{param}.call_id` must be a string.", param=f"{param}.call_id")
+        self.close({"role": "tool", "tool_call_id": call_id, "content": _output(item.get("output"), param)})
+
+    def reasoning(self, sealed: str | None) -> None:
+        """A reasoning item (its verified text, or None when it is left out) goes with the next assistant turn, or
+        with the one under way while that has neither text nor tool calls yet."""
+        if sealed is None:
+            return
+        turn = self.turn
+        if turn is not None and "tool_calls" not in turn and not turn["content"]:
+            turn["reasoning_content"] = sealed
+        else:
+            self.turn = None
+            self.pending = sealed
 
 
 def _check_tool_outputs(messages: list[dict[str, Any]]) -> None:
@@ -339,32 +361,12 @@ def _reasoning(item: dict[str, Any], signer: ThinkingSigner) -> str | None:
 
 # -- tools ----------------------------------------------------------------------------------------------------------
 def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ToolName], list[str]]:
+    """(functions for the upstream, upstream name -> the client's tool, hosted tool types left out)."""
     if value is None:
         return [], {}, []
     if not isinstance(value, list):
         raise ClientRequestError("`tools` must be a list.", param="tools")
-    declared: list[tuple[str | None, dict[str, Any], str]] = []  # (namespace, tool, param)
-    ignored: list[str] = []
-    for i, tool in enumerate(value):
-        param = f"tools[{i}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind in ("function", "custom"):
-            declared.append((None, tool, param))
-        elif kind == "namespace":
-            ns = tool.get("name")
-            inner = tool.get("tools")
-            if not isinstance(ns, str) or not isinstance(inner, list):
-                raise ClientRequestError(f"`{param}`: a namespace needs a `name` and a list of `tools`.", param=param)
-            for j, t in enumerate(inner):
-                where = f"{param}.tools[{j}]"
-                if not isinstance(t, dict) or t.get("type") not in ("function", "custom"):
-                    raise ClientRequestError(f"`{where}` must be a function or custom tool.", param=where)
-                declared.append((ns, t, where))
-        elif isinstance(kind, str) and (kind in HOSTED_TOOLS or kind.startswith(("web_search", "computer_use"))):
-            ignored.append(kind)
-        else:
-            raise ClientRequestError(f"`{param}.type` {kind!r} is not a tool type this proxy knows.",
-                                     param=f"{param}.type")
+    declared, ignored = _declared(value)
     counts: dict[str, int] = {}
     for _, tool, _ in declared:
         name = tool.get("name")
@@ -378,21 +380,58 @@ def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, ToolName], list[
             raise ClientRequestError(f"`{param}.name` must be a non-empty string.", param=f"{param}.name")
         # A name that two namespaces share gets the namespace in front upstream (function names are flat there).
         upstream = f"{ns}__{name}" if ns is not None and counts[name] > 1 else name
-        custom = tool["type"] == "custom"
-        fn: dict[str, Any] = {"name": upstream}
-        description = tool.get("description")
-        if custom:
-            fn["description"] = _custom_description(description, tool.get("format"))
-            fn["parameters"] = CUSTOM_PARAMETERS
-        else:
-            if isinstance(description, str) and description:
-                fn["description"] = description
-            fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
-            if isinstance(tool.get("strict"), bool):
-                fn["strict"] = tool["strict"]
-        tools.append({"type": "function", "function": fn})
-        names[upstream] = ToolName(name, custom, ns)
+        tools.append({"type": "function", "function": _function(tool, upstream)})
+        names[upstream] = ToolName(name, tool["type"] == "custom", ns)
     return tools, names, ignored
+
+
+def _declared(value: list[Any]) -> tuple[list[tuple[str | None, dict[str, Any], str]], list[str]]:
+    """The function and custom tools, namespaces opened, as (namespace, tool, param); the hosted tool types."""
+    declared: list[tuple[str | None, dict[str, Any], str]] = []
+    ignored: list[str] = []
+    for i, tool in enumerate(value):
+        param = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in ("function", "custom"):
+            declared.append((None, tool, param))
+        elif kind == "namespace":
+            declared += _namespace_tools(tool, param)
+        elif isinstance(kind, str) and (kind in HOSTED_TOOLS or kind.startswith(("web_search", "computer_use"))):
+            ignored.append(kind)
+        else:
+            raise ClientRequestError(f"`{param}.type` {kind!r} is not a tool type this proxy knows.",
+                                     param=f"{param}.type")
+    return declared, ignored
+
+
+def _namespace_tools(tool: dict[str, Any], param: str) -> list[tuple[str | None, dict[str, Any], str]]:
+    ns = tool.get("name")
+    inner = tool.get("tools")
+    if not isinstance(ns, str) or not isinstance(inner, list):
+        raise ClientRequestError(f"`{param}`: a namespace needs a `name` and a list of `tools`.", param=param)
+    found: list[tuple[str | None, dict[str, Any], str]] = []
+    for j, t in enumerate(inner):
+        where = f"{param}.tools[{j}]"
+        if not isinstance(t, dict) or t.get("type") not in ("function", "custom"):
+            raise ClientRequestError(f"`{where}` must be a function or custom tool.", param=where)
+        found.append((ns, t, where))
+    return found
+
+
+def _function(tool: dict[str, Any], upstream: str) -> dict[str, Any]:
+    """A function or custom tool as the upstream's function named `upstream` (a custom tool takes free text)."""
+    fn: dict[str, Any] = {"name": upstream}
+    description = tool.get("description")
+    if tool["type"] == "custom":
+        fn["description"] = _custom_description(description, tool.get("format"))
+        fn["parameters"] = CUSTOM_PARAMETERS
+        return fn
+    if isinstance(description, str) and description:
+        fn["description"] = description
+    fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+    if isinstance(tool.get("strict"), bool):
+        fn["strict"] = tool["strict"]
+    return fn
 
 
 def _custom_description(description: Any, fmt: Any) -> str:

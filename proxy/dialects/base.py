@@ -23,7 +23,7 @@ from proxy.dialects.probing import Probe
 from proxy.dialects.readiness import Readiness
 from proxy.dialects.templates import is_r1_era, is_thinking_model
 from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
-from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
+from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext, check_chunk
 from proxy.hub.events import Timings
 from proxy.hub.params import apply_response_format, refuse_unsupported
 from proxy.hub.retrieval import OpenAIWire
@@ -301,7 +301,7 @@ class UpstreamSession:
             raise StreamTruncated("The upstream sent a stream event that is not a JSON object.", reason="invalid_data")
         if self._strip_keys:
             self._strip(chunk)
-        choices = chunk.get("choices")
+        choices = check_chunk(chunk, self.ctx.kind == CHAT)  # the shapes read here and in the normaliser
         if choices:
             if self._finish_map:
                 self.dialect.map_finish(choices)
@@ -336,6 +336,15 @@ class UpstreamSession:
     # A session whose `chunk` turns a plain event's text into other text (MindIE's cumulative snapshots) sets this and
     # answers `lane_text` as its `chunk` would.
     rewrites_text = False
+
+    # A session that may find a stream's first texts unsound (MindIE: a stream of the other form than `full_text`
+    # says) sets `settling` until it knows: meanwhile the pipeline holds the events back while `holds()` and then
+    # hands them on, or drops them for the error that ends the stream (proxy/hub/pipeline.py).
+    settling = False
+
+    def holds(self) -> bool:
+        """The events so far must wait: a text came whose soundness is not known yet."""
+        return False
 
     def lane_open(self) -> bool:
         """A plain text event may skip `chunk` now (proxy/stream/text_lane.py): no error waits to be raised. A session

@@ -112,6 +112,7 @@ class MindIESession(UpstreamSession):
         # error (proxy/stream/cumulative.py StreamForm). While it watches, the text lane hands it every text.
         self._form: StreamForm | None = StreamForm() if ctx.stream else None
         self.rewrites_text = self._cumulative is not None or self._form is not None
+        self.settling = self._form is not None  # its texts are held back until the form is known
 
     def build_request(self, body: ChatRequest) -> dict[str, Any]:
         out = super().build_request(body)
@@ -191,13 +192,20 @@ class MindIESession(UpstreamSession):
         if snapshot is not None or delta:
             part[key] = delta
 
+    def holds(self) -> bool:
+        form = self._form
+        return form is not None and form.started
+
     def _watch(self, form: StreamForm, text: str) -> None:
         verdict = form.feed(text)
         if not form.open:
             self._form = None
             self.rewrites_text = self._cumulative is not None
-        if verdict and (verdict == "cumulative") != (self._cumulative is not None):
-            raise self._mismatch(verdict)
+            self.settling = False
+        if verdict:
+            if (verdict == "cumulative") != (self._cumulative is not None):
+                raise self._mismatch(verdict)
+            self.dialect.finding = None  # this stream's form is the configured one: an earlier mismatch is over
 
     def _mismatch(self, form: str) -> StreamTruncated:
         return cast("MindIEDialect", self.dialect).stream_form_mismatch(self.ctx, form)
@@ -250,7 +258,8 @@ class MindIEDialect(Dialect):
 
     def stream_form_mismatch(self, ctx: RequestContext, form: str) -> StreamTruncated:
         """The stream turned out `form` ("cumulative" or "deltas") against the upstream's `full_text`: the error that
-        ends it, logged once per upstream and kept as this upstream's finding (/readyz reports it)."""
+        ends it, kept as this upstream's finding (/readyz reports it until a stream of the configured form ends it) and
+        logged when the finding begins."""
         name = ctx.upstream.name
         if form == "cumulative":
             text = (f"The upstream `{name}` streams cumulative text (each chunk repeats the text so far: MindIE "
@@ -262,11 +271,12 @@ class MindIEDialect(Dialect):
                     "answer would lose text. Set `full_text: false` for it, or fullTextEnabled: true in MindIE's "
                     "config.json.")
         if self.finding is None:
-            self.finding = text
             log.warning(orjson.dumps({"event": "stream_form_mismatch", "upstream": name,
                                       "full_text": ctx.upstream.full_text, "stream": form, "detail": text}).decode())
+        self.finding = "stream requests fail (non-stream requests work): " + text
+        # The same answer every time until the config changes: no client should retry it.
         return StreamTruncated(text, reason="full_text_mismatch", status=502, code="full_text_mismatch",
-                               upstream_code="full_text_mismatch")
+                               upstream_code="full_text_mismatch", headers={"x-should-retry": "false"})
 
     def timings(self, extras: Mapping[str, Any]) -> Timings | None:
         """`prefill_time` (ms) and `decode_time_arr` (ms per token) at the top level, `queue_wait_time` (µs per token)

@@ -5,8 +5,9 @@ An upstream opts in per client dialect (`passthrough: [responses]`, proxy/settin
 natively (mappings/<name>.yaml `native`, proxy/dialects/base.py `NativeRoute`). Everything around the request is as
 for a translated one: the inbound key check (proxy/server/asgi.py), the body limit, shutdown, admission and the
 replicas with their retries (proxy/gateway/replicas.py `Attempts.open`: only before the answer's head is accepted,
-so before any byte reached the client), the deadlines, metrics, traces and the access log (proxy/endpoint/inference.py
-`InferenceEndpoint`).
+so before any byte reached the client), the deadlines, metrics, traces and the access log
+(proxy/endpoint/exchange.py), and the relay that commits the stream's head, sends keep-alives and ends a cut stream
+with an error event (proxy/endpoint/relay.py).
 
 What is different: the body goes as the client sent it (only `model` is replaced by the upstream's name when the
 client used an alias); the upstream's key replaces the client's credentials, which are never forwarded; the answer's
@@ -24,22 +25,21 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from proxy.endpoint.relay import Relay
 from proxy.endpoint.request import SSE_HEADERS
-from proxy.errors import ProxyError, StreamTruncated, error_type_for
+from proxy.errors import ProxyError, error_type_for
 from proxy.gateway.upstream import StreamReads, read_body, release
 from proxy.hub.canonical import CHAT
 from proxy.hub.sse import KEEPALIVE
 
 if TYPE_CHECKING:
-    from proxy.clients.base import ClientCall, ClientDialect
+    from proxy.clients.base import ClientDialect, Headers
     from proxy.clients.native import NativeReader
     from proxy.dialects.base import NativeRoute
+    from proxy.endpoint.exchange import Exchange
     from proxy.hub.canonical import RequestContext
-    from proxy.metrics.observer import RequestObserver
-    from proxy.metrics.tracing import RequestTrace
     from proxy.server.appstate import AppState
 
-NATIVE: Final = "native"  # ClientCall.options key of a passed-through request: its NativeRoute
 # The upstream's response headers that are not passed on: connection-level and framing ones (the proxy's front end
 # frames the answer itself; aiohttp has already decoded a compressed body), the upstream's own cookies, and its
 # x-request-id (the client gets the proxy's, which the upstream also received).
@@ -51,16 +51,33 @@ _NOT_PASSED: Final = frozenset({
 _EVENT_ENDS: Final = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
+class NativeCall:
+    """A request passed through: the body as the client sent it (`raw`: its bytes, None when its transport had it
+    parsed), the upstream route that takes it, and the request headers that go with it."""
+
+    __slots__ = ("forwarded", "kind", "model", "raw", "request", "route", "stream")
+
+    def __init__(self, request: dict[str, Any], raw: bytes | None, model: str, route: NativeRoute,
+                 forwarded: list[tuple[str, str]]) -> None:
+        self.request = request
+        self.raw = raw
+        self.model = model
+        self.stream = request.get("stream") is True
+        self.kind = CHAT  # what the routing, the metrics and the trace call the operation
+        self.route = route
+        self.forwarded = forwarded
+
+
 class Passthrough:
     """The passthrough of one client dialect: the upstreams that take it natively, by name, with their routes."""
 
-    def __init__(self, state: AppState, client: ClientDialect, routes: dict[str, NativeRoute]) -> None:
+    def __init__(self, state: AppState, client: ClientDialect[Any], routes: dict[str, NativeRoute]) -> None:
         self.state = state
         self.client = client
         self.routes = routes
 
     @classmethod
-    def create(cls, state: AppState, client: ClientDialect) -> Passthrough | None:
+    def create(cls, state: AppState, client: ClientDialect[Any]) -> Passthrough | None:
         """None when no upstream passes this client dialect through (the endpoint then never asks)."""
         routes = {u.name: state.dialects[u.name].native_routes()[client.name]
                   for u in state.settings.upstreams if client.name in u.passthrough}
@@ -68,7 +85,7 @@ class Passthrough:
             return None
         return cls(state, client, routes)
 
-    def call(self, request: dict[str, Any], raw: bytes, headers: Any) -> ClientCall | None:
+    def call(self, request: dict[str, Any], raw: bytes | None, headers: Any) -> NativeCall | None:
         """The request as a passed-through call, when its model routes to an upstream that takes it natively; None
         otherwise (the client spoke decodes it: translation, or the error it deserves)."""
         model = request.get("model")
@@ -83,71 +100,36 @@ class Passthrough:
             return None
         forwarded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers
                      if k in self.client.native_headers]
-        options: dict[str, Any] = {NATIVE: native, "raw": raw, "headers": forwarded}
-        from proxy.clients.base import (
-            ClientCall,  # here: the client spokes import the endpoint, which imports this module
-        )
+        return NativeCall(request, raw, model, native, forwarded)
 
-        return ClientCall(request, CHAT, model, request.get("stream") is True, options)
-
-    async def serve(self, call: ClientCall, ctx: RequestContext, send: Any, watch: Any, obs: RequestObserver,
-                    rid_header: tuple[bytes, bytes], info: dict[str, Any], trace: RequestTrace | None) -> int:
+    async def serve(self, call: NativeCall, ctx: RequestContext, exchange: Exchange) -> int:
         """Send the request untranslated and relay the answer: the status the client got."""
         state = self.state
-        server = state.settings.server
         upstream = ctx.upstream
         dialect = state.dialects[upstream.name]
-        route: NativeRoute = call.options[NATIVE]
-        info["dialect"] = dialect.name
-        info["passthrough"] = True
-        payload: bytes = call.options["raw"]
-        if ctx.upstream_model != ctx.client_model:  # an alias: the upstream gets its own name for the model
+        exchange.record.dialect = dialect.name
+        exchange.record.passthrough = True
+        payload = call.raw
+        if payload is None or ctx.upstream_model != ctx.client_model:  # an alias: the upstream gets its own name
             payload = orjson.dumps({**call.request, "model": ctx.upstream_model})
-        forwarded: list[tuple[str, str]] = call.options["headers"]
-        key = upstream.api_key
-
-        def headers_for(ctx: RequestContext) -> dict[str, str]:
-            headers = dict(forwarded)
-            headers["x-request-id"] = ctx.request_id
-            if key:
-                if route.auth == "bearer":
-                    headers["Authorization"] = f"Bearer {key}"
-                else:
-                    headers[route.auth] = key
-            return headers
-
+        watch = exchange.watch
+        obs = exchange.obs
+        assert watch is not None and obs is not None  # routed
         loop = watch.loop
-        deadline = loop.time() + server.total_timeout
+        deadline = loop.time() + state.settings.server.total_timeout
         obs.upstream_started()
-        attempts = state.replicas[upstream.name].attempts(call.request, info)
-        ticket, resp = await attempts.open(ctx, route.path, payload, headers_for, deadline, loop, trace)
+        attempts = exchange.record.attempts = state.replicas[upstream.name].attempts(call.request)
+        ticket, resp = await attempts.open(ctx, call.route.path, payload, _Headers(call, upstream.api_key).for_attempt,
+                                           deadline, loop, exchange.trace)
         reusable = False
         try:
             reader = self.client.native_reader()
             assert reader is not None  # create() checked
-            if trace is not None:
-                trace.answering(resp.status, reader.answer)
+            if exchange.trace is not None:
+                exchange.trace.answering(resp.status, reader.answer)
             obs.upstream_headers()
-            head = _response_headers(resp.raw_headers) + [rid_header]
-            content_type = resp.headers.get("Content-Type", "")
-            if resp.status >= 300 or "text/event-stream" not in content_type:
-                t_up = loop.time()
-                raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout, loop=loop)
-                obs.add_upstream_wait(loop.time() - t_up)
-                if resp.status >= 300:  # the upstream's own error, in the client's dialect already: as it is
-                    code = error_type_for(resp.status)[1]
-                    info["error"] = code
-                    obs.upstream_error(dialect.name, str(resp.status))
-                else:
-                    reader.body(raw)
-                    _observe(obs, reader, info)
-                watch.complete = True
-                await send({"type": "http.response.start", "status": resp.status, "headers": head})
-                await send({"type": "http.response.body", "body": raw})
-                reusable = True
-                return resp.status
-            status = await self._relay(resp, reader, send, watch, obs, head, info, deadline)
-            reusable = status == 200
+            answering = _Native(self, exchange, reader, _response_headers(resp.raw_headers))
+            status, reusable = await answering.respond(resp, deadline)
             return status
         finally:
             ticket.release()
@@ -156,72 +138,137 @@ class Passthrough:
             else:
                 resp.close()
 
-    async def _relay(self, resp: Any, reader: NativeReader, send: Any, watch: Any, obs: RequestObserver,
-                     head: list[tuple[bytes, bytes]], info: dict[str, Any], deadline: float) -> int:
+
+class _Headers:
+    """The request headers of each attempt: the client's forwarded ones, our request id, the upstream's key."""
+
+    __slots__ = ("call", "key")
+
+    def __init__(self, call: NativeCall, key: str | None) -> None:
+        self.call = call
+        self.key = key
+
+    def for_attempt(self, ctx: RequestContext) -> dict[str, str]:
+        headers = dict(self.call.forwarded)
+        headers["x-request-id"] = ctx.request_id
+        key = self.key
+        if key:
+            auth = self.call.route.auth
+            if auth == "bearer":
+                headers["Authorization"] = f"Bearer {key}"
+            else:
+                headers[auth] = key
+        return headers
+
+
+class _Boundary:
+    """Where a passed-through stream stands: at an event boundary or inside an event (the last bytes relayed)."""
+
+    __slots__ = ("at", "client", "tail")
+
+    def __init__(self, client: ClientDialect[Any]) -> None:
+        self.client = client
+        self.tail = b""  # the last bytes relayed: an event boundary when they end an event
+        self.at = True
+
+    def passed(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-4:]
+        self.at = self.tail.endswith(_EVENT_ENDS)
+
+    def error_event(self, err: ProxyError) -> bytes:
+        """The client dialect's error event, only at an event boundary (mid-event, the stream is closed instead)."""
+        return self.client.native_error(err) if self.at else b""
+
+
+class _Native:
+    """One passed-through answer on its way to the relay: its bytes as they arrive, read on the side by the client
+    spoke's NativeReader (usage, finish reason, first token)."""
+
+    __slots__ = ("boundary", "exchange", "head", "reader", "relay")
+
+    def __init__(self, passthrough: Passthrough, exchange: Exchange, reader: NativeReader, head: Headers) -> None:
+        self.exchange = exchange
+        self.reader = reader
+        self.head = head  # the upstream's headers that the client gets
+        self.boundary = _Boundary(passthrough.client)
+        names = {name for name, _ in head}
+        own = [item for item in SSE_HEADERS if item[0] not in names]
+        self.relay = Relay(exchange, [*own, *head], self.boundary.error_event, native=True)
+
+    async def respond(self, resp: Any, deadline: float) -> tuple[int, bool]:
+        """(the status the client got, whether the upstream connection can serve another request)."""
+        if resp.status >= 300 or "text/event-stream" not in resp.headers.get("Content-Type", ""):
+            return await self._whole(resp, deadline), True
+        status = await self._stream(resp, deadline)
+        return status, status == 200
+
+    async def _whole(self, resp: Any, deadline: float) -> int:
+        """A body (an answer, or the upstream's own error, in the client's dialect already): as it is."""
+        exchange = self.exchange
+        assert exchange.watch is not None and exchange.obs is not None
+        server = exchange.state.settings.server
+        loop = exchange.watch.loop
+        t_up = loop.time()
+        raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout, loop=loop)
+        exchange.obs.add_upstream_wait(loop.time() - t_up)
+        if resp.status >= 300:  # the upstream's own error, in the client's dialect already: as it is
+            exchange.record.error = error_type_for(resp.status)[1]
+            exchange.obs.upstream_error(exchange.record.dialect or "", str(resp.status))
+        else:
+            self.reader.body(raw)
+            self.relay.usage(self.reader.answer)
+        exchange.complete()
+        await exchange.sink.start(resp.status, self.head)
+        await exchange.sink.native(raw, False)
+        return int(resp.status)
+
+    async def _stream(self, resp: Any, deadline: float) -> int:
         """The upstream's event stream, relayed as it arrives. The head goes with the first bytes (or the first
         keep-alive), so a failure before any byte is still an HTTP error in the client's dialect."""
-        server = self.state.settings.server
-        tail = b""  # the last bytes relayed: an event boundary when they end an event
-        boundary = True
-
-        async def out(body: bytes, more: bool = True) -> None:
-            if not watch.committed:
-                names = {name for name, _ in head}
-                own = [item for item in SSE_HEADERS if item[0] not in names]
-                await send({"type": "http.response.start", "status": 200, "headers": [*own, *head]})
-                watch.committed = True
-            await send({"type": "http.response.body", "body": body, "more_body": more})
-
-        reads = StreamReads(resp, server.idle_timeout, server.keepalive_interval, deadline, watch.loop)
+        exchange = self.exchange
+        assert exchange.watch is not None
+        server = exchange.state.settings.server
+        reads = StreamReads(resp, server.idle_timeout, server.keepalive_interval, deadline, exchange.watch.loop)
         try:
             try:
-                while True:
-                    data = await reads.read()
-                    if data is None:
-                        if boundary:
-                            await out(KEEPALIVE)
-                        continue
-                    if not data:
-                        break
-                    tokens = reader.feed(data)
-                    obs.chunks(1, tokens)
-                    tail = (tail + data)[-4:]
-                    boundary = tail.endswith(_EVENT_ENDS)
-                    await out(data)
+                await self._read(reads)
             finally:
                 reads.close()
-            reader.flush()
-            _observe(obs, reader, info)
-            watch.complete = True
-            await out(b"", more=False)
-            if reader.error is not None or not reader.done:  # the upstream's error event, or an end without one
-                reason = "upstream_error" if reader.error is not None else "upstream_closed"
-                obs.truncated(reason)
-                info["error"] = reader.error or "upstream_closed"
-                info["truncated"] = reason
-                return 502
-            return 200
+            return await self._end()
         except ProxyError as err:
-            self.state.redactor.sanitize(err)
-            _observe(obs, reader, info)
-            if not watch.committed:
+            exchange.state.redactor.sanitize(err)
+            self.relay.usage(self.reader.answer)
+            if not self.relay.committed:
                 raise  # nothing reached the client: it gets the HTTP status and its dialect's envelope
-            reason = err.reason if isinstance(err, StreamTruncated) else "upstream_error"
-            obs.truncated(reason)
-            info["error"] = err.code
-            info["truncated"] = reason
-            watch.complete = True
-            await out(self.client.native_error(err) if boundary else b"", more=False)
-            return max(err.status, 500)
+            return await self.relay.fail(err)
 
+    async def _read(self, reads: StreamReads) -> None:
+        relay = self.relay
+        obs = self.exchange.obs
+        assert obs is not None
+        while True:
+            data = await reads.read()
+            if data is None:
+                if self.boundary.at:
+                    await relay.keepalive(KEEPALIVE)
+                continue
+            if not data:
+                return
+            obs.chunks(1, self.reader.feed(data))
+            self.boundary.passed(data)
+            relay.pending.append(data)
+            await relay.flush()
 
-def _observe(obs: RequestObserver, reader: NativeReader, info: dict[str, Any]) -> None:
-    answer = reader.answer
-    info["finish_reason"] = answer.finish_reason
-    if answer.usage is not None:
-        obs.usage(answer.usage)
-        info["prompt_tokens"] = answer.usage.get("prompt_tokens")
-        info["completion_tokens"] = answer.usage.get("completion_tokens")
+    async def _end(self) -> int:
+        reader = self.reader
+        reader.flush()
+        self.relay.usage(reader.answer)
+        await self.relay.end(b"")
+        if reader.error is not None or not reader.done:  # the upstream's error event, or an end without one
+            reason = "upstream_error" if reader.error is not None else "upstream_closed"
+            self.exchange.truncated(reason, reader.error or "upstream_closed")
+            return 502
+        return 200
 
 
 def _response_headers(raw: Any) -> list[tuple[bytes, bytes]]:

@@ -9,16 +9,16 @@ import asyncio
 import itertools
 import os
 import re
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import orjson
 
 from proxy.clients.validate import check_depth
 from proxy.errors import ClientRequestError
-from proxy.server.frontend import DISCONNECT_HOOK
 
-if TYPE_CHECKING:
-    from proxy.clients.base import Encoder
+# The scope key of the handler's disconnect callback: the front end (proxy/server/frontend.py) puts it, None, in the
+# scope of every request it serves and calls what the handler set there from `connection_lost`.
+DISCONNECT_HOOK: Final = "dialect_proxy.on_disconnect"
 
 # Functions of other modules called per request, as statics (compiled: no module attribute looked up per call)
 _current_task: Final = asyncio.current_task
@@ -35,36 +35,36 @@ SSE_HEADERS: Final = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"
 
 class Disconnect:
     """Cancels the request's task when the client goes away. Under the proxy's own front end (proxy/server/frontend.py)
-    the connection calls `_lost` directly; under any other server a watcher task reads `receive()` for
-    `http.disconnect`."""
+    the connection calls `lost` directly; under any other server a watcher task reads `receive()` for
+    `http.disconnect`; a transport that learns it by itself (a WebSocket connection) calls `lost` (no `receive`, no
+    `scope`)."""
 
-    __slots__ = ("_scope", "_task", "_watcher", "committed", "complete", "disconnected", "encoder", "loop")
+    __slots__ = ("_scope", "_task", "_watcher", "complete", "disconnected", "loop")
 
-    def __init__(self, receive: Any, scope: Scope) -> None:
-        self.encoder: Encoder | None = None  # the client encoder, once the answer is being encoded
+    def __init__(self, receive: Any = None, scope: Scope | None = None) -> None:
         self.disconnected = False
         self.complete = False  # set just before the final send: uvicorn then answers receive() with a disconnect
-        self.committed = False  # the 200 event-stream head has been sent
         self._task = task = _current_task()
         # The request's loop, for the calls below that need one: taken from its task (asyncio.get_running_loop is a
         # getpid system call on Python 3.11, three a request saved).
         self.loop = task.get_loop() if task is not None else _running_loop()
         self._scope: Scope | None = None
         self._watcher: asyncio.Future[None] | None = None
-        if DISCONNECT_HOOK in scope:
-            scope[DISCONNECT_HOOK] = self._lost
+        if scope is not None and DISCONNECT_HOOK in scope:
+            scope[DISCONNECT_HOOK] = self.lost
             self._scope = scope
-        else:
+        elif receive is not None:
             self._watcher = _ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Any) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self._lost()
+                self.lost()
                 return
 
-    def _lost(self) -> None:
+    def lost(self) -> None:
+        """The client went away: the request's task is cancelled, unless its answer is complete."""
         if not self.complete and not self.disconnected and self._task is not None:
             self.disconnected = True
             self._task.cancel()

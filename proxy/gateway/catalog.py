@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 import orjson
 
 from proxy.errors import ProxyError
+from proxy.gateway.redact import redact_urls
 from proxy.gateway.upstream import read_body
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class ModelCatalog:
         try:
             names = await self._fetch()
         except Exception as exc:  # whatever the upstream sent: no list this time, never a failed request
-            log.warning("upstream %s: reading its model list failed: %r", self.upstream.name, exc)
+            log.warning("upstream %s: reading its model list failed: %s", self.upstream.name, redact_urls(repr(exc)))
             names = None
         finally:
             self._read = None
@@ -104,7 +105,7 @@ class ModelCatalog:
                 return None
             cards = self._dialect.decode_models(orjson.loads(raw))
         except (ProxyError, orjson.JSONDecodeError) as exc:
-            log.info("upstream %s: its model list could not be read: %s", self.upstream.name, exc)
+            log.info("upstream %s: its model list could not be read: %s", self.upstream.name, redact_urls(str(exc)))
             return None
         return tuple(dict.fromkeys(card["id"] for card in cards))
 

@@ -5,7 +5,9 @@ upstream's address (`Connect call failed ('10.0.0.5', 1025)`). Every piece of up
 client message, a log line or a metric label goes through one `Redactor`, built once from the settings:
 
 - `secrets(text)`: the configured keys (every upstream's `api_key`, the client keys of `api_keys_env`) and anything
-  that looks like a credential (`Bearer …`, `sk-…`, `api_key=…`) become `[redacted]`. For logs and metric labels.
+  that looks like a credential (`Bearer …`, `sk-…`, `api_key=…`) become `[redacted]`, and every URL in the text goes
+  through proxy/settings.py `redact_url` (user info and credential-like query parameters: ***), the one redaction of
+  a URL, which log lines that name a URL call directly. For logs and metric labels.
 - `for_client(text)`: the same, and the upstreams' configured URLs and host:port pairs, and IP addresses, become
   `[upstream address]` (clients get the upstream's *name*; the address is in the proxy's log).
 
@@ -18,6 +20,8 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+from proxy.settings import redact_url
 
 if TYPE_CHECKING:
     from proxy.errors import ProxyError
@@ -33,6 +37,7 @@ _TOKENS = re.compile(
     r"|\bsk-[A-Za-z0-9_\-]{6,}"
     r"|\b(api[_-]?key|apikey|access[_-]?token|secret|password|authorization)(\"?'?\s*[:=]\s*\"?'?)[^\s\"',;&]{4,}"
 )
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>]+")
 _IPV4 = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?:[:,]\s?\d{1,5})?(?![\d.])")
 _IPV6_BRACKET = re.compile(r"\[[0-9a-fA-F:]{2,}(?:%\w+)?\](?::\d{1,5})?")
 
@@ -43,6 +48,15 @@ def _token(match: re.Match[str]) -> str:
     if match.group(3):
         return match.group(3) + match.group(4) + REDACTED
     return REDACTED
+
+
+def redact_urls(text: str) -> str:
+    """Every URL in `text` through `redact_url` (e.g. an exception's text that quotes the URL it was asked for)."""
+    return _URL.sub(_url, text) if "://" in text else text
+
+
+def _url(match: re.Match[str]) -> str:
+    return redact_url(match.group())
 
 
 class Redactor:
@@ -67,7 +81,7 @@ class Redactor:
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, REDACTED)
-        return _TOKENS.sub(_token, text)
+        return _TOKENS.sub(_token, redact_urls(text))
 
     def for_client(self, text: str) -> str:
         text = self.secrets(text)
@@ -100,11 +114,3 @@ def url_forms(url: str) -> list[str]:
             if ":" in host:
                 forms.append(f"[{host}]:{parts.port}")
     return forms
-
-
-def log_url(url: str) -> str:
-    """A URL for the log: without any user:password part."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()

@@ -173,9 +173,9 @@ class ReplicaSet:
 
     # -- choosing -----------------------------------------------------------------------------------------------
 
-    def attempts(self, request: dict[str, Any], info: dict[str, Any]) -> Attempts:
+    def attempts(self, request: dict[str, Any]) -> Attempts:
         key = affinity_key(request, self.upstream.affinity_turns) if self.affinity else None
-        return Attempts(self, key, info)
+        return Attempts(self, key)
 
     async def acquire(self, key: int | None, tried: Collection[int]) -> Ticket | None:
         """A ticket on the best replica not in `tried` (None when every replica was tried). Raises the 429
@@ -345,16 +345,20 @@ class ReplicaSet:
 
 
 class Attempts:
-    """One request's walk over the replicas of its upstream."""
+    """One request's walk over the replicas of its upstream. What the access log line says of it (the endpoint's
+    AccessRecord reads it): the replica that answered last, the time queued for a slot, and each retry's replica and
+    failure."""
 
-    __slots__ = ("_rset", "info", "key", "retries_left", "tried")
+    __slots__ = ("_rset", "key", "queue_ms", "replica", "retries", "retries_left", "tried")
 
-    def __init__(self, rset: ReplicaSet, key: int | None, info: dict[str, Any]) -> None:
+    def __init__(self, rset: ReplicaSet, key: int | None) -> None:
         self._rset = rset
         self.key = key
-        self.info = info
         self.tried: tuple[int, ...] = ()  # the indexes of the replicas tried
         self.retries_left = rset.upstream.retries
+        self.replica = ""  # the name of the replica of the latest attempt
+        self.queue_ms = 0.0  # waited for a free slot, over every attempt
+        self.retries: list[tuple[str, str]] = []  # (replica, failure) of each attempt that was retried
 
     async def next(self) -> Ticket:
         rset = self._rset
@@ -367,9 +371,9 @@ class Attempts:
             ticket = found
         replica = ticket.replica
         self.tried += (replica.index,)
-        self.info["replica"] = replica.name
+        self.replica = replica.name
         if ticket.waited:
-            self.info["queue_ms"] = round(self.info.get("queue_ms", 0) + ticket.waited * 1000, 2)
+            self.queue_ms = round(self.queue_ms + ticket.waited * 1000, 2)
         return ticket
 
     def succeeded(self, ticket: Ticket) -> None:
@@ -440,7 +444,7 @@ class Attempts:
         if again:
             self.retries_left -= 1
             m.child(m.retries, rset.label, result).inc()
-            self.info.setdefault("retries", []).append({"replica": ticket.replica.name, "error": result})
+            self.retries.append((ticket.replica.name, result))
             ticket.release()
         return again
 

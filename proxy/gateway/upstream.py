@@ -32,8 +32,8 @@ import orjson
 from proxy import __version__
 from proxy.errors import ProxyError, StreamTruncated, UpstreamTimeout, UpstreamUnreachable
 from proxy.gateway.deadlines import Alarm
-from proxy.gateway.redact import Redactor, log_url
-from proxy.settings import ServerSettings, UpstreamSettings
+from proxy.gateway.redact import Redactor
+from proxy.settings import ServerSettings, UpstreamSettings, redact_url
 
 _READ_SIZE: Final = 2**16
 _STALE_RETRIES: Final = 3  # pooled connections found closed under one request before the last try (see the docstring)
@@ -133,7 +133,8 @@ class UpstreamClient:
                     if isinstance(e, aiohttp.ClientConnectorError) or _new_connection.get():
                         raise
                     log.debug(orjson.dumps({"event": "upstream_stale_connection", "upstream": self.upstream.name,
-                                            "url": log_url(url), "reason": self.redactor.secrets(_reason(e))}).decode())
+                                            "url": redact_url(url),
+                                            "reason": self.redactor.secrets(_reason(e))}).decode())
             # Closed pooled connections every time: the next one comes from the pool too, or is new.
             return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
         except asyncio.CancelledError:
@@ -157,8 +158,8 @@ class UpstreamClient:
     def _unreachable(self, url: str, e: BaseException, what: str) -> UpstreamUnreachable:
         """The client's error names the upstream and the kind of failure; its address and the full reason go to the
         log only (README "Errors")."""
-        log.warning(orjson.dumps({"event": "upstream_unreachable", "upstream": self.upstream.name, "url": log_url(url),
-                                  "reason": self.redactor.secrets(_reason(e))}).decode())
+        log.warning(orjson.dumps({"event": "upstream_unreachable", "upstream": self.upstream.name,
+                                  "url": redact_url(url), "reason": self.redactor.secrets(_reason(e))}).decode())
         return UpstreamUnreachable(f"The upstream {self.what} {what}.{self._hint(url, e)}")
 
     def _hint(self, url: str, e: BaseException) -> str:

@@ -9,7 +9,9 @@
 Either way `finish` ends the answer. The endpoint feeds it what it reads and gives the events to the client encoder;
 tests drive the very same object in-process (cutting the upstream bytes anywhere). Failures raise `StreamTruncated`
 (or the dialect's error); events produced before the failure are already in `out`, so the caller can still deliver
-them ahead of the error.
+them ahead of the error. Except while the session is settling a stream's form (MindIE: cumulative text or deltas,
+proxy/dialects/base.py `UpstreamSession.settling`): its events are held back until it knows, then handed on, or
+dropped for the error, so that none of a stream's text of the wrong form reaches the client.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from proxy.errors import StreamTruncated, UpstreamError
+from proxy.errors import MalformedUpstream, StreamTruncated, UpstreamError
 from proxy.hub.events import Answer, Delta, TextRun
 from proxy.hub.normalize import Normalizer
 from proxy.hub.sse import SSEDecoder, SSEEvent
@@ -34,7 +36,7 @@ _json_loads: Final = orjson.loads  # (compiled: a static, not a module attribute
 
 
 class Pipeline:
-    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_lane", "_runs", "answer", "done", "normalizer",
+    __slots__ = ("_chunk", "_decoder", "_envelope", "_feed", "_held", "_lane", "_runs", "answer", "done", "normalizer",
                  "session")
 
     def __init__(self, session: UpstreamSession, answer: Answer, text_lane: bool = True, runs: bool = False) -> None:
@@ -56,20 +58,35 @@ class Pipeline:
         # The lane's runs (several text events of one read) as one TextRun each instead of a Delta per text: for the
         # client encoders (proxy/clients/base.py Encoder.feed), not for a consumer that reads Deltas.
         self._runs = runs
+        # Events held back while the session settles the stream's form (None: none to hold, the usual case).
+        self._held: list[Delta | TextRun] | None = [] if session.settling else None
 
     def feed(self, data: bytes, out: list[Delta | TextRun]) -> None:
-        """Append the events that `data` completes to `out`."""
+        """Append the events that `data` completes to `out` (or hold them back while the session settles)."""
+        held = self._held
         try:
-            self._take(self._decoder.payloads(data), out)
-        except _SHAPE_ERRORS as e:
-            raise _bad_shape(e, StreamTruncated) from None
+            self._take(self._decoder.payloads(data), out if held is None else held)
+        except MalformedUpstream as e:
+            raise _bad_shape(e) from None
+        if held is not None and not self.session.holds():
+            out.extend(held)
+            held.clear()
+            if not self.session.settling:
+                self._held = None
 
     def finish(self, out: list[Delta | TextRun]) -> None:
         """The upstream body ended (or sent [DONE]): append the last events, or raise if the answer is incomplete."""
-        if not self.done:
-            self._take(self._decoder.flush(), out)
-        self.session.end()
-        self.normalizer.finish(self.done)
+        held = self._held
+        try:
+            if not self.done:
+                self._take(self._decoder.flush(), out if held is None else held)
+            self.session.end()
+            self.normalizer.finish(self.done)
+        except MalformedUpstream as e:
+            raise _bad_shape(e) from None
+        if held:  # the answer is complete and nothing found its text unsound
+            out.extend(held)
+            self._held = None
 
     def feed_body(self, raw: bytes, out: list[Delta | TextRun]) -> None:
         """A whole non-stream JSON body: append its events (the session's one entry and the same normaliser, one
@@ -84,12 +101,9 @@ class Pipeline:
                     "The upstream answered with a body that is not JSON: " + preview(raw), 502
                 ) from None
         self.done = True  # nothing follows a whole answer
-        try:
-            chunk = self._chunk(data, True)
-            if chunk is not None:
-                out.extend(self._feed(chunk, True))
-        except _SHAPE_ERRORS as e:
-            raise _bad_shape(e, UpstreamError) from None
+        chunk = self._chunk(data, True)  # (a MalformedUpstream here is already the 502 it should be)
+        if chunk is not None:
+            out.extend(self._feed(chunk, True))
 
     def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta | TextRun]) -> None:
         lane = self._lane
@@ -195,17 +209,13 @@ def _loads(data: str) -> Any:
         ) from None
 
 
-# A JSON value of a shape no dialect expects (a string where an object belongs, a list for an index ...) ends up as
-# one of these deep in a spoke; it is the upstream's fault, so a 502 (or an error event), never our 500.
-_SHAPE_ERRORS: Final = (AttributeError, TypeError, KeyError, IndexError, ValueError)
-
-
-def _bad_shape(e: Exception, cls: type[UpstreamError]) -> UpstreamError:
-    log.warning("upstream data of an unexpected shape: %s", type(e).__name__)  # its text may quote upstream data
-    message = f"The upstream sent JSON of an unexpected shape ({type(e).__name__})."
-    if cls is StreamTruncated:
-        return StreamTruncated(message, reason="invalid_data")
-    return cls(message, 502)
+def _bad_shape(e: MalformedUpstream) -> StreamTruncated:
+    """Upstream JSON of a shape the translation relies on but did not get, in a stream: the client may already have
+    part of the answer, so an `invalid_data` truncation that names the field. The sessions and the normaliser check the
+    shapes they read (proxy/errors.py MalformedUpstream); any other exception under them is a bug of ours and goes on
+    to the endpoint as one (a 500 `internal_error`, logged with its traceback), never blamed on the upstream."""
+    log.warning("upstream data of an unexpected shape: `%s`", e.field)
+    return StreamTruncated(e.message, reason="invalid_data")
 
 
 def preview(data: bytes | str, limit: int = 200) -> str:

@@ -24,7 +24,7 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import orjson
 
@@ -32,7 +32,6 @@ from proxy import __version__
 from proxy.settings import ConfigError
 
 if TYPE_CHECKING:
-    from proxy.clients.base import ClientCall
     from proxy.gateway.redact import Redactor
     from proxy.gateway.replicas import Replica
     from proxy.hub.canonical import RequestContext
@@ -286,10 +285,11 @@ class Telemetry:
         if self.meter_provider is not None:
             self.meter_provider.shutdown(timeout_millis=max(deadline - time.monotonic(), 0.1) * 1000)
 
-    def request(self, scope: dict[str, Any], route: str, started: float, info: dict[str, Any]) -> RequestTrace:
-        """A request came in (`started`: its time.perf_counter()): its SERVER span, in the client's trace when it
-        sent a W3C traceparent. The access log line (`info`) gets the span's trace_id and span_id."""
-        return RequestTrace(self, scope, route, started, info)
+    def request(self, headers: Any, route: str, started: float, request_id: str) -> RequestTrace:
+        """A request came in (`started`: its time.perf_counter(); `headers`: its ASGI headers): its SERVER span, in
+        the client's trace when it sent a W3C traceparent. The trace's `trace_id` and `span_id` are for the access
+        log line."""
+        return RequestTrace(self, headers, route, started, request_id)
 
     def address(self, url: str) -> tuple[str, int | None]:
         """server.address and server.port of a replica's URL (parsed once per replica)."""
@@ -442,18 +442,19 @@ def _wall_ns(perf: float) -> int:
 
 
 class RequestTrace:
-    """The spans and metrics of one request. The handler (proxy/endpoint/inference.py) calls: `routed` once the request
+    """The spans and metrics of one request. The exchange (proxy/endpoint/exchange.py) calls: `routed` once the request
     is decoded and routed, `attempt` before each upstream attempt (with the attempt's headers, which get our
     traceparent), `attempt_failed` when an attempt fails before its response was accepted, `answering` with the
     accepted response's status and the Answer it fills, and `finish` once, at the very end. `output` (content
     capture only) is fed the answer's events."""
 
-    def __init__(self, tel: Telemetry, scope: dict[str, Any], route: str, started: float,
-                 info: dict[str, Any]) -> None:
+    def __init__(self, tel: Telemetry, headers: Any, route: str, started: float, request_id: str) -> None:
         self.tel = tel
         self.started = started
-        self.info = info
+        self.request_id = request_id
         self.route = route
+        self.trace_id: str | None = None  # the server span's ids, when it is sampled (for the access log line)
+        self.span_id: str | None = None
         self.operation = "chat"
         self.provider = ""
         self.model = ""  # the client's model name
@@ -473,20 +474,21 @@ class RequestTrace:
             self.server: Any = None
             self.context: Any = None
             return
-        parent = tel.propagator.extract(scope["headers"], getter=tel.getter)
+        parent = tel.propagator.extract(headers, getter=tel.getter)
         self.server = span = tracer.start_span(
             f"POST {route}", context=parent, kind=tel.SERVER, start_time=_wall_ns(started),
             attributes={"http.request.method": "POST", "http.route": route, "url.path": route,
-                        "gen_ai.operation.name": "chat", "dialect_proxy.request_id": info["request_id"]})
+                        "gen_ai.operation.name": "chat", "dialect_proxy.request_id": request_id})
         self.context = tel._trace.set_span_in_context(span)
         sc = span.get_span_context()
         if sc.is_valid:
-            info["trace_id"] = format(sc.trace_id, "032x")
-            info["span_id"] = format(sc.span_id, "016x")
+            self.trace_id = format(sc.trace_id, "032x")
+            self.span_id = format(sc.span_id, "016x")
 
     # -- the request ------------------------------------------------------------------------------------------
 
-    def routed(self, call: ClientCall, ctx: RequestContext, dialect: str, metric_model: str) -> None:
+    def routed(self, request: dict[str, Any], ctx: RequestContext, dialect: str, metric_model: str) -> None:
+        """The request (`request`: its hub form, or the body passed through) is decoded and routed."""
         self.operation = OPERATIONS.get(ctx.kind, ctx.kind)
         self.provider = dialect
         self.model = ctx.client_model
@@ -500,9 +502,9 @@ class RequestTrace:
         span.update_name(f"{self.operation} {ctx.client_model}")
         attrs = {"gen_ai.operation.name": self.operation, "gen_ai.provider.name": dialect,
                  "gen_ai.request.model": ctx.client_model, "dialect_proxy.upstream": ctx.upstream.name,
-                 **_request_attributes(call.request, ctx.stream)}
+                 **_request_attributes(request, ctx.stream)}
         if self.tel.capture:
-            attrs.update(_input_content(call.request, self.tel.redactor))
+            attrs.update(_input_content(request, self.tel.redactor))
             self.output = Output()
         span.set_attributes(attrs)
 
@@ -548,79 +550,95 @@ class RequestTrace:
 
     # -- the end ----------------------------------------------------------------------------------------------
 
-    def finish(self, status: int, obs: RequestObserver | None) -> None:
-        """The request is over (its answer sent, or not): the spans end, the metrics are recorded."""
+    def finish(self, status: int, obs: RequestObserver | None, error: str | None = None,
+               disconnected: bool = False) -> None:
+        """The request is over (its answer sent, or not; `error`: the error code it ended with, `disconnected`: the
+        client left): the spans end, the metrics are recorded."""
         try:
-            self._finish(status, obs)
+            self._finish(_Ending(status, _server_error(status, error, disconnected), disconnected,
+                                 obs.ttft if obs is not None else None))
         except Exception:  # a bug of ours costs the request's telemetry, never the request
-            log.exception("recording the trace of request %s failed", self.info.get("request_id"))
+            log.exception("recording the trace of request %s failed", self.request_id)
 
-    def _finish(self, status: int, obs: RequestObserver | None) -> None:
-        tel = self.tel
-        info = self.info
+    def _finish(self, end: _Ending) -> None:
         now = time.perf_counter()
-        error = _server_error(status, info)
         answer = self.answer_ref
         usage = _usage(answer.usage if answer is not None else None)
-        ttft = obs.ttft if obs is not None else None
-        # The answer's attributes, on the client span (the upstream's view) and the server span (the client's).
         if self.client is not None:
-            span = self.client
-            attrs: dict[str, Any] = dict(usage)
-            if answer is not None:
-                if answer.upstream_id:
-                    attrs["gen_ai.response.id"] = answer.upstream_id
-                if answer.upstream_model:
-                    attrs["gen_ai.response.model"] = answer.upstream_model
-                if answer.finish_reason:
-                    attrs["gen_ai.response.finish_reasons"] = (answer.finish_reason,)
-            if self.stream and ttft is not None:
-                attrs["gen_ai.response.time_to_first_chunk"] = max(self.started + ttft - self.client_t0, 0.0)
-            if error is not None:
-                attrs["error.type"] = error
-                if status >= 500:
-                    span.set_status(tel._trace.Status(tel._trace.StatusCode.ERROR, error))
-            span.set_attributes(attrs)
-            span.end()
-            self.client = None
+            self._end_client(end, usage)
         if self.client_t0:
-            self._operation_metric(error, usage, answer, now)
+            self._operation_metric(end.error, usage, answer, now)
         span = self.server
         if span is not None and span.is_recording():
-            attrs = {"http.response.status_code": status, **usage}
-            ctx = self.ctx
-            if answer is not None and ctx is not None and error is None:
-                # What the client's answer says (docs/decisions.md "Model names and ids in answers").
-                keep = ctx.upstream.keep_upstream_id and answer.upstream_id and self.route.endswith("completions")
-                attrs["gen_ai.response.id"] = answer.upstream_id if keep else ctx.response_id
-                attrs["gen_ai.response.model"] = ctx.response_model
-                if answer.finish_reason:
-                    attrs["gen_ai.response.finish_reasons"] = (answer.finish_reason,)
-            if self.stream and ttft is not None:
-                attrs["gen_ai.response.time_to_first_chunk"] = ttft
-            if self.attempts > 1:
-                attrs["dialect_proxy.retries"] = self.attempts - 1
-            if info.get("client_disconnected"):
-                attrs["dialect_proxy.client_disconnected"] = True
-            if error is not None:
-                attrs["error.type"] = error
-                if status >= 500:
-                    span.set_status(tel._trace.Status(tel._trace.StatusCode.ERROR, error))
-            if self.output is not None and answer is not None:
-                attrs["gen_ai.output.messages"] = self.output.render(answer.finish_reason, tel.redactor)
-            span.set_attributes(attrs)
-            span.end()
-        instruments = tel.instruments
-        if instruments is not None and self.provider:
-            base = {"gen_ai.operation.name": self.operation, "gen_ai.provider.name": self.provider,
-                    "gen_ai.request.model": self.metric_model}
-            duration = now - self.started
-            instruments.request_duration.record(duration, {**base, "error.type": error} if error else base)
-            if error is None and self.stream and ttft is not None:
-                instruments.ttft.record(ttft, base)
-                output = usage.get("gen_ai.usage.output_tokens", 0)
-                if output > 1:
-                    instruments.tpot.record(max(duration - ttft, 0.0) / (output - 1), base)
+            self._end_server(span, end, usage)
+        if self.tel.instruments is not None and self.provider:
+            self._request_metrics(end, usage, now)
+
+    def _answer_attrs(self, end: _Ending, usage: dict[str, Any], ttft: float | None) -> dict[str, Any]:
+        """The attributes every span of the answer has: usage, time to first chunk, error.type."""
+        attrs = dict(usage)
+        if self.stream and ttft is not None:
+            attrs["gen_ai.response.time_to_first_chunk"] = ttft
+        if end.error is not None:
+            attrs["error.type"] = end.error
+        return attrs
+
+    def _end_span(self, span: Any, end: _Ending, attrs: dict[str, Any]) -> None:
+        if end.error is not None and end.status >= 500:
+            span.set_status(self.tel._trace.Status(self.tel._trace.StatusCode.ERROR, end.error))
+        span.set_attributes(attrs)
+        span.end()
+
+    def _end_client(self, end: _Ending, usage: dict[str, Any]) -> None:
+        """The answer's attributes on the CLIENT span: the upstream's view."""
+        answer = self.answer_ref
+        ttft = None if end.ttft is None else max(self.started + end.ttft - self.client_t0, 0.0)
+        attrs = self._answer_attrs(end, usage, ttft)
+        if answer is not None:
+            if answer.upstream_id:
+                attrs["gen_ai.response.id"] = answer.upstream_id
+            if answer.upstream_model:
+                attrs["gen_ai.response.model"] = answer.upstream_model
+            if answer.finish_reason:
+                attrs["gen_ai.response.finish_reasons"] = (answer.finish_reason,)
+        self._end_span(self.client, end, attrs)
+        self.client = None
+
+    def _end_server(self, span: Any, end: _Ending, usage: dict[str, Any]) -> None:
+        """The answer's attributes on the SERVER span: the client's view."""
+        attrs = {"http.response.status_code": end.status, **self._answer_attrs(end, usage, end.ttft)}
+        answer = self.answer_ref
+        ctx = self.ctx
+        if answer is not None and ctx is not None and end.error is None:
+            # What the client's answer says (docs/decisions.md "Model names and ids in answers").
+            keep = ctx.upstream.keep_upstream_id and answer.upstream_id and self.route.endswith("completions")
+            attrs["gen_ai.response.id"] = answer.upstream_id if keep else ctx.response_id
+            attrs["gen_ai.response.model"] = ctx.response_model
+            if answer.finish_reason:
+                attrs["gen_ai.response.finish_reasons"] = (answer.finish_reason,)
+        if self.attempts > 1:
+            attrs["dialect_proxy.retries"] = self.attempts - 1
+        if end.disconnected:
+            attrs["dialect_proxy.client_disconnected"] = True
+        if self.output is not None and answer is not None:
+            attrs["gen_ai.output.messages"] = self.output.render(answer.finish_reason, self.tel.redactor)
+        self._end_span(span, end, attrs)
+
+    def _request_metrics(self, end: _Ending, usage: dict[str, Any], now: float) -> None:
+        """gen_ai.server.request.duration, and for a stream answered in full its time to first token and per output
+        token."""
+        instruments = self.tel.instruments
+        assert instruments is not None
+        base = {"gen_ai.operation.name": self.operation, "gen_ai.provider.name": self.provider,
+                "gen_ai.request.model": self.metric_model}
+        duration = now - self.started
+        instruments.request_duration.record(duration, {**base, "error.type": end.error} if end.error else base)
+        ttft = end.ttft
+        if end.error is None and self.stream and ttft is not None:
+            instruments.ttft.record(ttft, base)
+            output = usage.get("gen_ai.usage.output_tokens", 0)
+            if output > 1:
+                instruments.tpot.record(max(duration - ttft, 0.0) / (output - 1), base)
 
     def _operation_metric(self, error: str | None, usage: dict[str, Any] | None = None, answer: Answer | None = None,
                           now: float | None = None) -> None:
@@ -655,12 +673,20 @@ def _error_type(failure: BaseException | int) -> str:
     return code if isinstance(code, str) and code else type(failure).__qualname__
 
 
-def _server_error(status: int, info: dict[str, Any]) -> str | None:
-    if info.get("client_disconnected"):
+class _Ending(NamedTuple):
+    """How a request ended, for its spans and metrics."""
+
+    status: int
+    error: str | None  # error.type (None: no error)
+    disconnected: bool
+    ttft: float | None  # seconds from the request's start to its first token
+
+
+def _server_error(status: int, code: str | None, disconnected: bool) -> str | None:
+    if disconnected:
         return "client_disconnected"
-    code = info.get("error")
     if code:
-        return str(code)
+        return code
     return str(status) if status >= 400 else None
 
 

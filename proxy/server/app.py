@@ -6,28 +6,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Match, Route
 
 from proxy import __version__
 from proxy.build import BUILD
-from proxy.clients.responses import ResponsesClient
-from proxy.clients.responses_ws import ResponsesSocket
 from proxy.endpoint.inference import InferenceEndpoint
 from proxy.endpoint.retrieval import routes as retrieval_routes
 from proxy.errors import ProxyError
 from proxy.gateway.health import READY_CACHE, UpstreamCheck
-from proxy.gateway.redact import log_url
 from proxy.server import runtime
 from proxy.server.appstate import AppState
 from proxy.server.asgi import ProxyApp
-from proxy.settings import Settings, UpstreamSettings
+from proxy.server.responses_socket import ResponsesSocket
+from proxy.settings import Settings, UpstreamSettings, redact_url
 from proxy.state import log_store, store_check
 
 log = logging.getLogger("dialect_proxy")
@@ -69,8 +67,10 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
         ready = check(r.ready for r, _ in results) and not state.shutting_down
         body: dict[str, Any] = {
             "status": "ready" if ready else "not ready",
-            "upstreams": {u.name: _summary(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
-            "checks": {u.name: _check_json(r, c) for u, (r, c) in zip(settings.upstreams, results, strict=True)},
+            "upstreams": {u.name: _summary(r, c, state.dialects[u.name].finding)
+                          for u, (r, c) in zip(settings.upstreams, results, strict=True)},
+            "checks": {u.name: _check_json(r, c, state.dialects[u.name].finding)
+                       for u, (r, c) in zip(settings.upstreams, results, strict=True)},
             # Reported, never a reason for 503: requests that need no state go on without it (README "State store").
             "state_store": store,
         }
@@ -94,7 +94,8 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
         return Response(body, headers={"Content-Type": content_type})
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _error_response(ProxyError(f"No route for {request.method} {request.url.path}.", 404, code="not_found"))
+        message = f"No route for {request.method} {request.url.path}." + _route_hint(request, routes)
+        return _error_response(ProxyError(message, 404, code="not_found"))
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         return _error_response(ProxyError(f"Method {request.method} is not allowed on {request.url.path}.", 405))
@@ -126,11 +127,22 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
     app.router.redirect_slashes = False
     app.state.proxy = state
     keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
-    # The Responses API's WebSocket mode, on the Responses client's path.
-    sockets = {c.path: ResponsesSocket(state, c) for c in state.client_dialects.values()
-               if type(c) is ResponsesClient}
+    # A WebSocket mode (the Responses API's), on the path of each client dialect that declares one.
+    sockets = {c.path: ResponsesSocket(state, c) for c in state.client_dialects.values() if c.websocket}
     return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
                     list(state.client_dialects.values()), sockets)
+
+
+def _route_hint(request: Request, routes: Sequence[BaseRoute]) -> str:
+    """For a path that has no route: the route it probably meant, when a client's base URL lacked `/v1` (`POST
+    /chat/completions`) or had one too many (`/v1/v1/messages`: the Anthropic SDK's base URL ends before `/v1`)."""
+    path = request.url.path
+    meant = path[len("/v1"):] if path.startswith("/v1/v1/") else "/v1" + path
+    scope = {**request.scope, "path": meant}
+    if not any(route.matches(scope)[0] == Match.FULL for route in routes):
+        return ""
+    return (f" Did you mean {meant}? (An OpenAI client's base URL ends in `/v1`, e.g. http://HOST:PORT/v1; an "
+            "Anthropic client's ends before it.)")
 
 
 def _model_obj(name: str, owner: str) -> dict[str, Any]:
@@ -167,21 +179,25 @@ async def _check_upstream(state: AppState, u: UpstreamSettings) -> tuple[Upstrea
     results = await state.replicas[u.name].check(READY_CACHE)
     checks = {r.name: c for r, c in results}
     check = next((c for c in checks.values() if c.ready), results[0][1])
-    finding = state.dialects[u.name].finding
-    if finding is not None:  # what its answers showed (e.g. full_text set wrong): not ready until the config is fixed
-        check = UpstreamCheck(check.url, False, check.reachable, check.status, f"{finding} ({check.reason})")
     return check, checks
 
 
-def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> str:
+# An upstream's `finding` (proxy/dialects/base.py: what its answers showed, e.g. a MindIE stream of the other form than
+# `full_text` says) is reported next to its check, never as its reason, and does not make it not ready: the requests
+# it does not concern still work (docs/decisions.md "/readyz after a stream-form mismatch").
+def _summary(check: UpstreamCheck, replicas: dict[str, UpstreamCheck], finding: str | None) -> str:
     if len(replicas) > 1 and check.ready:
         up = sum(c.ready for c in replicas.values())
-        return "up" if up == len(replicas) else f"up ({up} of {len(replicas)} replicas)"
-    return check.summary()
+        summary = "up" if up == len(replicas) else f"up ({up} of {len(replicas)} replicas)"
+    else:
+        summary = check.summary()
+    return summary if finding is None else f"{summary}; {finding}"
 
 
-def _check_json(check: UpstreamCheck, replicas: dict[str, UpstreamCheck]) -> dict[str, Any]:
+def _check_json(check: UpstreamCheck, replicas: dict[str, UpstreamCheck], finding: str | None) -> dict[str, Any]:
     out = check.as_json()
+    if finding is not None:
+        out["finding"] = finding
     if len(replicas) > 1:
         out["replicas"] = {name: c.as_json() for name, c in replicas.items()}
     return out
@@ -192,7 +208,7 @@ async def log_upstream_checks(state: AppState) -> None:
     results = await asyncio.gather(*(state.replicas[u.name].check(READY_CACHE) for u in state.settings.upstreams))
     for u, checks in zip(state.settings.upstreams, results, strict=True):
         for replica, check in checks:
-            line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": log_url(replica.url),
+            line = {"event": "upstream_check", "upstream": u.name, "dialect": u.dialect, "url": redact_url(replica.url),
                     "reachable": check.reachable, "ready": check.ready, "status": check.status,
                     "detail": check.reason}
             if len(checks) > 1:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import Final
+from typing import Any, Final
 
 from proxy.clients import CLIENT_DIALECTS, ClientDialect
 from proxy.dialects import Dialect, get_dialect
@@ -53,7 +53,7 @@ class AppState:
         # The first replica's pool, for side requests that need no balancing.
         self.clients: dict[str, UpstreamClient] = {name: rs.replicas[0].client for name, rs in self.replicas.items()}
         self.store = open_store(settings)
-        self.client_dialects: dict[str, ClientDialect] = {
+        self.client_dialects: dict[str, ClientDialect[Any]] = {
             name: cls(settings, self.store) for name, cls in CLIENT_DIALECTS.items()
         }
         # OpenTelemetry traces and metrics (proxy/metrics/tracing.py): None unless an OTLP endpoint is configured.

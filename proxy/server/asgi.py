@@ -26,7 +26,7 @@ class ProxyApp:
         app: Starlette,
         fast: dict[str, Any],
         api_keys: dict[str, str] | None = None,
-        clients: list[ClientDialect] | None = None,
+        clients: list[ClientDialect[Any]] | None = None,
         sockets: dict[str, Any] | None = None,
     ) -> None:
         self.app = app
@@ -38,7 +38,7 @@ class ProxyApp:
         self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in keys.items())
         self._raw_keys = tuple((name, k.encode()) for name, k in keys.items())  # `x-api-key: <key>` (Anthropic)
         self._clients = clients or []
-        self._sockets = sockets or {}  # path -> ASGI `websocket` endpoint (proxy/clients/responses_ws.py)
+        self._sockets = sockets or {}  # path -> ASGI `websocket` endpoint (proxy/server/responses_socket.py)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":

@@ -30,10 +30,10 @@ Beyond uvicorn's protocol:
   write that reaches an idle reader costs a wake-up: a non-stream answer is one write, not two).
 - An `Upgrade: websocket` request is handed, with the connection, to proxy/server/websocket.py (the `websockets`
   package's protocol), which runs the app with a `websocket` scope; other upgrades are refused with `400`.
-- No access log of uvicorn's: the proxy writes its own (proxy/endpoint/inference.py).
+- No access log of uvicorn's: the proxy writes its own (proxy/endpoint/exchange.py).
 
 It also tells the handler at once when a client goes away mid-request: the handler puts a callback under
-`DISCONNECT_HOOK` in the request's scope (proxy/endpoint/inference.py), called from `connection_lost` while the answer
+`DISCONNECT_HOOK` in the request's scope (proxy/endpoint/request.py), called from `connection_lost` while the answer
 is incomplete — cheaper than a task per request waiting on `receive()` for `http.disconnect` (the fallback under any
 other server).
 
@@ -58,13 +58,10 @@ from typing import Any, Final, NamedTuple
 
 import httptools
 
+from proxy.endpoint.request import DISCONNECT_HOOK
 from proxy.errors import ProxyError
 from proxy.server.websocket import WebSocketConnection, WebSocketLimits
 from proxy.settings import ServerSettings
-
-# The scope key of the handler's disconnect callback: present (None until the handler sets it) on every request this
-# front end serves.
-DISCONNECT_HOOK: Final = "dialect_proxy.on_disconnect"
 
 _logger: Final = logging.getLogger("uvicorn.error")  # where uvicorn's own protocol logs (the server's log settings)
 # A header name must be a token (RFC 9110 5.6.2: one or more of ALPHA, DIGIT and !#$%&'*+-.^_`|~); a value must hold
@@ -673,54 +670,60 @@ class Cycle:
             if kind != "http.response.body":
                 raise RuntimeError(f"Expected ASGI message 'http.response.body', but got '{kind}'.")
             raw: Any = message.get("body", b"")
-            body = raw if type(raw) is bytes else bytes(raw)  # any bytes-like, as uvicorn takes it
             more_body = bool(message.get("more_body", False))
-            pieces: list[bytes] | None = None
-            if self.head_only:
-                self.expected_length = 0
-                data = b""
-            elif self.chunked:
-                if body:
-                    size = len(body)
-                    end = b"\r\n" if more_body else b"\r\n0\r\n\r\n"
-                    if size < _SCATTER:
-                        opening = _chunk_heads[size]
-                        if opening is None:
-                            opening = _chunk_heads[size] = b"%x\r\n" % size
-                        data = b"%b%b%b" % (opening, body, end)
-                    else:
-                        pieces = [b"%x\r\n" % size, body, end]
-                        data = b""
-                else:
-                    data = b"" if more_body else b"0\r\n\r\n"
-            else:
-                size = len(body)
-                if size > self.expected_length:
-                    raise RuntimeError("Response content longer than Content-Length")
-                self.expected_length -= size
-                data = body
-            head = self._head
-            if head is not None:
-                self._head = None
-                if pieces is None:
-                    data = head + data
-                else:
-                    pieces.insert(0, head)
-            if pieces is not None:
-                self.transport.writelines(pieces)
-            elif data:
-                self.transport.write(data)
+            self._write_body(raw if type(raw) is bytes else bytes(raw), more_body)  # any bytes-like, as uvicorn
             if not more_body:
-                if self.expected_length != 0:
-                    raise RuntimeError("Response content shorter than Content-Length")
-                self.response_complete = True
-                self.wake()
-                if not self.keep_alive:
-                    self.transport.close()
-                if conn is not None:
-                    conn.on_response_complete()
+                self._complete(conn)
         else:
             raise RuntimeError(f"Unexpected ASGI message '{kind}' sent, after response already completed.")
+
+    def _write_body(self, body: bytes, more_body: bool) -> None:
+        """One body message on the wire, framed (chunked, or counted against Content-Length), after the held head."""
+        data, pieces = self._frame(body, more_body)
+        head = self._head
+        if head is not None:
+            self._head = None
+            if pieces is None:
+                data = head + data
+            else:
+                pieces.insert(0, head)
+        if pieces is not None:
+            self.transport.writelines(pieces)
+        elif data:
+            self.transport.write(data)
+
+    def _frame(self, body: bytes, more_body: bool) -> tuple[bytes, list[bytes] | None]:
+        """The bytes of one body message: one string, or (a large chunk) pieces written without a copy."""
+        if self.head_only:
+            self.expected_length = 0
+            return b"", None
+        if not self.chunked:
+            size = len(body)
+            if size > self.expected_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_length -= size
+            return body, None
+        if not body:
+            return (b"" if more_body else b"0\r\n\r\n"), None
+        size = len(body)
+        end = b"\r\n" if more_body else b"\r\n0\r\n\r\n"
+        if size >= _SCATTER:
+            return b"", [b"%x\r\n" % size, body, end]
+        opening = _chunk_heads[size]
+        if opening is None:
+            opening = _chunk_heads[size] = b"%x\r\n" % size
+        return b"%b%b%b" % (opening, body, end), None
+
+    def _complete(self, conn: GuardedHttpToolsProtocol | None) -> None:
+        """The last body message was written: the answer is complete."""
+        if self.expected_length != 0:
+            raise RuntimeError("Response content shorter than Content-Length")
+        self.response_complete = True
+        self.wake()
+        if not self.keep_alive:
+            self.transport.close()
+        if conn is not None:
+            conn.on_response_complete()
 
     def _start(self, status: int, headers: Any) -> None:
         """The answer's head, checked as uvicorn's protocol checks it, held for the first body bytes: the server's

@@ -18,7 +18,7 @@ The front end's limits, for WebSocket connections:
   in flight) when its app next waits for a message. The app sees `websocket.disconnect` either way. An app that
   always waits for messages (to learn at once that the client left) cannot be told busy from idle that way: it puts
   a callback under `SHUTDOWN_HOOK` in the scope, and shutting down calls it instead — the app then closes with
-  1001 itself once its work in flight is done (proxy/clients/responses_ws.py);
+  1001 itself once its work in flight is done (proxy/server/responses_socket.py);
 - a client that goes away: the app gets `websocket.disconnect` at once (it cancels the upstream request).
 """
 

@@ -17,7 +17,7 @@ Hosts and user info are split as urllib (and redis-py) split them: the host list
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
 
 __all__ = ["SCHEMES", "StoreURL", "parse_store_url"]
 
@@ -43,6 +43,22 @@ class StoreURL:
 
 def parse_store_url(url: str, shown: str) -> StoreURL:
     """Read a state store URL; `shown` is the URL without credentials, for the ValueError's message."""
+    parts, scheme = _split(url, shown)
+    kind = scheme.partition("+")[2] or "redis"
+    ours, rest = _query(parts.query, kind, shown)
+    wait = _wait_replicas(ours.get("wait_replicas"), kind, shown)
+    hosts = _hosts(parts.netloc.rpartition("@")[2], _DEFAULT_PORT[kind], shown, several=kind != "redis")
+    service, db = _path(parts.path, kind, shown)
+    plain = "" if kind != "redis" else parts._replace(query=urlencode(rest)).geturl() if ours else url
+    return StoreURL(kind=kind, tls=scheme.startswith("rediss"), url=plain, hosts=hosts, db=db, service=service,
+                    wait_replicas=wait, username=unquote(parts.username) if parts.username else None,
+                    password=unquote(parts.password) if parts.password is not None else None,
+                    sentinel_username=ours.get("sentinel_username") or None,
+                    sentinel_password=ours.get("sentinel_password") or None)
+
+
+def _split(url: str, shown: str) -> tuple[SplitResult, str]:
+    """The URL's parts and its (lower-case) scheme, one of SCHEMES."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -51,17 +67,24 @@ def parse_store_url(url: str, shown: str) -> StoreURL:
     if scheme not in SCHEMES:
         raise ValueError(f"expected memory or a redis://, rediss://, redis+sentinel:// or redis+cluster:// URL, "
                          f"got {shown!r}")
-    kind = scheme.partition("+")[2] or "redis"
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in _OURS}
-    rest = [(k, v) for k, v in query if k not in _OURS]
+    return parts, scheme
+
+
+def _query(query: str, kind: str, shown: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Our own query parameters, and the rest (redis-py's: a plain redis:// URL only)."""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    ours = {k: v for k, v in pairs if k in _OURS}
+    rest = [(k, v) for k, v in pairs if k not in _OURS]
     if kind != "redis" and rest:
         raise ValueError(f"{shown!r}: unknown query parameter {rest[0][0]!r} (known: {', '.join(_OURS)})")
     if kind != "sentinel" and ("sentinel_username" in ours or "sentinel_password" in ours):
         raise ValueError(f"{shown!r}: sentinel_username and sentinel_password go with redis+sentinel://")
-    wait = _wait_replicas(ours.get("wait_replicas"), kind, shown)
-    hosts = _hosts(parts.netloc.rpartition("@")[2], _DEFAULT_PORT[kind], shown, several=kind != "redis")
-    path = [p for p in parts.path.split("/") if p]
+    return ours, rest
+
+
+def _path(text: str, kind: str, shown: str) -> tuple[str, int]:
+    """(the Sentinel service name, the database number) from the URL's path."""
+    path = [p for p in text.split("/") if p]
     service = ""
     if kind == "sentinel":
         if not path:
@@ -69,16 +92,11 @@ def parse_store_url(url: str, shown: str) -> StoreURL:
         service = unquote(path.pop(0))
     db_text = path.pop(0) if path else ""
     if path or (db_text and not db_text.isdigit()):
-        raise ValueError(f"{shown!r}: the path is the database number (e.g. /0), got {parts.path.strip('/')!r}")
+        raise ValueError(f"{shown!r}: the path is the database number (e.g. /0), got {text.strip('/')!r}")
     db = int(db_text or 0)
     if kind == "cluster" and db:
         raise ValueError(f"{shown!r}: a Redis Cluster has database 0 only")
-    plain = "" if kind != "redis" else parts._replace(query=urlencode(rest)).geturl() if ours else url
-    return StoreURL(kind=kind, tls=scheme.startswith("rediss"), url=plain, hosts=hosts, db=db, service=service,
-                    wait_replicas=wait, username=unquote(parts.username) if parts.username else None,
-                    password=unquote(parts.password) if parts.password is not None else None,
-                    sentinel_username=ours.get("sentinel_username") or None,
-                    sentinel_password=ours.get("sentinel_password") or None)
+    return service, db
 
 
 def _wait_replicas(text: str | None, kind: str, shown: str) -> int:

@@ -113,19 +113,22 @@ class StreamForm:
     snapshot that only revises a trailing U+FFFD still extends; a repeated one is skipped. `feed(text)` ->
     "cumulative", "deltas", or "" (not decided yet, or never: a short or mixed answer). `open` turns False once it
     has nothing more to say, so the caller stops feeding it (the per-chunk cost after the first few texts is one
-    attribute read)."""
+    attribute read). `started`: it has read a text, so the stream's text is of a form not known until it decides
+    (the caller holds that text back meanwhile)."""
 
-    __slots__ = ("_extended", "_last", "_other", "open")
+    __slots__ = ("_extended", "_last", "_other", "open", "started")
 
     def __init__(self) -> None:
         self._last = ""
         self._extended = 0
         self._other = 0
         self.open = True
+        self.started = False
 
     def feed(self, text: str) -> str:
         if not text:
             return ""
+        self.started = True
         stable = text.rstrip(_FFFD)
         last = self._last
         if stable == last:  # a repeated snapshot (MindIE sends some) says nothing

@@ -29,9 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import fastest  # noqa: E402  (tests/bench/timing.py)
 
-from proxy.clients.base import ClientCall  # noqa: E402
 from proxy.clients.chat import chat_encoder as make_chat_encoder  # noqa: E402
-from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer  # noqa: E402
+from proxy.clients.messages_encoder import MessagesCall, MessagesEncoder, messages_consumer  # noqa: E402
 from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer  # noqa: E402
 from proxy.clients.signature import ThinkingSigner  # noqa: E402
 from proxy.dialects import DIALECTS  # noqa: E402
@@ -114,7 +113,7 @@ SIGNER = ThinkingSigner(b"k" * 32)
 
 
 def messages_encoder(ctx: RequestContext, answer: Answer) -> Encoderish:
-    call = ClientCall({"model": "bench", "messages": []}, CHAT, "bench", ctx.stream, {"stop_sequences": ()})
+    call = MessagesCall({"model": "bench", "messages": []}, "bench", ctx.stream)
     return MessagesEncoder(call, ctx, answer, SIGNER, messages_consumer(call, ctx))
 
 
@@ -138,8 +137,8 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
         for piece in pieces:
             pipeline.feed(piece, events)
             if events:
-                # the handler's metrics call per read (proxy/endpoint/inference.py _relay: a TextRun is a token per
-                # text)
+                # the handler's metrics call per read (proxy/endpoint/translate.py _Answering._account: a TextRun is a
+                # token per text)
                 tokens = 0
                 count = len(events)
                 for e in events:

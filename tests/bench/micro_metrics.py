@@ -58,7 +58,7 @@ def scenarios(metrics: Any, replicas: Any) -> dict[str, Callable[[], None]]:
     loop = asyncio.new_event_loop()
 
     async def attempt() -> None:
-        attempts = replicas.attempts({}, {})
+        attempts = replicas.attempts({})
         ticket = await attempts.next()
         attempts.succeeded(ticket)
         ticket.release()

@@ -68,7 +68,7 @@ def scenarios() -> dict[str, Callable[[], object]]:
 
     def walk(rset: Any) -> Callable[[], object]:
         def run() -> None:
-            attempts = rset.attempts(REQUEST, {})
+            attempts = rset.attempts(REQUEST)
             ticket = step(attempts.next())
             attempts.succeeded(ticket)
             ticket.release()
@@ -79,7 +79,7 @@ def scenarios() -> dict[str, Callable[[], object]]:
         pending: list[Any] = []
 
         def take() -> None:
-            attempts = rset.attempts(REQUEST, {})
+            attempts = rset.attempts(REQUEST)
             ticket = step(attempts.next())
             attempts.succeeded(ticket)
             pending.append(ticket)

@@ -168,7 +168,7 @@ def test_codex_runs_a_tool_turn_over_the_websocket_mode(start_mock: Callable[...
                                                         start_proxy: Callable[..., Proxy], tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """`supports_websockets = true` on the provider: Codex speaks the Responses API's WebSocket mode
-    (proxy/clients/responses_ws.py) for the tool call and the answer after it."""
+    (proxy/server/responses_socket.py) for the tool call and the answer after it."""
     mock, proxy = start(start_mock, start_proxy, "mindie+full_text")
     marker = f"codex-ws-{uuid.uuid4().hex[:12]}"
     arguments = json.dumps({"cmd": f"echo {marker}"})

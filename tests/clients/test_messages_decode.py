@@ -184,7 +184,7 @@ def test_thinking_signed_by_this_proxy_is_replayed_as_reasoning():
     block = {"type": "thinking", "thinking": text, "signature": SIGNER.sign_text(text)}
     call = decode(_assistant_with(block))
     assert msgs(call)[1]["reasoning_content"] == text
-    assert "log" not in call.options
+    assert call.log_note is None
 
 
 def test_omitted_thinking_comes_back_from_its_signature():
@@ -206,7 +206,7 @@ def test_thinking_the_proxy_did_not_produce_is_never_sent_as_reasoning(block: di
     assert "reasoning_content" not in assistant and "reasoning" not in assistant
     assert assistant["tool_calls"][0]["id"] == "call_1"
     if block["type"] == "thinking":
-        assert call.options["log"] == {"unverified_thinking": 1}
+        assert call.log_note == ("unverified_thinking", 1)
 
 
 def test_signer_key_from_settings_verifies_across_instances():

@@ -10,8 +10,7 @@ from hub_harness import request_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.clients.base import ClientCall
-from proxy.clients.messages_encoder import PING, MessagesEncoder, messages_consumer
+from proxy.clients.messages_encoder import PING, MessagesCall, MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_response
 from proxy.clients.signature import ThinkingSigner
 from proxy.dialects import get_dialect
@@ -51,10 +50,9 @@ AGENT_TURN = sse(
 )
 
 
-def call(stream: bool, **options: Any) -> ClientCall:
+def call(stream: bool, **options: Any) -> MessagesCall:
     """A request that enabled thinking (`show_thinking`, what proxy/clients/messages.py decodes from `thinking`)."""
-    return ClientCall({"model": "m", "messages": []}, CHAT, "alias", stream,
-                      {"stop_sequences": (), "show_thinking": True, **options})
+    return MessagesCall({"model": "m", "messages": []}, "alias", stream, **{"show_thinking": True, **options})
 
 
 def run(pieces: list[bytes], stream: bool = True, **options: Any) -> bytes:
@@ -200,8 +198,9 @@ def test_error_event_and_ping():
     ctx = request_context(CHAT, "m", UP, stream=True, response_id="msg_x")
     encoder = MessagesEncoder(call(True), ctx, Answer(), SIGNER, messages_consumer(call(True), ctx))
     name, data = events_of(encoder.error(StreamTruncated("upstream cut", status=502)))[0]
+    # request_id: the request's own (its x-request-id), not null
     assert name == "error" and data == {"type": "error", "error": {"type": "api_error", "message": "upstream cut"},
-                                        "request_id": None}
+                                        "request_id": "rid"}
     assert events_of(PING) == [("ping", {"type": "ping"})] and encoder.keepalive == PING
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hub_harness import drive
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -226,3 +227,29 @@ def test_echo_fills_what_the_response_object_requires() -> None:
     assert (asked.presence_penalty, asked.top_logprobs, asked.max_tool_calls) == (0.5, 3, 2)
     assert (asked.service_tier, asked.safety_identifier, asked.prompt_cache_key) == ("flex", "u1", "k")
     assert Echo({"service_tier": "auto"}).service_tier == "default"
+
+
+USAGE_WITHOUT_REASONING_COUNT = {"prompt_tokens": 9, "completion_tokens": 40, "total_tokens": 49}
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_reasoning_tokens_the_upstream_did_not_count_are_not_zero(stream: bool) -> None:
+    """The schemas (OpenAI's and Open Responses') require `output_tokens_details.reasoning_tokens`, an integer: where
+    the upstream gave no count, the reasoning's estimated tokens (never more than the output's), not 0; an answer
+    without reasoning has 0."""
+    thought = sse(chunk({"role": "assistant", "content": "<think>Let me think about 你好</think>\n\nHi."}),
+                  chunk({}, "stop", USAGE_WITHOUT_REASONING_COUNT))
+    plain = sse(chunk({"role": "assistant", "content": "Hi."}), chunk({}, "stop", USAGE_WITHOUT_REASONING_COUNT))
+
+    def usage(raw: bytes) -> dict[str, Any]:
+        body = run([raw], "openai", stream=stream)
+        response = parse(body)[-1][1]["response"] if stream else json.loads(body)
+        result: dict[str, Any] = response["usage"]
+        return result
+
+    # "Let me think about " 19 ASCII characters (5 tokens by the estimate) and two CJK characters (2)
+    assert usage(thought)["output_tokens_details"] == {"reasoning_tokens": 7}
+    assert usage(plain)["output_tokens_details"] == {"reasoning_tokens": 0}
+    tiny = sse(chunk({"role": "assistant", "content": "<think>" + "x" * 400 + "</think>Hi."}),
+               chunk({}, "stop", {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21}))
+    assert usage(tiny)["output_tokens_details"] == {"reasoning_tokens": 12}  # at most the output's count

@@ -1,10 +1,11 @@
-"""The Responses API's WebSocket mode (proxy/clients/responses_ws.py, proxy/server/websocket.py) end to end, with the
+"""The Responses API's WebSocket mode (proxy/server/responses_socket.py, proxy/server/websocket.py) end to end, with the
 `websockets` client against the proxy in front of the built-in mock: events, continuation from the connection's
 state, errors, and the front end's limits for WebSocket connections."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -187,3 +188,24 @@ def test_api_key_and_unknown_paths_are_refused_with_the_envelope(stack: Callable
         connect(proxy.url.replace("http://", "ws://") + "/v1/chat/completions",
                 additional_headers={"Authorization": "Bearer sk-right"}, open_timeout=10)
     assert missing.value.response.status_code == 404
+
+
+def test_each_response_is_one_access_log_line_as_on_http(stack: Callable[..., tuple[Mock, Proxy]],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A response on a socket is one exchange of the endpoint: its access line says what an HTTP stream's says, and
+    an error before the answer is the socket's `error` message with the same status and code as the line."""
+    caplog.set_level(logging.INFO, logger="dialect_proxy.access")
+    mock, proxy = stack()
+    with connect(ws_url(proxy)) as ws:
+        done = turn(ws, model="m", input="Hello!")[-1]
+        refused = turn(ws, model="m", input=5)
+    assert done["type"] == "response.completed" and refused[0]["type"] == "error"
+    wait_for(lambda: any(json.loads(r.getMessage()).get("websocket") for r in caplog.records
+                         if r.name == "dialect_proxy.access"), timeout=10)
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "dialect_proxy.access"]
+    answered, failed, connection = lines[-3:]
+    assert answered["route"] == "/v1/responses" and answered["model"] == "m" and answered["stream"] is True
+    assert answered["status"] == 200 and answered["finish_reason"] == "stop" and answered["completion_tokens"] > 0
+    assert answered["client_disconnected"] is False and answered["ttft_ms"] is not None
+    assert failed["status"] == refused[0]["status"] == 400 and failed["error"] == refused[0]["error"]["code"]
+    assert connection["websocket"] is True and connection["responses"] == 2

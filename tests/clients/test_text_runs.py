@@ -12,8 +12,8 @@ from hub_harness import request_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.clients.base import ClientCall, Encoder
-from proxy.clients.messages_encoder import MessagesEncoder, messages_consumer
+from proxy.clients.base import Encoder
+from proxy.clients.messages_encoder import MessagesCall, MessagesEncoder, messages_consumer
 from proxy.clients.responses_events import Echo, ResponsesEncoder, responses_consumer
 from proxy.clients.responses_request import ToolName
 from proxy.clients.signature import ThinkingSigner
@@ -45,7 +45,7 @@ def responses(stream: bool) -> Encoder:
 
 def messages(stream: bool) -> Encoder:
     ctx = request_context(CHAT, "m", UP, stream=stream, client_model="alias", response_id="msg_x")
-    call = ClientCall({"model": "m", "messages": []}, CHAT, "alias", stream, {"stop_sequences": ()})
+    call = MessagesCall({"model": "m", "messages": []}, "alias", stream)
     return MessagesEncoder(call, ctx, Answer(), SIGNER, messages_consumer(call, ctx))
 
 

@@ -59,7 +59,7 @@ CASES: dict[str, tuple[list[Any], bool, int | str]] = {
     "json_too_deep": ([http(200, b"[" * 2000 + b"]" * 2000)], False, 502),
     "choices_not_list": ([http(200, b'{"choices": {"a": 1}}')], False, 502),
     "choice_wrong_types": ([http(200, b'{"choices": [{"index": "x", "message": "str", "finish_reason": 5}]}')],
-                           False, "any"),
+                           False, 502),
     "error_at_200": ([http(200, b'{"error": {"message": "overloaded", "code": 503}}')], False, 503),
     "short_body": ([b"HTTP/1.1 200 OK\r\ncontent-length: 500\r\n\r\n", BODY[:20], CLOSE], False, 502),
     "reset_before_answer": ([RESET], False, 502),
@@ -86,8 +86,10 @@ CASES: dict[str, tuple[list[Any], bool, int | str]] = {
     "s_stall": ([sse_head(), event(b"hi"), Sleep(4)], True, "truncated"),
     "s_no_done": ([sse_head(), event(b"hi"), LAST_CHUNK], True, "truncated"),
     "s_wrong_types": ([sse_head(), chunk(b'data: {"choices":[{"delta":"x","index":[]}]}\n\n'), DONE, LAST_CHUNK],
-                      True, "any"),
-    "s_event_not_object": ([sse_head(), chunk(b"data: [1,2]\n\n"), LAST_CHUNK], True, "any"),
+                      True, 502),
+    "s_wrong_type_mid": ([sse_head(), event(b"hi"), chunk(b'data: {"choices":[{"index":0,"delta":"x"}]}\n\n'), DONE,
+                          LAST_CHUNK], True, "truncated"),
+    "s_event_not_object": ([sse_head(), chunk(b"data: [1,2]\n\n"), LAST_CHUNK], True, 502),
     "s_byte_by_byte": ([sse_head(), *[chunk(bytes([b])) for b in b'data: {"choices":[{"index":0,"delta":'
                                                                  b'{"content":"h\xc3\xa9"},"finish_reason":"stop"}]}'
                                                                  b"\n\n"], DONE, LAST_CHUNK], True, 200),
@@ -151,6 +153,22 @@ def test_hostile_upstream_case(proxy, raw_upstream, proxy_log, case):
         assert status == expected, text
         if status != 200:
             assert json.loads(text)["error"]["message"]
+
+
+@pytest.mark.parametrize(("case", "stream", "field"), [
+    ("choices_not_list", False, "JSON that is not a completion"),
+    ("choice_wrong_types", False, "`choices[0].index` is not an integer"),
+    ("s_wrong_types", True, "`choices[0].index` is not an integer"),
+    ("s_wrong_type_mid", True, "`choices[0].delta` is not an object"),
+])
+def test_malformed_upstream_data_is_the_upstreams_fault_and_named(proxy, case, stream, field):
+    status, text = ask(proxy, case, stream)
+    if status == 200:  # after the head: the stream's error event
+        text = [line[6:] for line in text.splitlines() if line.startswith("data: ")][-1]
+    else:
+        assert status == 502
+    err = json.loads(text)["error"]
+    assert err["code"] == "bad_gateway" and field in err["message"], err
 
 
 def test_a_quoted_key_is_replaced_and_the_rest_of_the_message_kept(proxy):

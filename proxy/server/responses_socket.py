@@ -1,11 +1,14 @@
 """The Responses API's WebSocket mode on `/v1/responses` (the Open Responses spec, "WebSocket Transport"): an ASGI
-`websocket` app (the front end: proxy/server/websocket.py).
+`websocket` app (its front end: proxy/server/websocket.py), served for a client dialect that declares a WebSocket
+mode (proxy/clients/base.py `ClientDialect.websocket`).
 
 Each text message `{"type": "response.create", ...rest of a Responses request body}` is one response, answered with
 the same events as the SSE stream, each event's JSON one text message. Responses are made one at a time, in the
-order asked (a message that arrives while one is in flight waits). Each goes through the inference endpoint
-(proxy/endpoint/inference.py) as a streamed `POST /v1/responses` would: routing, retries, the upstream request, metrics,
-the access log line, cancellation — the endpoint's SSE bytes are read back into events here (proxy/hub/sse.py).
+order asked (a message that arrives while one is in flight waits). Each is one exchange of the inference endpoint
+(proxy/endpoint/exchange.py), called directly with the parsed message and a sink of this transport (`SocketSink`):
+routing, retries, the upstream request, metrics, the access log line, cancellation, as for a streamed
+`POST /v1/responses`. The encoder writes its events one JSON text per line for a socket (the client dialect's
+`for_socket`); the sink sends each line as one message.
 
 - Continuation: `previous_response_id` is looked up in the connection's own state first (the most recent response
   answered on it, `store: false` too), then in the state store (`store: true` responses of any connection);
@@ -25,6 +28,8 @@ the access log line, cancellation — the endpoint's SSE bytes are read back int
   `shutting_down` failure, as on HTTP); messages still queued are not answered. The connection reads the client's
   messages all the time (to learn at once that the client left), so the front end cannot see when it is idle: it
   calls the connection's `shutdown` instead (SHUTDOWN_HOOK, proxy/server/websocket.py).
+- A request passed through to an upstream that speaks the Responses API natively (proxy/endpoint/passthrough.py):
+  the upstream's SSE events, each one message, as they are.
 """
 
 from __future__ import annotations
@@ -37,17 +42,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from proxy.clients.responses import ResponsesClient
 from proxy.endpoint.inference import KEY_NAME_SCOPE, InferenceEndpoint
+from proxy.endpoint.record import AccessRecord
+from proxy.endpoint.request import Disconnect, take_request_id
 from proxy.hub.sse import SSEDecoder
-from proxy.server.frontend import DISCONNECT_HOOK
 from proxy.server.websocket import SHUTDOWN_HOOK
 
 if TYPE_CHECKING:
+    from proxy.clients.base import ClientDialect, Headers
+    from proxy.errors import ProxyError
     from proxy.server.appstate import AppState
 
 access_log: Final = logging.getLogger("dialect_proxy.access")
-_TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _STOP: Final = {"type": "dialect_proxy.shutdown"}  # queued for the connection's loop when the server shuts down
 _GOING_AWAY: Final = 1001
 
@@ -60,12 +66,11 @@ def error_event(status: int, error: dict[str, Any]) -> str:
 
 
 class ResponsesSocket:
-    """The ASGI `websocket` endpoint of `/v1/responses`."""
+    """The ASGI `websocket` endpoint of a client dialect's path."""
 
-    def __init__(self, state: AppState, client: ResponsesClient) -> None:
+    def __init__(self, state: AppState, client: ClientDialect[Any]) -> None:
         self.state = state
         self.client = client
-
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         message = await receive()
         if message["type"] != "websocket.connect":
@@ -94,7 +99,7 @@ class _Connection:
         self.receive = receive
         self.send = send
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.hook: dict[str, Any] | None = None  # the scope of the response in flight (its disconnect hook)
+        self.watch: Disconnect | None = None  # the disconnect watch of the response in flight
         self.gone = False
         self.responses = 0
         self.busy = False  # a response is in flight
@@ -151,10 +156,8 @@ class _Connection:
             self.inbox.put_nowait(message)
             if message["type"] == "websocket.disconnect":
                 self.gone = True
-                scope = self.hook
-                hook = scope.get(DISCONNECT_HOOK) if scope is not None else None
-                if hook is not None:
-                    hook()
+                if self.watch is not None:
+                    self.watch.lost()
                 return
 
     async def _text(self, text: str) -> None:
@@ -183,57 +186,88 @@ class _Connection:
         previous = body.get("previous_response_id")
         self.busy = True
         try:
-            failed = await self._respond(orjson.dumps(body))
+            failed = await self._respond(body)
         finally:
             self.busy = False
         self.responses += 1
         if failed and isinstance(previous, str):
             self.cache.pop(previous, None)
 
-    async def _respond(self, payload: bytes) -> bool:
-        """One response through the inference endpoint; True when it failed (an error or `response.failed`)."""
-        scope: dict[str, Any] = {
-            "type": "http", "method": "POST", "path": "/v1/responses",
-            "headers": [(b"content-length", str(len(payload)).encode())],
-            DISCONNECT_HOOK: None,
-        }
-        key_name = self.scope.get(KEY_NAME_SCOPE)
-        if key_name:
-            scope[KEY_NAME_SCOPE] = key_name
-        delivered = False
-        status = 0
-        decoder = SSEDecoder()
-        last = ""
-
-        async def receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": payload, "more_body": False}
-            await asyncio.Event().wait()  # the connection's reader reports a disconnect (through the hook)
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            nonlocal status, last
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                return
-            body = message.get("body", b"")
-            if status != 200:
-                try:
-                    error = orjson.loads(body)["error"]
-                except (orjson.JSONDecodeError, KeyError, TypeError):
-                    error = {"type": "server_error", "code": "internal_error", "message": "Internal error."}
-                await self._text(error_event(status, error))
-                return
-            for event in decoder.feed(bytes(body)):
-                if event.data:
-                    last = event.event or last
-                    await self._text(event.data)
-
-        self.hook = scope
+    async def _respond(self, body: dict[str, Any]) -> bool:
+        """One response through the inference endpoint's exchange; True when it failed (an error, or an answer that
+        did not complete)."""
+        started = time.perf_counter()
+        record = AccessRecord(take_request_id(b"")[0], self.endpoint.route, self.scope.get(KEY_NAME_SCOPE))
         try:
-            await self.endpoint(scope, receive, send)
+            status = await self.endpoint.serve(_Message(self, body), SocketSink(self), record, started)
         finally:
-            self.hook = None
-        return status != 200 or last not in _TERMINAL or last == "response.failed"
+            self.watch = None
+        return status != 200 or record.error is not None  # (a failure after the head keeps an HTTP stream's 200)
+
+
+class _Message:
+    """A `response.create` message as the exchange's request: parsed already, without headers of its own."""
+
+    __slots__ = ("body", "connection", "headers")
+
+    def __init__(self, connection: _Connection, body: dict[str, Any]) -> None:
+        self.connection = connection
+        self.body = body
+        self.headers: Headers = []
+
+    async def read(self) -> bytes | None:
+        return None
+
+    def parse(self, raw: bytes | None) -> dict[str, Any]:
+        return self.body
+
+    def watch(self) -> Disconnect:
+        """The connection's reader tells the watch when the client leaves."""
+        watch = self.connection.watch = Disconnect()
+        return watch
+
+
+class SocketSink:
+    """One response's events, each one text message (proxy/endpoint/sink.py `Sink`)."""
+
+    __slots__ = ("connection", "decoder", "status")
+
+    def __init__(self, connection: _Connection) -> None:
+        self.connection = connection
+        self.status = 200
+        self.decoder: SSEDecoder | None = None  # a passed-through answer's SSE events
+
+    async def start(self, status: int, headers: Headers) -> None:
+        self.status = status
+
+    async def body(self, data: bytes, more: bool) -> None:
+        for line in data.split(b"\n"):  # the encoder's JSON lines: one event each
+            if line:
+                await self.connection._text(line.decode())
+
+    async def native(self, data: bytes, more: bool) -> None:
+        """The upstream's own answer: its SSE events' data, or its error (in the Responses envelope already)."""
+        if self.status != 200:
+            try:
+                error = orjson.loads(data)["error"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                error = {"type": "server_error", "code": "internal_error", "message": "Internal error."}
+            await self.connection._text(error_event(self.status, error))
+            return
+        if self.decoder is None:
+            self.decoder = SSEDecoder()
+        for event in self.decoder.feed(bytes(data)):
+            if event.data:
+                await self.connection._text(event.data)
+
+    async def keepalive(self, pending: bytes, data: bytes) -> None:
+        await self.body(pending, True)  # no keep-alive event: the front end pings a quiet connection
+
+    async def whole(self, body: bytes, headers: Headers) -> None:
+        await self.connection._text(body.decode())  # (not asked for: a socket's requests stream)
+
+    async def refuse(self, err: ProxyError, headers: Headers) -> int:
+        error = err.envelope()["error"]
+        assert isinstance(error, dict)
+        await self.connection._text(error_event(err.status, error))
+        return err.status

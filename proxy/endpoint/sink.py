@@ -1,0 +1,73 @@
+"""Where an answer goes: the transport's side of an exchange (proxy/endpoint/exchange.py). The endpoint hands a sink
+what the client dialect made — a stream's bytes, one JSON object, an error — and the sink frames it for its transport.
+
+    HttpSink       an HTTP response: the head, then an event stream (SSE) or one JSON body; an error before the
+                   head is the client dialect's error response
+    SocketSink     a WebSocket (proxy/server/responses_socket.py): each event of the answer one text message; an
+                   error before the answer began is the socket's `error` message
+
+The client dialect's encoder writes its events in the framing the transport asks for (proxy/clients/base.py
+`ClientDialect.encoder`): SSE events for HTTP, one JSON text per line for a WebSocket.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from proxy.endpoint.request import send_json
+
+if TYPE_CHECKING:
+    from proxy.clients.base import ClientDialect, Headers
+    from proxy.errors import ProxyError
+
+
+class Sink(Protocol):
+    async def start(self, status: int, headers: Headers) -> None:
+        """The answer's head: an HTTP status and headers (a WebSocket has none to send)."""
+
+    async def body(self, data: bytes, more: bool) -> None:
+        """The client dialect's bytes, after `start` (`more`: the answer goes on)."""
+
+    async def native(self, data: bytes, more: bool) -> None:
+        """The upstream's own bytes of a passed-through answer (proxy/endpoint/passthrough.py), after `start`."""
+
+    async def keepalive(self, pending: bytes, data: bytes) -> None:
+        """A silence of the upstream, after `start`: what was `pending`, then `data`, the client dialect's
+        keep-alive (an SSE comment or event)."""
+
+    async def whole(self, body: bytes, headers: Headers) -> None:
+        """A whole answer: one JSON object (a non-stream request), status 200."""
+
+    async def refuse(self, err: ProxyError, headers: Headers) -> int:
+        """An error before the answer began: the client dialect's error; the status the client got."""
+
+
+class HttpSink:
+    """An HTTP response through ASGI `send`; `extra`: headers every answer carries (x-request-id)."""
+
+    __slots__ = ("client", "extra", "send")
+
+    def __init__(self, send: Any, client: ClientDialect[Any], extra: Headers) -> None:
+        self.send = send
+        self.client = client
+        self.extra = extra
+
+    async def start(self, status: int, headers: Headers) -> None:
+        await self.send({"type": "http.response.start", "status": status, "headers": headers + self.extra})
+
+    async def body(self, data: bytes, more: bool) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def native(self, data: bytes, more: bool) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def keepalive(self, pending: bytes, data: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": pending + data, "more_body": True})
+
+    async def whole(self, body: bytes, headers: Headers) -> None:
+        await send_json(self.send, 200, body, headers + self.extra)
+
+    async def refuse(self, err: ProxyError, headers: Headers) -> int:
+        status, own, body = self.client.error_response(err)
+        await send_json(self.send, status, body, own + headers + self.extra)
+        return status
