@@ -6,6 +6,8 @@ Jina / Open WebUI bodies."""
 from __future__ import annotations
 
 import base64
+import json
+import logging
 import math
 import struct
 from collections.abc import Iterator
@@ -97,15 +99,30 @@ def test_langchain_openai_embeddings(proxy: Any) -> None:
     assert emb.embed_query(QUERY) == pytest.approx(embedding(QUERY, DIMENSION), abs=1e-6)
 
 
-def test_batches_past_tei_limit_are_split_and_joined_in_order(proxy: Any, mocks: dict[str, Mock]) -> None:
+def test_batches_past_tei_limit_are_split_and_joined_in_order(proxy: Any, mocks: dict[str, Mock],
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dialect_proxy.access")
     texts = [f"text number {i}" for i in range(75)]
     before = mocks["tei"].stats()["requests"]
-    got = proxy.client().embeddings.create(model="bge-m3", input=texts, encoding_format="float")
+    got = proxy.client().embeddings.create(model="bge-m3", input=texts, encoding_format="float",
+                                           extra_headers={"x-request-id": "emb-batches-1"})
     assert [d.index for d in got.data] == list(range(75))
     assert [d.embedding for d in got.data] == [pytest.approx(embedding(t, DIMENSION)) for t in texts]
     assert mocks["tei"].stats()["requests"] - before == 3  # 32 + 32 + 11: TEI's default max_client_batch_size
     assert _metric(proxy, "dialect_proxy_retrieval_batches_total", route="/v1/embeddings", upstream="tei-embed") == 3
     assert got.usage.prompt_tokens == 3 * 75
+    line = _access_line(caplog, "emb-batches-1")
+    assert line["route"] == "/v1/embeddings" and line["upstream"] == "tei-embed" and line["dialect"] == "tei"
+    assert line["batches"] == 3 and line["prompt_tokens"] == 3 * 75 and "tokens_estimated" not in line
+    assert line["status"] == 200 and line["stream"] is False and line["client_disconnected"] is False
+
+
+def _access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
+    from tests.conftest import wait_for  # the line is written just after the answer's last byte
+
+    assert wait_for(lambda: request_id in caplog.text)
+    return next(json.loads(r.getMessage()) for r in caplog.records
+                if r.name == "dialect_proxy.access" and request_id in r.getMessage())
 
 
 def _metric(proxy: Any, name: str, **labels: str) -> float:
@@ -217,11 +234,15 @@ def test_upstream_errors(proxy: Any, mocks: dict[str, Mock], status: int, ours: 
     assert "mock: error" in caught.value.message  # type: ignore[attr-defined]
 
 
-def test_usage_is_estimated_when_tei_does_not_say(proxy: Any, mocks: dict[str, Mock]) -> None:
+def test_usage_is_estimated_when_tei_does_not_say(proxy: Any, mocks: dict[str, Mock],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dialect_proxy.access")
     directives(mocks["tei"], "no_tokens")
     got = httpx.post(proxy.url + "/v1/embeddings", json={"model": "bge-m3", "input": ["abcdefgh"]},
-                     timeout=10).json()
+                     headers={"x-request-id": "emb-estimated-1"}, timeout=10).json()
     assert got["usage"] == {"prompt_tokens": 2, "total_tokens": 2, "estimated": True}
+    line = _access_line(caplog, "emb-estimated-1")
+    assert line["prompt_tokens"] == 2 and line["tokens_estimated"] is True and line["batches"] == 1
 
 
 def test_metrics_and_readiness(proxy: Any) -> None:

@@ -1,19 +1,19 @@
 """The retrieval endpoints: `POST /v1/embeddings` and `POST /rerank`, `/v1/rerank`, `/v2/rerank` — JSON in, JSON out,
 no stream.
 
-Glue only, as the inference endpoint (proxy/endpoint/inference.py) is for chat: the client side decodes and
-validates (proxy/clients/embeddings.py, proxy/clients/rerank.py), the router picks the upstream by model and kind
-(proxy/gateway/routing.py `resolve_kind`), the upstream's wire (proxy/hub/retrieval.py, `Dialect.retrieval_wire`)
-builds one body per batch, each goes through the upstream's replicas (admission, failover) and is read back, and the
-client side encodes the joined answer. Inputs beyond the wire's batch limit go in batches, one after another, and
-are joined in order. Metrics (route, upstream, model; prompt tokens), the OpenTelemetry span
-(`gen_ai.operation.name` embeddings / rerank) and the access log line are the chat endpoint's.
+A third path of the exchange (proxy/endpoint/exchange.py) beside translation and passthrough: the exchange reads the
+body, routes, watches the client and the shutdown, answers errors and writes the metrics, the trace and the access
+line, as for chat. What is retrieval's own is here: the client side decodes and validates (proxy/clients/embeddings.py,
+proxy/clients/rerank.py), the router picks the upstream by model and kind (proxy/gateway/routing.py `resolve_kind`),
+the upstream's wire (proxy/hub/retrieval.py, `Dialect.retrieval_wire`) builds one body per batch, each goes through
+the upstream's replicas (admission, failover) and is read back, and the client side encodes the joined answer, which
+goes whole (`Sink.whole`). Inputs beyond the wire's batch limit go in batches, one after another, and are joined in
+order. The access line adds `batches` and, when the proxy counted the tokens itself, `tokens_estimated`; the
+OpenTelemetry span's `gen_ai.operation.name` is embeddings / rerank.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -21,80 +21,71 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy.clients import embeddings, rerank
-from proxy.clients.base import ClientCall
-from proxy.endpoint.request import (
-    ClientGone,
-    Disconnect,
-    Scope,
-    parse_body,
-    read_request_body,
-    scan_headers,
-    send_json,
-    take_request_id,
-)
-from proxy.errors import ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from proxy.clients.base import openai_error_response
+from proxy.endpoint.inference import serve_http
 from proxy.gateway.upstream import read_body, release
 from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer
 from proxy.hub.retrieval import EMBEDDINGS, RERANK, EmbedCall, Ranked, RerankCall, UpstreamAnswer, Usage
 
 if TYPE_CHECKING:
+    from proxy.clients.base import Headers
+    from proxy.dialects.base import Dialect
+    from proxy.endpoint.exchange import Exchange, Inbound
+    from proxy.endpoint.request import Scope
+    from proxy.errors import ProxyError
     from proxy.hub.retrieval import RetrievalWire
-    from proxy.metrics.observer import RequestObserver
-    from proxy.metrics.tracing import RequestTrace
     from proxy.server.appstate import AppState
 
-log: Final = logging.getLogger("dialect_proxy")
-access_log: Final = logging.getLogger("dialect_proxy.access")
-KEY_NAME_SCOPE: Final = "dialect_proxy.key_name"  # as proxy/endpoint/inference.py: the inbound key's name
+_wall_clock: Final = time.time
 
 
 @dataclass(slots=True)
-class Exchange:
-    """One retrieval request's upstream side: where it goes and what it has cost so far."""
+class Batches:
+    """One retrieval call's upstream side: where its batches go, and how many went so far."""
 
-    state: AppState
+    exchange: Exchange
     ctx: RequestContext
+    dialect: Dialect
     wire: RetrievalWire
-    request: dict[str, Any]
-    info: dict[str, Any]
-    trace: RequestTrace | None
-    deadline: float
-    batches: int = 0
+    request: dict[str, Any]  # the client's body (the replicas' affinity reads it)
+    deadline: float  # the whole call's, on the request's loop clock
+    count: int = 0
 
     async def post(self, path: str, body: dict[str, Any]) -> UpstreamAnswer | None:
         """One upstream request through the replicas: its 2xx answer, None when the server refused the batch as
         too large and the wire learnt its limit (send again), else the upstream's error."""
-        state, ctx = self.state, self.ctx
-        dialect = state.dialects[ctx.upstream.name]
-        loop = asyncio.get_running_loop()
-        attempts = state.replicas[ctx.upstream.name].attempts(self.request, self.info)
+        exchange, ctx = self.exchange, self.ctx
+        assert exchange.watch is not None  # routed
+        loop = exchange.watch.loop
+        attempts = exchange.record.attempts = exchange.state.replicas[ctx.upstream.name].attempts(self.request)
         # The trace's upstream (CLIENT) span is the first batch's: a request traces one upstream exchange, and the
         # span's end (proxy/metrics/tracing.py) carries the whole call's usage.
-        trace = self.trace if self.batches == 0 else None
-        ticket, resp = await attempts.open(ctx, path, orjson.dumps(body), dialect.request_headers, self.deadline,
-                                           loop, trace)
+        trace = exchange.trace if self.count == 0 else None
+        ticket, resp = await attempts.open(ctx, path, orjson.dumps(body), self.dialect.request_headers,
+                                           self.deadline, loop, trace)
         done = False
         try:
             raw = await read_body(resp, max(self.deadline - loop.time(), 0.001),
-                                  idle=state.settings.server.idle_timeout, loop=loop)
+                                  idle=exchange.state.settings.server.idle_timeout, loop=loop)
             done = True
         finally:
             ticket.release()
             if done:
                 await release(resp)
-            else:
+            else:  # a client that left, or a timeout: close, so the upstream stops
                 resp.close()
-        self.batches += 1
+        self.count += 1
         answer = UpstreamAnswer(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()})
         if resp.status < 300:
             return answer
         if self.wire.learn(answer):
             return None
-        raise dialect.errors.answer(resp.status, raw, answer.headers, path, ctx.upstream.name, ctx.upstream.dialect)
+        raise self.dialect.errors.answer(resp.status, raw, answer.headers, path, ctx.upstream.name,
+                                         ctx.upstream.dialect)
 
 
-async def embed(ex: Exchange, call: EmbedCall) -> tuple[bytes, Usage]:
+async def embed(ex: Batches, call: EmbedCall) -> tuple[bytes, Usage]:
     """The call's vectors, batch by batch in order, encoded for the client."""
     vectors: list[list[float]] = []
     usage = Usage()
@@ -113,7 +104,7 @@ async def embed(ex: Exchange, call: EmbedCall) -> tuple[bytes, Usage]:
     return embeddings.encode(call, vectors, usage), usage
 
 
-async def rank(ex: Exchange, call: RerankCall) -> tuple[bytes, Usage]:
+async def rank(ex: Batches, call: RerankCall) -> tuple[bytes, Usage]:
     """The documents' scores, batch by batch (a cross-encoder scores each document against the query alone, so
     batches join), encoded for the client: sorted, cut to top_n."""
     ranked: list[Ranked] = []
@@ -134,6 +125,17 @@ async def rank(ex: Exchange, call: RerankCall) -> tuple[bytes, Usage]:
     return rerank.encode(call, ranked, usage), usage
 
 
+class OpenAIErrors:
+    """The error envelope of every retrieval route: OpenAI's (its SDK's embeddings, and Cohere's and Jina's clients
+    read its `message`)."""
+
+    def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
+        return openai_error_response(err)
+
+
+_ERRORS: Final = OpenAIErrors()
+
+
 class RetrievalEndpoint:
     """POST on one retrieval path: `kind` is EMBEDDINGS or RERANK."""
 
@@ -143,125 +145,52 @@ class RetrievalEndpoint:
         self.kind = kind
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        state = self.state
-        started = time.perf_counter()
-        rid_raw, length = scan_headers(scope["headers"])
-        request_id, rid_bytes = take_request_id(rid_raw)
-        info: dict[str, Any] = {"request_id": request_id, "route": self.route}
-        if scope.get(KEY_NAME_SCOPE):
-            info["key"] = scope[KEY_NAME_SCOPE]
-        trace = None if state.telemetry is None else state.telemetry.request(scope, self.route, started, info)
-        run = _Run(self, info, trace, started)
-        rid = [(b"x-request-id", rid_bytes)]
-        status = 500
-        watch: Disconnect | None = None
-        try:
-            try:
-                body = await read_request_body(length, receive, state.settings.server.max_body_bytes)
-                watch = Disconnect(receive, scope)  # the client leaves: the upstream request is closed at once
-                payload = await run.answer(body)
-                watch.complete = True
-                status = 200
-                await send_json(send, 200, payload, rid)
-            except ProxyError as err:
-                status = run.failed(err)
-                if watch is not None:
-                    watch.complete = True
-                await send_json(send, err.status, err.body(), _headers(err) + rid)
-            except ClientGone:
-                info["client_disconnected"] = True
-                status = 499
-            except Exception:  # a bug of ours: an error in the client's envelope, never a stack trace
-                log.exception("unexpected error in %s (request %s)", self.route, request_id)
-                bug = ProxyError("Internal error in the proxy.", 500, type="server_error", code="internal_error")
-                info["error"] = bug.code
-                await send_json(send, 500, bug.body(), rid)
-        except asyncio.CancelledError:
-            if watch is None or not watch.disconnected:
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            info["client_disconnected"] = True
-            status = 499
-        finally:
-            if watch is not None:
-                watch.stop()
-            run.finish(status)
+        await serve_http(self, _ERRORS, scope, receive, send)
 
-
-class _Run:
-    """One request's bookkeeping: its observer, trace and access-log line."""
-
-    def __init__(self, endpoint: RetrievalEndpoint, info: dict[str, Any], trace: RequestTrace | None,
-                 started: float) -> None:
-        self.endpoint = endpoint
-        self.state = endpoint.state
-        self.info = info
-        self.trace = trace
-        self.started = started
-        self.obs: RequestObserver | None = None
-
-    def observe(self, upstream: str, model: str) -> RequestObserver:
-        self.obs = self.state.metrics.request(self.endpoint.route, upstream, model, False, started_at=self.started,
-                                              key=self.info.get("key"))
-        return self.obs
-
-    async def answer(self, body: bytes) -> bytes:
-        state, endpoint, info = self.state, self.endpoint, self.info
-        if state.shutting_down:
-            raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
-        request = parse_body(body)
+    async def answer(self, exchange: Exchange, inbound: Inbound, request: dict[str, Any], raw: bytes | None) -> int:
+        """Decode, route by kind, send the batches and answer the joined result whole."""
         call: EmbedCall | RerankCall
-        call = embeddings.decode(request) if endpoint.kind == EMBEDDINGS else rerank.decode(request, endpoint.route)
-        route = state.router.resolve_kind(call.model, endpoint.kind)
-        ctx = RequestContext(endpoint.kind, info["request_id"], call.model, route.upstream_model, route.upstream,
-                             False, "", int(time.time()))
-        dialect = state.dialects[route.upstream.name]
-        info.update(upstream=route.upstream.name, model=call.model, dialect=dialect.name)
-        obs = self.observe(route.upstream.name, call.model)
-        if self.trace is not None:
-            self.trace.routed(ClientCall(request, endpoint.kind, call.model, False), ctx, dialect.name, obs.model)
-        ex = Exchange(state, ctx, dialect.retrieval_wire(), request, info, self.trace,
-                      asyncio.get_running_loop().time() + state.settings.server.total_timeout)
-        obs.upstream_started()
+        call = embeddings.decode(request) if self.kind == EMBEDDINGS else rerank.decode(request, self.route)
+        route = self.state.router.resolve_kind(call.model, self.kind)
+        ctx = RequestContext(self.kind, exchange.record.request_id, call.model, route.upstream_model, route.upstream,
+                             False, "", int(_wall_clock()))
+        exchange.routed(request, ctx, inbound)
+        payload, usage = await self._batches(exchange, ctx, call)
+        self._usage(exchange, usage)
+        exchange.complete()
+        await exchange.sink.whole(payload, [])
+        return 200
+
+    async def _batches(self, exchange: Exchange, ctx: RequestContext, call: EmbedCall | RerankCall,
+                       ) -> tuple[bytes, Usage]:
+        """The call's answer for the client, from as many upstream requests as its batches take (counted)."""
+        state = self.state
+        dialect = state.dialects[ctx.upstream.name]
+        exchange.record.dialect = dialect.name
+        assert exchange.watch is not None and exchange.obs is not None  # routed
+        deadline = exchange.watch.loop.time() + state.settings.server.total_timeout
+        batches = Batches(exchange, ctx, dialect, dialect.retrieval_wire(), call.request, deadline)
+        exchange.obs.upstream_started()
         try:
-            payload, usage = await (embed(ex, call) if isinstance(call, EmbedCall) else rank(ex, call))
+            return await (embed(batches, call) if isinstance(call, EmbedCall) else rank(batches, call))
         finally:
-            info["batches"] = ex.batches
-            m = state.metrics
-            if ex.batches:
-                m.child(m.retrieval_batches, endpoint.route, m.upstream_label(route.upstream.name)).inc(ex.batches)
-        obs.usage({"prompt_tokens": usage.prompt_tokens})
-        info.update(prompt_tokens=usage.prompt_tokens, tokens_estimated=usage.estimated)
-        if self.trace is not None:
+            exchange.record.batches = batches.count
+            if batches.count:
+                m = state.metrics
+                m.child(m.retrieval_batches, self.route, m.upstream_label(ctx.upstream.name)).inc(batches.count)
+
+    @staticmethod
+    def _usage(exchange: Exchange, usage: Usage) -> None:
+        """The tokens the upstream read, for the metrics, the access line and the trace."""
+        tokens = {"prompt_tokens": usage.prompt_tokens}
+        assert exchange.obs is not None
+        exchange.obs.usage(tokens)
+        exchange.record.prompt_tokens = usage.prompt_tokens
+        exchange.record.tokens_estimated = usage.estimated
+        if exchange.trace is not None:
             answer = Answer()
-            answer.usage = {"prompt_tokens": usage.prompt_tokens}
-            self.trace.answering(200, answer)
-        return payload
-
-    def failed(self, err: ProxyError) -> int:
-        self.state.redactor.sanitize(err)
-        self.info["error"] = err.code
-        obs = self.obs or self.observe(self.info.get("upstream", ""), self.info.get("model", ""))
-        if isinstance(err, UpstreamError | UpstreamUnreachable | UpstreamTimeout):
-            obs.upstream_error(self.info.get("dialect", "any"), err.upstream_code or err.code)
-        return err.status
-
-    def finish(self, status: int) -> None:
-        info = self.info
-        if self.obs is not None:
-            self.obs.finish(status, bool(info.get("client_disconnected")), None, info.get("error"))
-        if self.trace is not None:
-            self.trace.finish(status, self.obs)
-        if access_log.isEnabledFor(logging.INFO):
-            info["status"] = status
-            info["duration_ms"] = round((time.perf_counter() - self.started) * 1000, 2)
-            access_log.info(orjson.dumps(info).decode())
-
-
-def _headers(err: ProxyError) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.response_headers().items()]
+            answer.usage = tokens
+            exchange.trace.answering(200, answer)
 
 
 def routes(state: AppState) -> list[tuple[str, RetrievalEndpoint]]:
