@@ -224,6 +224,25 @@ def test_unknown_model_and_wrong_kind(proxy: Any) -> None:
     assert resp.status_code == 400 and "serves embeddings" in _error(resp)["message"]
 
 
+def test_a_responses_websocket_turn_for_an_embeddings_model_is_the_kind_400(proxy: Any,
+                                                                          mocks: dict[str, Mock]) -> None:
+    """The Responses WebSocket mode routes as HTTP does (the one exchange): the socket's error message names what the
+    model's upstream serves, and nothing reaches TEI; a chat model on the same socket is answered."""
+    from websockets.sync.client import connect
+
+    from tests.clients.test_responses_ws import turn
+
+    before = mocks["tei"].stats()["requests"]
+    with connect(proxy.url.replace("http://", "ws://") + "/v1/responses") as ws:
+        refused = turn(ws, model="bge-m3", input="Hi")
+        answered = turn(ws, model="qwen-chat", input="Hi")
+    assert [e["type"] for e in refused] == ["error"] and refused[0]["status"] == 400
+    assert refused[0]["error"]["code"] == "model_kind_mismatch"
+    assert "serves embeddings models, not chat" in refused[0]["error"]["message"]
+    assert mocks["tei"].stats()["requests"] == before
+    assert answered[-1]["type"] == "response.completed"
+
+
 @pytest.mark.parametrize(("status", "ours", "error"), [
     (413, 413, openai.APIStatusError), (424, 502, openai.InternalServerError), (429, 429, openai.RateLimitError)])
 def test_upstream_errors(proxy: Any, mocks: dict[str, Mock], status: int, ours: int, error: type[Exception]) -> None:
