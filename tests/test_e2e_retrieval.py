@@ -305,3 +305,41 @@ def test_embeddings_span(start_mock: Any, start_proxy: Any) -> None:
         assert server.attributes["http.response.status_code"] == 200
     finally:
         receiver.stop()
+
+
+def test_retrieval_requests_leave_no_cycles_of_ours(start_mock: Any, start_proxy: Any) -> None:
+    """As tests/test_gc.py holds for chat: batches, a rerank and a refused call leave no reference cycle behind."""
+    import gc
+
+    from tests.test_gc import _ours
+
+    tei = start_mock("tei")
+    proxy = start_proxy([{"name": "tei", "dialect": "tei", "url": tei.url, "models": ["bge-m3"],
+                          "kinds": ["embeddings"]},
+                         {"name": "tei-rerank", "dialect": "tei", "url": tei.url, "models": ["bge-reranker"],
+                          "kinds": ["rerank"]}])
+
+    def requests() -> None:
+        client = proxy.client(max_retries=0)
+        assert len(client.embeddings.create(model="bge-m3", input=[f"t{i}" for i in range(40)]).data) == 40
+        ranked = httpx.post(proxy.url + "/v1/rerank", json={"model": "bge-reranker", "query": QUERY,
+                                                            "documents": DOCS}, timeout=10)
+        assert ranked.status_code == 200
+        directives(tei, "error=424")
+        with pytest.raises(openai.InternalServerError):
+            client.embeddings.create(model="bge-m3", input="x")
+        directives(tei, "")
+
+    requests()  # warm: first-use caches, pools
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        requests()
+        proxy.close_clients()
+        gc.collect()
+        ours = [o for o in gc.garbage if _ours(o)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    names = sorted({getattr(o, "__qualname__", type(o).__qualname__) for o in ours})
+    assert not ours, f"reference cycles of the proxy's objects after retrieval requests: {names}"
