@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from proxy.build import BUILD
 from proxy.mock.retrieval import DIMENSION, embedding, score
 from tests.conftest import Mock, ServerThread
 
@@ -343,3 +344,24 @@ def test_retrieval_requests_leave_no_cycles_of_ours(start_mock: Any, start_proxy
         gc.garbage.clear()
     names = sorted({getattr(o, "__qualname__", type(o).__qualname__) for o in ours})
     assert not ours, f"reference cycles of the proxy's objects after retrieval requests: {names}"
+
+
+@pytest.mark.skipif(BUILD == "mypyc", reason="a compiled spoke's TEIWire cannot be patched")
+def test_a_bug_of_ours_is_a_500_internal_error(proxy: Any, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in retrieval's own code reaches the client as the exchange answers any bug of ours: a 500
+    `internal_error` in OpenAI's envelope, never a stack trace, and the access line says so."""
+    from proxy.dialects.tei import TEIWire
+
+    def embed_answer(self: TEIWire, answer: Any, size: int) -> Any:
+        return {}["a key our own code forgot"]
+
+    monkeypatch.setattr(TEIWire, "embed_answer", embed_answer)
+    caplog.set_level(logging.INFO, logger="dialect_proxy.access")
+    resp = httpx.post(proxy.url + "/v1/embeddings", json={"model": "bge-m3", "input": "x"},
+                      headers={"x-request-id": "emb-bug-1"}, timeout=10)
+    assert resp.status_code == 500 and resp.headers["x-request-id"] == "emb-bug-1"
+    err = _error(resp)
+    assert (err["type"], err["code"]) == ("server_error", "internal_error") and "Traceback" not in resp.text
+    line = _access_line(caplog, "emb-bug-1")
+    assert line["status"] == 500 and line["error"] == "internal_error" and line["batches"] == 1
