@@ -121,9 +121,12 @@ def test_batches_past_tei_limit_are_split_and_joined_in_order(proxy: Any, mocks:
 def _access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
     from tests.conftest import wait_for  # the line is written just after the answer's last byte
 
-    assert wait_for(lambda: request_id in caplog.text)
-    return next(json.loads(r.getMessage()) for r in caplog.records
-                if r.name == "dialect_proxy.access" and request_id in r.getMessage())
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(r.getMessage()) for r in caplog.records
+                if r.name == "dialect_proxy.access" and request_id in r.getMessage()]
+
+    assert wait_for(lambda: bool(lines()))
+    return lines()[0]
 
 
 def _metric(proxy: Any, name: str, **labels: str) -> float:
