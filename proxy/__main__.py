@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dialect-proxy",
         description="A proxy that serves OpenAI Chat Completions, Completions, Responses and Anthropic Messages "
-                    "from MindIE, Siliconstorm, DeepSeek, engine-API, OpenAI and vLLM upstreams.",
+                    "from MindIE, Siliconstorm, DeepSeek, engine-API, OpenAI and vLLM upstreams; embeddings and rerank "
+                    "from TEI (text-embeddings-inference), vLLM and OpenAI.",
         epilog="Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG.",
     )
     p.add_argument("--version", action="version", version=f"dialect-proxy {__version__} ({BUILD})")

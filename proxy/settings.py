@@ -29,6 +29,7 @@ REASONING_SOURCES = ("auto", "field", "tags", "off")
 REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/hub/continuity.py
 RESPONSES_SPECS = ("openai_api", "open_responses")  # proxy/clients/responses_events.py `reasoning_events`
 RESPONSE_MODEL = ("client", "upstream")
+MODEL_KINDS = ("chat", "embeddings", "rerank")  # what an upstream's models do (proxy/gateway/routing.py)
 RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/hub/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 BALANCE = ("least_outstanding", "prefix_affinity")
@@ -322,6 +323,11 @@ class UpstreamSettings:
     passthrough: tuple[str, ...] = field(default=(), metadata=about(
         "client dialects sent to the upstream untranslated, where it serves them natively (e.g. responses for "
         "openai, messages for deepseek; docs/passthrough.md), or true for all of them", parse=passthrough_value))
+    # The kinds of model it serves (docs/retrieval.md). Parsed settings always name them (by default all its dialect
+    # serves: its mapping's paths); empty, in settings made by hand, is chat alone.
+    kinds: tuple[str, ...] = field(default=(), metadata=about(
+        "the kinds of model it serves: chat, embeddings, rerank (docs/retrieval.md)", parse=str_list,
+        default_text="all its dialect serves"))
     # TLS to the upstream (MindIE with httpsEnabled uses mutual TLS): CA bundle to verify the server, client
     # certificate and key to present; tls_verify false accepts any server certificate (testing only).
     tls_ca_file: str | None = field(default=None, metadata=about(
@@ -700,6 +706,24 @@ def passthrough_names(key: str, value: bool | tuple[str, ...], dialect: str) -> 
     return tuple(dict.fromkeys(value))
 
 
+def model_kinds(key: str, value: tuple[str, ...] | None, dialect: str) -> tuple[str, ...]:
+    """`kinds` checked against what the dialect serves (a path for the kind in its mapping); none given: all of
+    those."""
+    from proxy.dialects.mapping import load_mapping
+
+    paths = load_mapping(dialect).paths
+    served = tuple(kind for kind in MODEL_KINDS if paths.get(kind))
+    if value is None:
+        return served
+    for kind in value:
+        if kind not in served:
+            raise ConfigError(f"{key}: {kind!r} is not a kind of model the {dialect} dialect serves "
+                              f"(it serves: {', '.join(served)})")
+    if not value:
+        raise ConfigError(f"{key}: name at least one of {', '.join(served)}")
+    return tuple(dict.fromkeys(value))
+
+
 def _check_tls(values: Mapping[str, Any], given: Mapping[str, Given]) -> None:
     """A client certificate needs its key, and both load now: a bad file stops start-up, not the first request."""
     ca, cert, key = (values.get(k) for k in ("tls_ca_file", "tls_cert_file", "tls_key_file"))
@@ -730,6 +754,8 @@ def build_upstream(prefix: str, given: Mapping[str, Given], environ: Mapping[str
         values["health_url"] = replicas[0].health_url
     if "passthrough" in values:
         values["passthrough"] = passthrough_names(given["passthrough"].where, values["passthrough"], dialect)
+    where = given["kinds"].where if "kinds" in given else prefix + "kinds"
+    values["kinds"] = model_kinds(where, values.get("kinds"), dialect)
     if "api_key_env" in values:
         values["api_key"] = _secret_from_env(given["api_key_env"], values["api_key_env"], environ)
     _check_tls(values, given)

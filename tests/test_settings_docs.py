@@ -95,4 +95,4 @@ def test_every_declared_flag_is_in_serve_help() -> None:
     for d in declared():
         assert f"--{d.flag}" in text and d.env in text, d.name
     assert "(default: 8000) [env DIALECT_PROXY_PORT]" in text
-    assert "one of deepseek, engine, mindie, openai, siliconstorm, vllm" in text
+    assert "one of deepseek, engine, mindie, openai, siliconstorm, tei, vllm" in text

@@ -101,7 +101,7 @@ def test_the_checks_see_what_they_look_for() -> None:
 
 
 DIALECT_WORDS = {"mindie": "MindIE", "siliconstorm": "Siliconstorm", "deepseek": "DeepSeek", "engine": "engine",
-                 "openai": "OpenAI", "vllm": "vLLM"}
+                 "openai": "OpenAI", "vllm": "vLLM", "tei": "TEI"}
 CLIENT_WORDS = ["Chat Completions", "Completions", "Responses", "Messages"]
 
 

@@ -26,9 +26,11 @@ from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext, check_chunk
 from proxy.hub.events import Timings
 from proxy.hub.params import apply_response_format, refuse_unsupported
+from proxy.hub.retrieval import OpenAIWire
 
 if TYPE_CHECKING:
     from proxy.gateway.catalog import ModelCatalog
+    from proxy.hub.retrieval import RetrievalWire
 
 # Finish reasons that say the upstream broke the generation off, not that the answer is complete
 # (docs/deepseek-engine.md): a retryable error instead of a finish_reason — the whole answer for non-stream
@@ -189,6 +191,11 @@ class Dialect:
             opts["include_usage"] = True
             out["stream_options"] = opts
         return out
+
+    def retrieval_wire(self) -> RetrievalWire:
+        """How this upstream is asked for embeddings and rerank (proxy/hub/retrieval.py): OpenAI's and Cohere's
+        shapes on the mapping's paths, unless the spoke speaks otherwise."""
+        return OpenAIWire(self.path("embeddings") or "/v1/embeddings", self.path("rerank") or "/v1/rerank")
 
     def request_path(self, path: str, body: dict[str, Any], ctx: RequestContext) -> str:
         """The upstream path for this request's built body (DeepSeek sends prefix continuations to /beta)."""

@@ -2,11 +2,13 @@
 brought it (an HTTP request: proxy/endpoint/inference.py; a WebSocket message: proxy/server/responses_socket.py).
 
     Inbound (the body, the headers, the disconnect watch)
-      ─▶ decode (client spoke) or take it as it is (passthrough) ─▶ route
-      ─▶ serve: translation (proxy/endpoint/translate.py) or passthrough (proxy/endpoint/passthrough.py)
+      ─▶ the endpoint (`Endpoint.answer`): decode (client spoke) or take it as it is (passthrough) ─▶ route
+         (`Exchange.routed`) ─▶ serve: translation (proxy/endpoint/translate.py), passthrough
+         (proxy/endpoint/passthrough.py) or retrieval (proxy/endpoint/retrieval.py: embeddings, rerank)
       ─▶ the answer into the transport's Sink (proxy/endpoint/sink.py), through a Relay (proxy/endpoint/relay.py)
+         or whole (`Sink.whole`)
 
-Everything around it is here, once for both paths and every transport: the errors before the answer (the client
+Everything around it is here, once for every path and transport: the errors before the answer (the client
 dialect's error, counted), a bug of ours (a 500 `internal_error`, never a stack trace to the client), the client
 leaving (499), the end of the shutdown grace period (503, or the in-stream error of a stream under way), and at the
 end the metrics, the trace and the access log line (proxy/endpoint/record.py).
@@ -24,15 +26,13 @@ from proxy.endpoint.request import ClientGone, Disconnect
 from proxy.errors import ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 
 if TYPE_CHECKING:
-    from proxy.clients.base import ClientCall
-    from proxy.endpoint.inference import InferenceEndpoint
-    from proxy.endpoint.passthrough import NativeCall
     from proxy.endpoint.record import AccessRecord
     from proxy.endpoint.relay import Relay
     from proxy.endpoint.sink import Sink
     from proxy.hub.canonical import RequestContext
     from proxy.metrics.observer import RequestObserver
     from proxy.metrics.tracing import RequestTrace
+    from proxy.server.appstate import AppState
 
 log: Final = logging.getLogger("dialect_proxy")
 access_log: Final = logging.getLogger("dialect_proxy.access")
@@ -57,12 +57,24 @@ class Inbound(Protocol):
         """The watch that cancels the request when the client goes away."""
 
 
+class Endpoint(Protocol):
+    """What an exchange serves: a client dialect's inference (proxy/endpoint/inference.py), or retrieval
+    (proxy/endpoint/retrieval.py)."""
+
+    state: AppState
+    route: str  # its path, as the metrics, the trace and the access log name it
+
+    async def answer(self, exchange: Exchange, inbound: Inbound, request: dict[str, Any], raw: bytes | None) -> int:
+        """Decode the parsed request, route it (`Exchange.routed`) and serve it: the status the client got."""
+
+
 class Exchange:
-    """One request's way through the endpoint (made per request by `InferenceEndpoint.serve`)."""
+    """One request's way through an endpoint (made per request by `serve_http`, proxy/endpoint/inference.py, or
+    `InferenceEndpoint.serve`)."""
 
     __slots__ = ("endpoint", "obs", "record", "relay", "sink", "started", "state", "status", "trace", "watch")
 
-    def __init__(self, endpoint: InferenceEndpoint, sink: Sink, record: AccessRecord, started: float,
+    def __init__(self, endpoint: Endpoint, sink: Sink, record: AccessRecord, started: float,
                  headers: Any) -> None:
         self.endpoint = endpoint
         self.state = state = endpoint.state
@@ -104,24 +116,14 @@ class Exchange:
 
     # -- serving ----------------------------------------------------------------------------------------------
     async def _serve(self, inbound: Inbound) -> int:
-        endpoint = self.endpoint
         raw = await inbound.read()
         if self.state.shutting_down:
             raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
-        request = inbound.parse(raw)
-        native = endpoint.native
-        passed = None if native is None else native.call(request, raw, inbound.headers)
-        if passed is not None:
-            assert native is not None
-            ctx = self._routed(passed, inbound)
-            return await native.serve(passed, ctx, self)
-        call = await endpoint.client.decode(request)
-        ctx = self._routed(call, inbound)
-        return await endpoint.translation.serve(call, ctx, self)
+        return await self.endpoint.answer(self, inbound, inbound.parse(raw), raw)
 
-    def _routed(self, call: ClientCall | NativeCall, inbound: Inbound) -> RequestContext:
-        """Route the call: its context, its metrics, the trace and the access record say where it goes."""
-        ctx = self.endpoint.context(call, self.record.request_id)
+    def routed(self, request: dict[str, Any], ctx: RequestContext, inbound: Inbound) -> RequestContext:
+        """The request (its body, decoded) goes where `ctx` says: its metrics, the trace and the access record say
+        so, and the client's leaving is watched from now on. Its context again."""
         record = self.record
         record.upstream = ctx.upstream.name
         record.model = ctx.client_model
@@ -129,7 +131,7 @@ class Exchange:
         self.obs = obs = self.state.metrics.request(record.route, ctx.upstream.name, ctx.client_model, ctx.stream,
                                                     started_at=self.started, key=record.key)
         if self.trace is not None:
-            self.trace.routed(call.request, ctx, self.state.dialects[ctx.upstream.name].name, obs.model)
+            self.trace.routed(request, ctx, self.state.dialects[ctx.upstream.name].name, obs.model)
         self.watch = inbound.watch()
         return ctx
 

@@ -1,6 +1,7 @@
 """The inference endpoint of one client dialect (proxy/clients): its HTTP transport (`__call__`, a raw ASGI callable)
 and `serve`, which any transport calls with a request and a sink (proxy/endpoint/exchange.py; the Responses
-WebSocket mode: proxy/server/responses_socket.py).
+WebSocket mode: proxy/server/responses_socket.py). `serve_http` and `HttpInbound` are the HTTP transport of every
+endpoint (the retrieval endpoints' too: proxy/endpoint/retrieval.py).
 
 The HTTP endpoints are raw ASGI callables (not Starlette Request/Response) because they own two things the
 framework does not do for us:
@@ -34,15 +35,16 @@ from proxy.hub.canonical import RequestContext
 
 if TYPE_CHECKING:
     from proxy.clients.base import ClientCall, ClientDialect
-    from proxy.endpoint.exchange import Inbound
+    from proxy.endpoint.exchange import Endpoint, Inbound
     from proxy.endpoint.passthrough import NativeCall
-    from proxy.endpoint.sink import Sink
+    from proxy.endpoint.sink import Envelope, Sink
     from proxy.server.appstate import AppState
 
 # Functions of other modules called per request, as statics (compiled: no module attribute looked up per call)
 _clock: Final = time.perf_counter
 _wall_clock: Final = time.time
 
+CHAT_MODELS: Final = "chat"  # the kind of model (proxy/gateway/routing.py) every client dialect here asks for
 KEY_NAME_SCOPE: Final = "dialect_proxy.key_name"  # set by proxy.server.asgi.ProxyApp: the name of the inbound key used
 
 
@@ -60,22 +62,28 @@ class InferenceEndpoint:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         """The HTTP transport: the request's body from `receive`, its answer through `send`."""
-        started = _clock()
-        rid_raw, length = scan_headers(scope["headers"])
-        request_id, rid_bytes = take_request_id(rid_raw)
-        record = AccessRecord(request_id, self.route, scope.get(KEY_NAME_SCOPE))
-        sink = HttpSink(send, self.client, [(b"x-request-id", rid_bytes)])
-        inbound = HttpInbound(scope, receive, length, self.state.settings.server.max_body_bytes)
-        await self.serve(inbound, sink, record, started)
+        await serve_http(self, self.client, scope, receive, send)
 
     async def serve(self, inbound: Inbound, sink: Sink, record: AccessRecord, started: float) -> int:
         """One request of this client dialect, from any transport (`started`: its time.perf_counter()): the status
         the client got."""
         return await Exchange(self, sink, record, started, inbound.headers).run(inbound)
 
+    async def answer(self, exchange: Exchange, inbound: Inbound, request: dict[str, Any], raw: bytes | None) -> int:
+        """Pass the request through when its upstream takes it as it is, else decode and translate it."""
+        native = self.native
+        passed = None if native is None else native.call(request, raw, inbound.headers)
+        if passed is not None:
+            assert native is not None
+            ctx = exchange.routed(request, self.context(passed, exchange.record.request_id), inbound)
+            return await native.serve(passed, ctx, exchange)
+        call = await self.client.decode(request)
+        ctx = exchange.routed(call.request, self.context(call, exchange.record.request_id), inbound)
+        return await self.translation.serve(call, ctx, exchange)
+
     def context(self, call: ClientCall | NativeCall, request_id: str) -> RequestContext:
         """The routed call's context: its upstream, and the response's id and time."""
-        route = self.state.router.resolve(call.model)
+        route = self.state.router.resolve_kind(call.model, CHAT_MODELS)  # a chat request, whatever its dialect
         return RequestContext(
             kind=call.kind,
             request_id=request_id,
@@ -86,6 +94,18 @@ class InferenceEndpoint:
             response_id=self.client.id_prefix + secrets.token_hex(12),
             created=int(_wall_clock()),
         )
+
+
+async def serve_http(endpoint: Endpoint, envelope: Envelope, scope: Scope, receive: Any, send: Any) -> int:
+    """One HTTP request to `endpoint`: its body from `receive`, its answer through `send`, an error before the answer
+    in `envelope`'s dialect. The status the client got."""
+    started = _clock()
+    rid_raw, length = scan_headers(scope["headers"])
+    request_id, rid_bytes = take_request_id(rid_raw)
+    record = AccessRecord(request_id, endpoint.route, scope.get(KEY_NAME_SCOPE))
+    sink = HttpSink(send, envelope, [(b"x-request-id", rid_bytes)])
+    inbound = HttpInbound(scope, receive, length, endpoint.state.settings.server.max_body_bytes)
+    return await Exchange(endpoint, sink, record, started, inbound.headers).run(inbound)
 
 
 class HttpInbound:

@@ -4,7 +4,8 @@ of one request, filled in as the request goes and written out once, at its end (
 The line's keys (docs/observability.md): request_id, route, key (the inbound key's name), trace_id and span_id (a
 traced request), upstream, model, stream, dialect, passthrough, the client spoke's note (ignored_tools,
 unverified_thinking), replica, queue_ms and retries (the replicas' walk: proxy/gateway/replicas.py Attempts),
-prompt_tokens and completion_tokens, finish_reason, error, truncated, status, duration_ms, ttft_ms and
+prompt_tokens and completion_tokens (tokens_estimated: the proxy counted them; batches: the upstream requests a
+retrieval call went as, proxy/endpoint/retrieval.py), finish_reason, error, truncated, status, duration_ms, ttft_ms and
 client_disconnected. A key whose value is unknown is left out, except the last four, which every line has.
 """
 
@@ -23,9 +24,9 @@ _dumps: Final = orjson.dumps
 class AccessRecord:
     """One request's access log line, as typed fields."""
 
-    __slots__ = ("attempts", "client_disconnected", "completion_tokens", "dialect", "error", "finish_reason", "key",
-                 "model", "note", "passthrough", "prompt_tokens", "request_id", "route", "span_id", "stream",
-                 "trace_id", "truncated", "upstream")
+    __slots__ = ("attempts", "batches", "client_disconnected", "completion_tokens", "dialect", "error",
+                 "finish_reason", "key", "model", "note", "passthrough", "prompt_tokens", "request_id", "route",
+                 "span_id", "stream", "tokens_estimated", "trace_id", "truncated", "upstream")
 
     def __init__(self, request_id: str, route: str, key: str | None) -> None:
         self.request_id = request_id
@@ -42,6 +43,8 @@ class AccessRecord:
         self.attempts: Attempts | None = None
         self.prompt_tokens: Any = None
         self.completion_tokens: Any = None
+        self.tokens_estimated = False  # the upstream did not count the tokens: the proxy did (a retrieval call)
+        self.batches: int | None = None  # the upstream requests a retrieval call went as
         self.finish_reason: str | None = None
         self.error: str | None = None  # the error code the request ended with
         self.truncated: str | None = None  # why a stream under way was cut
@@ -66,6 +69,10 @@ class AccessRecord:
         if self.prompt_tokens is not None or self.completion_tokens is not None:
             out["prompt_tokens"] = self.prompt_tokens
             out["completion_tokens"] = self.completion_tokens
+        if self.tokens_estimated:
+            out["tokens_estimated"] = True
+        if self.batches is not None:
+            out["batches"] = self.batches
         ending = (("finish_reason", self.finish_reason), ("error", self.error), ("truncated", self.truncated))
         out.update((name, value) for name, value in ending if value is not None)
         out["status"] = status

@@ -17,8 +17,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from proxy.endpoint.request import send_json
 
 if TYPE_CHECKING:
-    from proxy.clients.base import ClientDialect, Headers
+    from proxy.clients.base import Headers
     from proxy.errors import ProxyError
+
+
+class Envelope(Protocol):
+    """The dialect an error before the answer is told in: a client dialect (proxy/clients/base.py `ClientDialect`),
+    or the retrieval endpoints' OpenAI envelope (proxy/endpoint/retrieval.py)."""
+
+    def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
+        """The error's status, headers and body."""
 
 
 class Sink(Protocol):
@@ -43,11 +51,12 @@ class Sink(Protocol):
 
 
 class HttpSink:
-    """An HTTP response through ASGI `send`; `extra`: headers every answer carries (x-request-id)."""
+    """An HTTP response through ASGI `send`; `client`: the dialect of its errors; `extra`: headers every answer
+    carries (x-request-id)."""
 
     __slots__ = ("client", "extra", "send")
 
-    def __init__(self, send: Any, client: ClientDialect[Any], extra: Headers) -> None:
+    def __init__(self, send: Any, client: Envelope, extra: Headers) -> None:
         self.send = send
         self.client = client
         self.extra = extra

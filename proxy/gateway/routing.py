@@ -26,6 +26,7 @@ class Router:
     def __init__(self, upstreams: tuple[UpstreamSettings, ...]) -> None:
         self._exact: dict[str, Route] = {}
         self._default: UpstreamSettings | None = None
+        self._defaults: list[UpstreamSettings] = []  # every upstream with "*", in order (one per kind routes)
         # The default route's Routes by model name, made once each (compiled, a dataclass's generated `__init__`
         # runs interpreted); a bounded cache, as clients choose the names.
         self._wild: dict[str, Route] = {}
@@ -36,6 +37,7 @@ class Router:
         for u in upstreams:
             for m in u.models:
                 if m == "*":
+                    self._defaults.append(u)
                     if self._default is None:
                         self._default = u
                 else:
@@ -60,6 +62,30 @@ class Router:
             param="model",
         )
 
+    def resolve_kind(self, model: str, kind: str) -> Route:
+        """The route of `model` for a request of `kind` (chat, embeddings, rerank): its own upstream, which must
+        serve that kind (400 naming what it serves), else the first default route ("*") whose upstream serves it,
+        else 404."""
+        route = self._exact.get(model)
+        if route is not None:
+            served = served_kinds(route.upstream)
+            if kind not in served:
+                raise ProxyError(
+                    f"The model `{model}` is served by the upstream `{route.upstream.name}`, which serves "
+                    f"{', '.join(served)} models, not {kind}.", 400, code="model_kind_mismatch", param="model")
+            return route
+        for u in self._defaults:
+            if kind in served_kinds(u):
+                return self.resolve(model) if u is self._default else Route(u, model)
+        raise ProxyError(
+            f"The model `{model}` does not exist or is not served by this proxy as a {kind} model "
+            f"(configured: {', '.join(sorted(self._exact)) or 'none'}).", 404, code="model_not_found", param="model")
+
     def configured_models(self) -> list[str]:
         """Client-visible names: configured models and aliases (not "*")."""
         return list(self._exact)
+
+
+def served_kinds(u: UpstreamSettings) -> tuple[str, ...]:
+    """What the upstream's models do: its `kinds` (settings built by hand may leave them empty: chat alone)."""
+    return u.kinds or ("chat",)

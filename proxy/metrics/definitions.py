@@ -309,6 +309,11 @@ class Metrics:
             f"{p}_retries", "Requests sent again to another replica before any byte reached the client, by the "
             "failed attempt's result.", ["upstream", "reason"], registry=r,
         )
+        self.retrieval_batches = Counter(
+            f"{p}_retrieval_batches", "Upstream requests that embeddings and rerank calls were sent as: one per call, "
+            "more where the upstream's batch limit split its inputs (docs/retrieval.md).", ["route", "upstream"],
+            registry=r,
+        )
         self.replica_in_flight = Gauge(
             f"{p}_replica_in_flight", "Requests admitted to a replica and not finished.",
             ["upstream", "replica"], multiprocess_mode="livesum", registry=r,

@@ -24,7 +24,7 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.mock import responses_api
+from proxy.mock import responses_api, retrieval
 from proxy.mock import scenario as scenarios
 from proxy.mock.asgi import DONE, Plan, Stats, body_plan, sse, stream_plan, truncated_json_plan
 from proxy.mock.common import (
@@ -382,5 +382,6 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         *responses_api.api_routes(cfg, stats, error_plan),
         *models_routes(stats, [cfg.served_model or STYLE.default_model], "mock",
                        check_auth=bearer_checker(cfg, denied)),
+        *retrieval.openai_routes(cfg.served_model or STYLE.default_model, bearer_checker(cfg, denied)),
     ]
 

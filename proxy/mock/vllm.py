@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.mock import anthropic_api, responses_api
+from proxy.mock import anthropic_api, responses_api, retrieval
 from proxy.mock import scenario as scenarios
 from proxy.mock.asgi import DONE, Plan, Stats, json_plan, sse, stream_plan
 from proxy.mock.common import Call, MockConfig, bearer_checker, inference, int_param, preamble, stream_directives
@@ -287,4 +287,5 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
         # vLLM's own Responses and Anthropic Messages routes (what `passthrough` sends to, docs/vllm.md)
         *responses_api.api_routes(cfg, stats, lambda status: error_plan(cfg.flavour, status)),
         *anthropic_api.api_routes(cfg, stats, "/v1/messages", lambda model: None, auth="bearer"),
+        *retrieval.openai_routes(name, check),  # a pooling model's /v1/embeddings, a reranker's /v1/rerank
     ]

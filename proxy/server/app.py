@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Match, Route
 from proxy import __version__
 from proxy.build import BUILD
 from proxy.endpoint.inference import InferenceEndpoint
+from proxy.endpoint.retrieval import routes as retrieval_routes
 from proxy.errors import ProxyError
 from proxy.gateway.health import READY_CACHE, UpstreamCheck
 from proxy.server import runtime
@@ -106,6 +107,7 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
         )
 
     inference = [Route(c.path, InferenceEndpoint(state, c), methods=["POST"]) for c in state.client_dialects.values()]
+    inference += [Route(path, endpoint, methods=["POST"]) for path, endpoint in retrieval_routes(state)]
     routes = [
         *inference,
         Route("/v1/models", models, methods=["GET"]),

@@ -5,7 +5,7 @@ every resumption of a streaming request passes through its `__call__`."""
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, Final
 
 from starlette.applications import Starlette
 
@@ -13,6 +13,8 @@ from proxy.clients import ClientDialect
 from proxy.endpoint.inference import KEY_NAME_SCOPE
 from proxy.errors import ProxyError
 
+# The paths behind the inbound key check: the API under /v1/, and the rerank routes outside it (/rerank, /v2/rerank).
+KEYED: Final = ("/v1/", "/v2/", "/rerank")
 
 class ProxyApp:
     """The ASGI app: the inference endpoints are called directly (they handle their own errors, disconnects
@@ -40,7 +42,7 @@ class ProxyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if self._keys and scope["path"].startswith("/v1/") and not self._authorized(scope):
+            if self._keys and scope["path"].startswith(KEYED) and not self._authorized(scope):
                 err = ProxyError(
                     "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
                 )

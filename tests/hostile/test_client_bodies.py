@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from proxy.clients.chat import CHAT_FIELDS, COMPLETIONS_FIELDS
 from proxy.clients.responses import RESPONSES_FIELDS
-from proxy.mock import DIALECTS
+from proxy.dialects import DIALECTS as SPOKES
+from proxy.mock import DIALECTS as MOCKS
 from proxy.mock import create_app as create_mock_app
 from proxy.server.app import create_app
 from proxy.server.frontend import frontend_options
@@ -23,6 +24,8 @@ from proxy.settings import build_settings
 from tests.conftest import running
 
 # ------------------------------------------------------------------------------------------------- the servers
+
+DIALECTS = tuple(d for d in MOCKS if SPOKES[d]().path("chat"))  # the chat upstreams (TEI serves retrieval alone)
 
 
 class Front(httpx.Client):

@@ -9,8 +9,12 @@ import httpx
 import pytest
 from mockutil import MockServer, chat, parse_sse
 
+from proxy.dialects import DIALECTS as SPOKES
 from proxy.mock import DIALECTS, create_app, run
 from proxy.mock.scenario import from_chat, from_prompt, parse
+
+# The mocks of chat upstreams: the TEI mock serves embeddings and rerank alone (tests/test_e2e_retrieval.py).
+CHAT_MOCKS = tuple(d for d in DIALECTS if SPOKES[d]().path("chat"))
 
 
 def request_for(dialect: str, text: str, **extra: Any) -> tuple[str, dict[str, Any]]:
@@ -25,13 +29,13 @@ def request_for(dialect: str, text: str, **extra: Any) -> tuple[str, dict[str, A
 
 
 def test_interface() -> None:
-    assert set(DIALECTS) == {"openai", "mindie", "siliconstorm", "deepseek", "engine", "vllm"}
+    assert set(DIALECTS) == {"openai", "mindie", "siliconstorm", "deepseek", "engine", "vllm", "tei"}
     assert callable(run)
     with pytest.raises(ValueError, match="unknown mock dialect"):
         create_app("sglang")
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", CHAT_MOCKS)
 def test_health_and_models(mock_servers: Any, dialect: str) -> None:
     srv: MockServer = mock_servers(dialect)
     health = srv.client.get("/health")
@@ -46,7 +50,7 @@ def test_health_and_models(mock_servers: Any, dialect: str) -> None:
     assert srv.stats()["requests"] == 0  # only inference requests count
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", CHAT_MOCKS)
 def test_stats_and_last_request(mock_servers: Any, dialect: str) -> None:
     srv: MockServer = mock_servers(dialect)
     path, body = request_for(dialect, "hello there")
@@ -78,7 +82,7 @@ def test_stats_and_last_request(mock_servers: Any, dialect: str) -> None:
     assert srv.last_request() is None
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", CHAT_MOCKS)
 def test_disconnect_mid_stream_is_counted(mock_servers: Any, dialect: str) -> None:
     srv: MockServer = mock_servers(dialect)
     path, body = request_for(dialect, "go [mock:chunks=50][mock:delay_ms=100]", stream=True)
@@ -134,7 +138,7 @@ def test_delay_between_pieces(mock_servers: Any) -> None:
     assert arrivals[-1] >= 0.39
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", CHAT_MOCKS)
 def test_drop_before(mock_servers: Any, dialect: str) -> None:
     srv: MockServer = mock_servers(dialect)
     path, body = request_for(dialect, "x [mock:drop_before]", stream=True)
@@ -145,7 +149,7 @@ def test_drop_before(mock_servers: Any, dialect: str) -> None:
                            "model_lists": 0, "checks": 0}
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", CHAT_MOCKS)
 def test_drop_mid_stream(mock_servers: Any, dialect: str) -> None:
     srv: MockServer = mock_servers(dialect)
     path, body = request_for(dialect, "x [mock:chunks=10,drop=4]", stream=True)
@@ -193,7 +197,7 @@ def test_directive_parsing() -> None:
     assert from_prompt({"prompt": ["a", "[mock:chunks=3]"]}).flags == {"chunks": "3"}
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", CHAT_MOCKS)
 def test_default_reply_is_multibyte_and_deterministic(mock_servers: Any, dialect: str) -> None:
     srv: MockServer = mock_servers(dialect)
     path, body = request_for(dialect, "hi")
@@ -206,7 +210,7 @@ def test_default_reply_is_multibyte_and_deterministic(mock_servers: Any, dialect
     assert first["usage"]["completion_tokens"] == 13
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", CHAT_MOCKS)
 def test_stream_joins_to_default_reply(mock_servers: Any, dialect: str) -> None:
     srv: MockServer = mock_servers(dialect)
     path, body = request_for(dialect, "hi", stream=True)
@@ -223,7 +227,7 @@ CONTENT_DIRECTIVES = ["", "think", "think_close_only", "think_unclosed", "think,
                       "insufficient_resource", "raw_timeout"]
 
 
-@pytest.mark.parametrize("dialect", [*DIALECTS, "mindie+full_text"])
+@pytest.mark.parametrize("dialect", [*CHAT_MOCKS, "mindie+full_text"])
 def test_every_directive_gives_a_well_formed_answer(mock_servers: Any, dialect: str) -> None:
     name, _, mode = dialect.partition("+")
     srv: MockServer = mock_servers(name, full_text=bool(mode))
