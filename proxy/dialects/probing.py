@@ -25,7 +25,8 @@ class ProbeListing:
 @dataclass(slots=True)
 class ProbeInfo:
     """What a server said of itself on its dialect's info path (the `info` path of mappings/<dialect>.yaml, read by
-    `Probe.info`): a server that runs one model and names it there."""
+    `Probe.info`): a server that runs one model and names it there. Made at most once per probe: its generated
+    `__init__` may run interpreted (tests/test_build.py)."""
 
     evidence: str  # why it is a server of this dialect, for the report's table
     models: list[str]  # the model names it serves (the config block routes them to it)
