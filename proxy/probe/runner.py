@@ -415,8 +415,9 @@ class Prober:
                           f"(GET {load_mapping(dialect).paths.get('info') or '-'})",
                           "check the URL (host, port, path prefix) and the dialect")
         elif not self._info.kinds:
+            served = [kind for kind in ("embeddings", "rerank") if load_mapping(dialect).paths.get(kind)]
             r.problem(f"the server's model is of no kind the proxy serves ({self._info.evidence})",
-                      "point this upstream at a server that runs an embedding model or a reranker")
+                      f"point this upstream at a server of a model for {' or '.join(served) or 'chat'}")
 
     async def _try_chat_paths(self) -> tuple[str | None, str]:
         """Without a model listing: the chat paths of the dialects recognised there — a small streamed request
