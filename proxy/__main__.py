@@ -191,7 +191,7 @@ def probe_command(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
         print(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
     else:
         print(report.render())
-    return 0 if report.reachable and report.dialect and report.chat == "ok" and not report.problems else 1
+    return 0 if report.worked() else 1
 
 
 class StartupError(Exception):

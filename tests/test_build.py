@@ -68,7 +68,7 @@ def test_the_compiled_list_names_modules_that_exist_and_no_async_generators() ->
 
 # Dataclasses of compiled modules made once, at start-up or per configured route: their generated `__init__` (which
 # runs interpreted even compiled) costs nothing per request.
-_BUILT_AT_START = {"proxy/dialects/probing.py": {"ProbeListing"},  # once per `dialect-proxy probe`
+_BUILT_AT_START = {"proxy/dialects/probing.py": {"ProbeListing", "ProbeInfo"},  # once per `dialect-proxy probe`
                    "proxy/dialects/mapping.py": {"Range", "DialectMapping"}, "proxy/hub/params.py": {"Refusal"},
                    "proxy/gateway/routing.py": {"Route"},
                    "proxy/settings.py": {"ReplicaSettings", "UpstreamSettings", "ClientSettings", "ServerSettings",

@@ -243,3 +243,58 @@ def test_cli_dialect_and_key_env(start_mock) -> None:
     assert wrong.returncode == 2 and "did you mean 'mindie'" in wrong.stderr
     pasted = cli(mock.url, "--api-key-env", "sk-secret-value")
     assert pasted.returncode == 2 and "sk-secret-value" not in pasted.stderr and "--api-key-env" in pasted.stderr
+
+
+@pytest.mark.parametrize(("flavour", "model", "kind"), [
+    ("", "BAAI/bge-m3", "embeddings"), ("reranker", "BAAI/bge-reranker-v2-m3", "rerank"),
+])
+def test_tei_is_recognised_by_its_info_and_gets_a_block_for_its_model_and_kind(start_mock, flavour: str, model: str,
+                                                                               kind: str) -> None:
+    """TEI lists no models: it names its model and its type on GET /info. No chat request goes to it (the tei
+    dialect serves none); the block routes that model here for its kind, and the proxy takes it as it is."""
+    mock = start_mock("tei", flavour=flavour, directives="max_batch=16")
+    report = run_probe(mock.url)
+    assert report.dialect == "tei" and "GET /info: text-embeddings-inference" in report.dialect_evidence[0]
+    assert report.models == [model] and report.kinds == [kind]
+    assert report.paths == {"GET /v1/models": 404, "GET /models": 404, "GET /info": 200}  # no chat request
+    assert report.worked() and not report.problems
+    entry = accepted_config(report)
+    assert (entry["url"], entry["models"], entry["kinds"]) == (mock.url, [model], [kind])
+    assert "    # TEI's max_client_batch_size is 16" in report.config
+    assert f"kinds            {kind}" in report.render()
+    given = run_probe(mock.url, dialect="tei")
+    assert given.dialect_evidence == ["given with --dialect"] and given.kinds == [kind] and not given.problems
+    assert yaml.safe_load(given.config) == yaml.safe_load(report.config)
+
+
+def test_tei_cli_exits_zero_and_prints_the_block(start_mock) -> None:
+    mock = start_mock("tei")
+    out = cli(mock.url, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(out.stdout)
+    assert data["dialect"] == "tei" and data["kinds"] == ["embeddings"] and data["chat"] == "untested"
+    assert yaml.safe_load(data["config"])["upstreams"][0]["models"] == ["BAAI/bge-m3"]
+
+
+def test_a_tei_classifier_is_recognised_and_refused(start_mock) -> None:
+    """A classifier of several classes is TEI's too, but serves neither embeddings nor rerank (/rerank refuses it)."""
+    report = run_probe(start_mock("tei", flavour="classifier").url)
+    assert report.dialect == "tei" and report.kinds == []
+    assert any("no kind the proxy serves" in p["problem"] for p in report.problems), report.problems
+    assert not report.worked() and "kinds:" not in report.config
+
+
+def test_tei_given_as_mindie_warns_and_mindie_given_as_tei_too(start_mock) -> None:
+    tei = start_mock("tei")
+    report = run_probe(tei.url, dialect="mindie")
+    assert report.dialect == "mindie" and report.answers_as == "tei"
+    assert any("answers as the tei dialect" in p["problem"] and "--dialect tei" in p["hint"]
+               for p in report.problems), report.problems
+    assert "    # warning: this server answers as the tei dialect, not mindie (--dialect): see the probe's " \
+           "problems" in report.config.splitlines()
+    assert "max_client_batch_size" not in report.config and "models:" not in report.config
+    out = cli(tei.url, "--dialect", "mindie")
+    assert out.returncode == 1 and "answers as the tei dialect" in out.stdout
+    mindie = run_probe(start_mock("mindie").url, dialect="tei")
+    assert mindie.answers_as == "mindie" and not mindie.worked()
+    assert "POST /v1/chat/completions" not in mindie.paths  # the tei dialect is asked for no chat

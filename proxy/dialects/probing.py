@@ -22,6 +22,18 @@ class ProbeListing:
     plain_listed: bool  # `GET /models` (no /v1) listed models too
 
 
+@dataclass(slots=True)
+class ProbeInfo:
+    """What a server said of itself on its dialect's info path (the `info` path of mappings/<dialect>.yaml, read by
+    `Probe.info`): a server that runs one model and names it there. Made at most once per probe: its generated
+    `__init__` may run interpreted (tests/test_build.py)."""
+
+    evidence: str  # why it is a server of this dialect, for the report's table
+    models: list[str]  # the model names it serves (the config block routes them to it)
+    kinds: tuple[str, ...]  # the kinds of model they are (chat, embeddings, rerank); () none the proxy serves
+    notes: list[str]  # comment lines for the config block (indented as its entry)
+
+
 class Probe:
     """A spoke's part of the probe: plain attributes, and hooks that answer "no evidence" / add nothing here."""
 
@@ -58,6 +70,12 @@ class Probe:
 
     def listing(self, listing: ProbeListing) -> str | None:
         """The evidence that the server speaks this dialect, from its model-listing paths; None: no such evidence."""
+        return None
+
+    def info(self, body: Any) -> ProbeInfo | None:
+        """What the 200 answer of a `GET` of this dialect's `info` path (mappings/<dialect>.yaml; parsed as JSON, None
+        when it is not JSON) says of the server; None: it is not this dialect's answer. The probe asks the path only
+        when no model listing was recognised."""
         return None
 
     def after_chat(self, events: list[dict[str, Any]], usage_seen: bool) -> str | None:

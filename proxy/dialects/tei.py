@@ -20,6 +20,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.dialects.base import Dialect, UpstreamSession
+from proxy.dialects.probing import Probe, ProbeInfo
 from proxy.dialects.readiness import Readiness
 from proxy.errors import UpstreamError
 from proxy.hub.retrieval import (
@@ -114,10 +115,49 @@ class TEIReadiness(Readiness):
         return "/embed", {"inputs": []}
 
 
+class TEIProbe(Probe):
+    """A TEI server lists no models: it describes itself on `GET /info` (mappings/tei.yaml `info`; TEI's OpenAPI
+    `Info`): `model_id`, `model_type` with one key — `embedding`, `reranker` (a sequence classifier with one class:
+    what /rerank needs) or `classifier` (several classes: /predict only, /rerank refuses it with a 424) — and
+    `max_client_batch_size`."""
+
+    def info(self, body: Any) -> ProbeInfo | None:
+        if not isinstance(body, dict) or not isinstance(body.get("model_id"), str):
+            return None
+        model_type = body.get("model_type")
+        if not isinstance(model_type, dict) or len(model_type) != 1:
+            return None
+        found = _MODEL_TYPES.get(next(iter(model_type)))
+        if found is None:
+            return None
+        kinds, what = found
+        version = body.get("version")
+        evidence = f"GET /info: text-embeddings-inference{f' {version}' if isinstance(version, str) else ''}, {what}"
+        return ProbeInfo(evidence, [body["model_id"]], kinds, _batch_note(body.get("max_client_batch_size")))
+
+
+# /info's `model_type` key -> the kinds of model the proxy serves from it, and what it is in the probe's words
+_MODEL_TYPES: Final = {
+    "embedding": (("embeddings",), "an embedding model"),
+    "reranker": (("rerank",), "a reranker"),
+    "classifier": ((), "a classifier of several classes (TEI reranks only with a single-class model)"),
+}
+
+
+def _batch_note(limit: Any) -> list[str]:
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return []
+    if limit < DEFAULT_BATCH:
+        return [f"    # TEI's max_client_batch_size is {limit}: the proxy sends {DEFAULT_BATCH} inputs a request until "
+                "TEI's first refusal names the lower limit, then that many"]
+    return [f"    # TEI's max_client_batch_size is {limit}: the proxy sends at most {DEFAULT_BATCH} inputs a request"]
+
+
 class TEIDialect(Dialect):
     name = "tei"
     session_class = UpstreamSession  # no chat: never asked for a session
     readiness_class = TEIReadiness
+    probe = TEIProbe()
 
     def __init__(self) -> None:
         super().__init__()

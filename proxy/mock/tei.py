@@ -2,7 +2,8 @@
 common `GET /health` (proxy/mock/common.py), with TEI's error shape `{"error", "error_type"}` and statuses, its
 `max_client_batch_size` (32 unless the `max_batch=N` directive says otherwise) and its `x-compute-tokens` header
 (left out under the `no_tokens` directive). Vectors and scores: proxy/mock/retrieval.py. The `error=413|424|429`
-directive answers every request with that status and TEI's error for it; `delay_ms=N` answers N ms late."""
+directive answers every request with that status and TEI's error for it; `delay_ms=N` answers N ms late. Its
+flavours (FLAVOURS) describe a reranker or a classifier on /info instead of an embedding model."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ from proxy.mock.common import CHECK_HEADER, MockConfig
 from proxy.mock.retrieval import DIMENSION, embedding, score, tokens
 
 DEFAULT_MODEL = "BAAI/bge-m3"
+# What `GET /info` says the model is (TEI's OpenAPI `ModelType`: one key); today's ("") an embedding model. Every
+# flavour answers /embed and /rerank alike: only what the server says of itself differs.
+FLAVOURS = {
+    "reranker": "a reranker: /info says model_type reranker (a single-class sequence classifier), model "
+                "BAAI/bge-reranker-v2-m3",
+    "classifier": "a classifier of several classes: /info says model_type classifier (TEI's /predict only)",
+}
+_MODEL_TYPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "": (DEFAULT_MODEL, {"embedding": {"pooling": "cls"}}),
+    "reranker": ("BAAI/bge-reranker-v2-m3", {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}),
+    "classifier": ("SamLowe/roberta-base-go_emotions", {"classifier": {
+        "id2label": {"0": "admiration", "1": "amusement"}, "label2id": {"admiration": 0, "amusement": 1}}}),
+}
 MAX_BATCH = 32
 # TEI's error types by status (router/src/http/server.rs): what the `error=N` directive answers with
 _ERRORS = {400: "Empty", 413: "Validation", 422: "Validation", 424: "Backend", 429: "Overloaded", 503: "Unhealthy"}
@@ -64,7 +78,8 @@ def _answer(stats: Stats, data: Any, items: list[Any]) -> Response:
 
 
 def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
-    model = cfg.served_model or DEFAULT_MODEL
+    default_model, model_type = _MODEL_TYPES[cfg.flavour]
+    model = cfg.served_model or default_model
 
     async def embed(request: Request) -> Response:
         body = await _record(stats, request)
@@ -88,7 +103,7 @@ def routes(cfg: MockConfig, stats: Stats) -> list[Route]:
     async def info(request: Request) -> Response:
         return JSONResponse({
             "model_id": model, "model_sha": None, "model_dtype": "float16", "served_model_name": model,
-            "model_type": {"embedding": {"pooling": "cls"}}, "max_concurrent_requests": 512,
+            "model_type": model_type, "max_concurrent_requests": 512,
             "max_input_length": 8192, "max_batch_tokens": 16384, "max_batch_requests": None,
             "max_client_batch_size": int(stats.directives.get("max_batch", MAX_BATCH)), "auto_truncate": False,
             "tokenization_workers": 2, "version": "1.8.0", "sha": None, "docker_label": None})

@@ -5,9 +5,11 @@ path, so a probe works even where that path has a bug):
 
 1. `GET /v1/models` (and `GET /models`): is it reachable, does it need TLS / a client certificate / a CA file / an
    API key, which paths answer, in which error shape, which models it serves;
-2. only when neither answered: the chat paths of the dialects without a model listing;
-3. one small streamed chat request: cumulative text (MindIE `fullTextEnabled`), reasoning as a field, as `<think>`
-   tags or as R1's lone `</think>`, where usage comes;
+2. only when neither answered: the info paths where the servers of some dialects describe themselves (a mapping's
+   `info` path: a server that runs one model names it there, and its kind), then the chat paths of the dialects
+   without a model listing;
+3. where the dialect serves chat, one small streamed chat request: cumulative text (MindIE `fullTextEnabled`),
+   reasoning as a field, as `<think>` tags or as R1's lone `</think>`, where usage comes;
 4. one small streamed request with a tool and `tool_choice: required`: are tool calls streamed, with `index`?
 5. where the dialect asks for it: one small `response_format` json_schema request: is structured output honoured
    (MindIE 2.3 and later), so the config block says `response_format: pass`?
@@ -34,7 +36,7 @@ import yaml
 from proxy.dialects import DIALECTS, family
 from proxy.dialects.base import Dialect
 from proxy.dialects.mapping import load_mapping
-from proxy.dialects.probing import ProbeListing
+from proxy.dialects.probing import ProbeInfo, ProbeListing
 from proxy.dialects.templates import THINKING_MODEL_RE
 from proxy.gateway.upstream import connection_hint
 from proxy.hub.sse import SSEDecoder
@@ -81,6 +83,9 @@ class Report:
     # What was not found out is None ("unknown" in the table, null in JSON), never a default that looks like an answer.
     api_key_required: bool | None = None
     models: list[str] = field(default_factory=list)
+    # The kinds of model the server said it serves on its dialect's info path (chat, embeddings, rerank); None: not
+    # learnt that way.
+    kinds: list[str] | None = None
     model_used: str | None = None
     full_text: bool | None = None
     reasoning: str | None = None   # field | tags | close_only | none
@@ -99,6 +104,12 @@ class Report:
     def problem(self, problem: str, hint: str = "") -> None:
         self.problems.append({"problem": problem, "hint": hint})
 
+    def worked(self) -> bool:
+        """The server was recognised and did what its dialect's servers do: a chat request worked, or (a dialect
+        without chat) it described itself on its info path; nothing is wrong."""
+        checked = self.chat == "ok" or self.kinds is not None and self.dialect is not None and not _chats(self.dialect)
+        return self.reachable and self.dialect is not None and checked and not self.problems
+
     def render(self) -> str:
         rows = [
             ("upstream", self.url),
@@ -110,6 +121,7 @@ class Report:
             ("error shapes", ", ".join(f"{k}: {v}" for k, v in self.error_shapes.items()) or "-"),
             ("api key", _unknown(self.api_key_required, "required", "not required (or accepted)")),
             ("models", ", ".join(self.models) or "- (no model listing)"),
+            *([("kinds", ", ".join(self.kinds) or "none the proxy serves")] if self.kinds is not None else []),
             ("chat request", f"{self.chat}" + (f" (model {self.model_used})" if self.model_used else "")),
             ("full text", _unknown(self.full_text, "yes (cumulative stream text: full_text: true)", "no")),
             ("reasoning", self.reasoning or "unknown"),
@@ -174,6 +186,7 @@ class Prober:
         self._session: aiohttp.ClientSession | None = None
         self._first: tuple[str, _Answer] = ("", _Answer(0, "", b""))
         self._chat_events: list[dict[str, Any]] | None = None  # a streamed answer detection already read
+        self._info: ProbeInfo | None = None  # what the server said of itself on its dialect's info path
         self._untrusted = False
 
     # -- plumbing -------------------------------------------------------------------------------------------------
@@ -249,7 +262,9 @@ class Prober:
         r = self.report
         r.reachable = True
         await self._detect()
-        if r.dialect is not None:
+        if r.dialect is not None and not _chats(r.dialect):
+            self._no_chat(r.dialect)
+        elif r.dialect is not None:
             await self._chat()
             if r.chat == "ok":
                 await self._tools()
@@ -318,7 +333,9 @@ class Prober:
                 found, evidence = spoke.name, recognised
                 break
         else:
-            found, evidence = await self._try_chat_paths()
+            found, evidence = await self._try_info_paths()
+            if found is None:
+                found, evidence = await self._try_chat_paths()
         self._auth_problem(self._first[1])
         self._verdict(found, evidence)
 
@@ -360,6 +377,47 @@ class Prober:
             r.problem("no dialect recognised: no model listing at /v1/models or /models, and no chat path "
                       "(/chat, /v1/chat/completions) that takes requests",
                       "check the URL (host, port, path prefix) or give --dialect")
+
+    async def _try_info_paths(self) -> tuple[str | None, str]:
+        """Without a model listing: the paths where the servers of some dialects describe themselves (a mapping's
+        `info` path), each asked once; the first spoke whose `Probe.info` reads its answer as its own is the one."""
+        answers: dict[str, _Answer | None] = {}
+        for spoke in _detection_order():
+            path = load_mapping(spoke.name).paths.get("info")
+            if not path:
+                continue
+            if path not in answers:
+                answers[path] = await self._get_info(path)
+            answer = answers[path]
+            info = spoke.probe.info(_json(answer.body)) if answer is not None and answer.status == 200 else None
+            if info is not None:
+                self._info = info
+                self.report.models = list(info.models)
+                self.report.kinds = list(info.kinds)
+                return spoke.name, info.evidence
+        return None, ""
+
+    async def _get_info(self, path: str) -> _Answer | None:
+        try:
+            answer, _ = await self._request("GET", path)
+        except _Failed as f:
+            self.report.problem(f"GET {path}: {f.problem}", "check the URL (host, port, path prefix)")
+            return None
+        self._record(f"GET {path}", answer)
+        return answer
+
+    def _no_chat(self, dialect: str) -> None:
+        """A dialect that serves no chat: what its info path said is all there is to learn (no chat request)."""
+        r = self.report
+        if self._info is None:
+            if r.answers_as is None:  # (a server of another dialect is a problem already)
+                r.problem(f"the server did not describe itself as a {dialect} server does "
+                          f"(GET {load_mapping(dialect).paths.get('info') or '-'})",
+                          "check the URL (host, port, path prefix) and the dialect")
+        elif not self._info.kinds:
+            served = [kind for kind in ("embeddings", "rerank") if load_mapping(dialect).paths.get(kind)]
+            r.problem(f"the server's model is of no kind the proxy serves ({self._info.evidence})",
+                      f"point this upstream at a server of a model for {' or '.join(served) or 'chat'}")
 
     async def _try_chat_paths(self) -> tuple[str | None, str]:
         """Without a model listing: the chat paths of the dialects recognised there — a small streamed request
@@ -519,7 +577,8 @@ class Prober:
         r.response_format = "honoured" if isinstance(value, dict) and isinstance(value.get("ok"), bool) else "ignored"
 
     def _finish(self) -> Report:
-        self.report.config = config_block(self.report, self.opts)
+        notes = self._info.notes if self._info is not None and self.report.answers_as is None else []
+        self.report.config = config_block(self.report, self.opts, notes)
         return self.report
 
 
@@ -603,6 +662,11 @@ def _generic() -> type[Dialect]:
     return next(spoke for spoke in DIALECTS.values() if spoke.probe.generic)
 
 
+def _chats(dialect: str) -> bool:
+    """The dialect serves chat: its mapping has a chat path (those without serve embeddings or rerank only)."""
+    return bool(load_mapping(dialect).paths.get("chat"))
+
+
 def _chat_path(dialect: str) -> str:
     return load_mapping(dialect).paths.get("chat") or "/v1/chat/completions"
 
@@ -668,9 +732,10 @@ def _reason(e: BaseException) -> str:
     return (str(e) or type(e).__name__)[:200]
 
 
-def config_block(r: Report, opts: ProbeOptions) -> str:
+def config_block(r: Report, opts: ProbeOptions, info_notes: list[str] | None = None) -> str:
     """The upstream entry for the proxy's YAML config file, from what the probe found; "" when the dialect is unknown
-    (no block is better than one built on a guess)."""
+    (no block is better than one built on a guess). `info_notes`: the comment lines of what the server said of itself
+    on its info path."""
     if r.dialect is None:
         return ""
     url = r.url
@@ -683,7 +748,8 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
         lines.append(f"    # warning: this server answers as the {r.answers_as} dialect, not {r.dialect} (--dialect): "
                      "see the probe's problems")
     lines.extend(DIALECTS[r.dialect].probe.config_notes(url))
-    if r.models:
+    lines.extend(info_notes or ())
+    if r.models and r.kinds is None:
         lines.append(f"    # it serves: {', '.join(r.models[:20])} (models: [\"*\"], the default, routes every "
                      "name here)")
     return "\n".join(lines) + "\n"
@@ -692,6 +758,10 @@ def config_block(r: Report, opts: ProbeOptions) -> str:
 def _entry(r: Report, opts: ProbeOptions, dialect: str, url: str) -> dict[str, Any]:
     """The config block's upstream entry: only the settings whose default would be wrong for this server."""
     entry: dict[str, Any] = {"name": dialect, "dialect": dialect, "url": url}
+    if r.kinds and r.answers_as is None:
+        # The server named its one model and its kind on its info path: route that name here, for that kind only.
+        entry["models"] = list(r.models)
+        entry["kinds"] = list(r.kinds)
     spoke = DIALECTS[dialect]
     if r.full_text and spoke.full_text_mode:
         entry["full_text"] = True
