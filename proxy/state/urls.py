@@ -59,8 +59,13 @@ def parse_store_url(url: str, shown: str) -> StoreURL:
 
 def _split(url: str, shown: str) -> tuple[SplitResult, str]:
     """The URL's parts and its (lower-case) scheme, one of SCHEMES."""
+    # The host list is read apart (`_hosts`, one host at a time): urlsplit refuses a netloc of several hosts with an
+    # IPv6 one among them (`s1,[::1]:26380`) on Pythons that check brackets (3.11.4+, Debian's backport).
+    netloc = url.partition("://")[2]
+    for end in "/?#":
+        netloc = netloc.partition(end)[0]
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(url.replace(netloc, "host", 1) if netloc else url)._replace(netloc=netloc)
     except ValueError:
         raise ValueError(f"{shown!r} is not a valid URL (bad host or port)") from None
     scheme = parts.scheme.lower()
