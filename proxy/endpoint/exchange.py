@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from proxy.endpoint.request import ClientGone, Disconnect
 from proxy.errors import ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from proxy.gateway.upstream import read_body
 
 if TYPE_CHECKING:
     from proxy.endpoint.record import AccessRecord
@@ -134,6 +135,22 @@ class Exchange:
             self.trace.routed(request, ctx, self.state.dialects[ctx.upstream.name].name, obs.model)
         self.watch = inbound.watch()
         return ctx
+
+    def upstream_started(self) -> float:
+        """The upstream part begins (for the metrics): its deadline, the whole request's limit from now."""
+        assert self.watch is not None and self.obs is not None  # routed
+        self.obs.upstream_started()
+        return self.watch.loop.time() + self.state.settings.server.total_timeout
+
+    async def upstream_body(self, resp: Any, deadline: float) -> bytes:
+        """An upstream answer's whole body, read within `deadline` and the idle timeout; the wait counted."""
+        assert self.watch is not None and self.obs is not None  # routed
+        loop = self.watch.loop
+        started = loop.time()
+        raw = await read_body(resp, max(deadline - started, 0.001), idle=self.state.settings.server.idle_timeout,
+                              loop=loop)
+        self.obs.add_upstream_wait(loop.time() - started)
+        return raw
 
     def complete(self) -> None:
         """The answer is complete (set just before its last bytes): a disconnect now no longer cancels it."""

@@ -28,7 +28,7 @@ import orjson
 from proxy.endpoint.relay import Relay
 from proxy.endpoint.request import SSE_HEADERS
 from proxy.errors import ProxyError, error_type_for
-from proxy.gateway.upstream import StreamReads, read_body, release
+from proxy.gateway.upstream import StreamReads, release
 from proxy.hub.canonical import CHAT
 from proxy.hub.sse import KEEPALIVE
 
@@ -112,12 +112,10 @@ class Passthrough:
         payload = call.raw
         if payload is None or ctx.upstream_model != ctx.client_model:  # an alias: the upstream gets its own name
             payload = orjson.dumps({**call.request, "model": ctx.upstream_model})
-        watch = exchange.watch
-        obs = exchange.obs
+        deadline = exchange.upstream_started()
+        watch, obs = exchange.watch, exchange.obs
         assert watch is not None and obs is not None  # routed
         loop = watch.loop
-        deadline = loop.time() + state.settings.server.total_timeout
-        obs.upstream_started()
         attempts = exchange.record.attempts = state.replicas[upstream.name].attempts(call.request)
         ticket, resp = await attempts.open(ctx, call.route.path, payload, _Headers(call, upstream.api_key).for_attempt,
                                            deadline, loop, exchange.trace)
@@ -205,12 +203,8 @@ class _Native:
     async def _whole(self, resp: Any, deadline: float) -> int:
         """A body (an answer, or the upstream's own error, in the client's dialect already): as it is."""
         exchange = self.exchange
-        assert exchange.watch is not None and exchange.obs is not None
-        server = exchange.state.settings.server
-        loop = exchange.watch.loop
-        t_up = loop.time()
-        raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout, loop=loop)
-        exchange.obs.add_upstream_wait(loop.time() - t_up)
+        raw = await exchange.upstream_body(resp, deadline)
+        assert exchange.obs is not None  # routed
         if resp.status >= 300:  # the upstream's own error, in the client's dialect already: as it is
             exchange.record.error = error_type_for(resp.status)[1]
             exchange.obs.upstream_error(exchange.record.dialect or "", str(resp.status))

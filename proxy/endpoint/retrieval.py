@@ -23,7 +23,7 @@ import orjson
 from proxy.clients import embeddings, rerank
 from proxy.clients.base import openai_error_response
 from proxy.endpoint.inference import serve_http
-from proxy.gateway.upstream import read_body, release
+from proxy.gateway.upstream import release
 from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer
 from proxy.hub.retrieval import EMBEDDINGS, RERANK, EmbedCall, Ranked, RerankCall, UpstreamAnswer, Usage
@@ -66,8 +66,7 @@ class Batches:
                                            self.deadline, loop, trace)
         done = False
         try:
-            raw = await read_body(resp, max(self.deadline - loop.time(), 0.001),
-                                  idle=exchange.state.settings.server.idle_timeout, loop=loop)
+            raw = await exchange.upstream_body(resp, self.deadline)
             done = True
         finally:
             ticket.release()
@@ -167,10 +166,8 @@ class RetrievalEndpoint:
         state = self.state
         dialect = state.dialects[ctx.upstream.name]
         exchange.record.dialect = dialect.name
-        assert exchange.watch is not None and exchange.obs is not None  # routed
-        deadline = exchange.watch.loop.time() + state.settings.server.total_timeout
+        deadline = exchange.upstream_started()
         batches = Batches(exchange, ctx, dialect, dialect.retrieval_wire(), call.request, deadline)
-        exchange.obs.upstream_started()
         try:
             return await (embed(batches, call) if isinstance(call, EmbedCall) else rank(batches, call))
         finally:

@@ -17,7 +17,7 @@ import orjson
 from proxy.endpoint.relay import Relay
 from proxy.endpoint.request import SSE_HEADERS
 from proxy.errors import ClientRequestError, ProxyError, UpstreamError
-from proxy.gateway.upstream import StreamReads, read_body, release
+from proxy.gateway.upstream import StreamReads, release
 from proxy.hub import continuity
 from proxy.hub.events import Answer
 from proxy.hub.pipeline import Pipeline
@@ -60,12 +60,9 @@ class Translation:
         """Send the translated request and answer it: the status the client got."""
         state = self.state
         up = await self._prepare(call, ctx, exchange)
-        watch = exchange.watch
-        obs = exchange.obs
-        assert watch is not None and obs is not None  # routed
-        loop = watch.loop
-        deadline = loop.time() + state.settings.server.total_timeout
-        obs.upstream_started()
+        deadline = exchange.upstream_started()
+        assert exchange.watch is not None
+        loop = exchange.watch.loop
         # Replicas (proxy/gateway/replicas.py): a pre-header failure (refused, reset, timeout, HTTP 502/503) may go to
         # another replica. Nothing has been sent to the client yet; the 200 is committed only later, by the relay.
         attempts = exchange.record.attempts = state.replicas[ctx.upstream.name].attempts(call.request)
@@ -196,13 +193,7 @@ class _Answering:
     async def _body(self, resp: Any, deadline: float) -> bytes:
         """A non-stream answer's body (or an error's): an upstream error status or a stream request answered without
         an event stream is the upstream spoke's error."""
-        exchange = self.exchange
-        assert exchange.watch is not None and exchange.obs is not None
-        server = exchange.state.settings.server
-        loop = exchange.watch.loop
-        t_up = loop.time()
-        raw = await read_body(resp, max(deadline - loop.time(), 0.001), idle=server.idle_timeout, loop=loop)
-        exchange.obs.add_upstream_wait(loop.time() - t_up)
+        raw = await self.exchange.upstream_body(resp, deadline)
         dialect = self.up.dialect
         if resp.status >= 300:
             raise dialect.errors.answer(resp.status, raw, {k.lower(): v for k, v in resp.headers.items()},
