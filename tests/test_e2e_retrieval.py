@@ -313,9 +313,8 @@ def test_embeddings_span(start_mock: Any, start_proxy: Any) -> None:
 
 def test_retrieval_requests_leave_no_cycles_of_ours(start_mock: Any, start_proxy: Any) -> None:
     """As tests/test_gc.py holds for chat: batches, a rerank and a refused call leave no reference cycle behind."""
-    import gc
 
-    from tests.test_gc import _ours
+    from tests.test_gc import cycles_left_by
 
     tei = start_mock("tei")
     proxy = start_proxy([{"name": "tei", "dialect": "tei", "url": tei.url, "models": ["bge-m3"],
@@ -334,19 +333,8 @@ def test_retrieval_requests_leave_no_cycles_of_ours(start_mock: Any, start_proxy
             client.embeddings.create(model="bge-m3", input="x")
         directives(tei, "")
 
-    requests()  # warm: first-use caches, pools
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        requests()
-        proxy.close_clients()
-        gc.collect()
-        ours = [o for o in gc.garbage if _ours(o)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    names = sorted({getattr(o, "__qualname__", type(o).__qualname__) for o in ours})
-    assert not ours, f"reference cycles of the proxy's objects after retrieval requests: {names}"
+    names = cycles_left_by(requests, proxy)
+    assert not names, f"reference cycles of the proxy's objects after retrieval requests: {names}"
 
 
 @pytest.mark.skipif(BUILD == "mypyc", reason="a compiled spoke's TEIWire cannot be patched")
