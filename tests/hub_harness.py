@@ -8,13 +8,13 @@ from typing import Any
 import orjson
 
 from proxy.clients.base import Encoder
-from proxy.clients.chat import ChatEncoder, chat_encoder
+from proxy.clients.chat import ChatClient, ChatEncoder, chat_encoder
 from proxy.dialects import dialect_usage_fields
 from proxy.dialects.base import Dialect, UpstreamSession
 from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
-from proxy.hub.sse import SSEDecoder
+from proxy.hub.sse import Event, SSEDecoder, encode_events
 from proxy.settings import ClientSettings, UpstreamSettings
 
 # The client's stream_options.include_usage per context, for the chat encoder: a chat-client option, which
@@ -107,15 +107,17 @@ def relay(
     `session`: one that already built the request (its state, e.g. the thinking switch, matters)."""
     session = session or dialect.session(c)
     answer = Answer()
-    out = drive(pieces, Pipeline(session, answer), _encoder(c, answer, client, True))
+    out = drive(pieces, Pipeline(session, answer), _encoder(c, answer, client, True), end=ChatClient.stream_end)
     return chunks_of(out), Run(session, answer)
 
 
-def drive(pieces: list[bytes], pipeline: Pipeline, encoder: Encoder, stream: bool = True) -> bytes:
+def drive(pieces: list[bytes], pipeline: Pipeline, encoder: Encoder, stream: bool = True,
+          end: bytes | None = None) -> bytes:
     """Upstream stream bytes, in the given pieces, through a pipeline and any client encoder (as the handler
-    does, without I/O) -> the client's body: streaming, the head, what each piece produced and the closing bytes;
-    not streaming, the folded body."""
-    out = b""
+    does, without I/O) -> the client's body, framed as the HTTP sink frames it (SSE): streaming, the head, what each
+    piece produced, the closing events and the client dialect's `stream_end` (`end`); not streaming, the folded
+    body."""
+    out: list[Event] = []
     events: list[Delta] = []
     for piece in pieces:
         pipeline.feed(piece, events)
@@ -123,7 +125,11 @@ def drive(pieces: list[bytes], pipeline: Pipeline, encoder: Encoder, stream: boo
         events.clear()
     pipeline.finish(events)
     out += encoder.feed(events)
-    return encoder.head() + out + encoder.finish() if stream else encoder.finish()
+    if not stream:
+        (whole,) = encoder.finish()
+        return whole.data
+    tail = [] if end is None else [Event(None, end)]
+    return encode_events([*encoder.head(), *out, *encoder.finish(), *tail])
 
 
 def complete(
@@ -150,5 +156,6 @@ def complete_run(
     pipeline.feed_body(orjson.dumps(data), events)
     pipeline.finish(events)
     encoder.feed(events)
-    result: dict[str, Any] = orjson.loads(encoder.finish())
+    (whole,) = encoder.finish()
+    result: dict[str, Any] = orjson.loads(whole.data)
     return result, Run(session, answer)

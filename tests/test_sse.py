@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.hub.sse import DONE, KEEPALIVE, SSEDecoder, SSEEvent, encode_comment, encode_data
+from proxy.hub.sse import DONE, KEEPALIVE, Event, SSEDecoder, SSEEvent, encode_comment, encode_data, encode_events
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mindie"
 DELTAS = (FIXTURES / "stream-deltas.sse").read_bytes()
@@ -207,6 +207,17 @@ def test_encoder_round_trip() -> None:
     raw = encode_data(b'{"a":1}') + encode_comment("keep-alive") + DONE
     assert raw.startswith(b'data: {"a":1}\n\n: keep-alive\n\n')
     assert decode(raw) == [SSEEvent(data='{"a":1}'), SSEEvent(data="[DONE]")]
+
+
+def test_events_framed_as_sse() -> None:
+    """An encoder's events as the HTTP sink frames them: a named event gets its `event:` line, a plain one only
+    `data:`; the decoder reads back each name and payload."""
+    events = [Event(b"message_start", b'{"type":"message_start"}'), Event(None, b'{"a":1}'), Event(None, b"[DONE]")]
+    raw = encode_events(events)
+    assert raw == b'event: message_start\ndata: {"type":"message_start"}\n\ndata: {"a":1}\n\ndata: [DONE]\n\n'
+    assert decode(raw) == [SSEEvent(data='{"type":"message_start"}', event="message_start"),
+                           SSEEvent(data='{"a":1}'), SSEEvent(data="[DONE]")]
+    assert encode_events([]) == b""
 
 
 # -- property: any segmentation of a messy stream gives the same events ---------------------------------------------

@@ -4,11 +4,12 @@ and how the hub's events reach that client. A client spoke knows no upstream dia
 Per request:
 
     body ─▶ ClientDialect.decode() ─▶ ClientCall (canonical chat/completions request + what the encoder needs)
-    Delta events ─▶ ClientDialect.encoder(call, ctx, answer) ─▶ the client's wire bytes
+    Delta events ─▶ ClientDialect.encoder(call, ctx, answer) ─▶ the client's events ─▶ the transport's sink
 
 Streaming and non-streaming share one path: an encoder is fed the same `Delta` events either way and emits the
-client's events to a consumer the client dialect picks per request — an SSE writer (`feed` returns the bytes to send
-at once) or a fold (`feed` returns b"", `finish` the whole JSON body); docs/hub.md.
+client's events (proxy/hub/sse.py `Event`: an event name and a JSON payload, never framed here) to a consumer the
+client dialect picks per request — a writer (`feed` returns the events to send at once) or a fold (`feed` returns
+none, `finish` one event: the whole JSON object); the transport's sink frames them (docs/hub.md).
 
 Errors: before the stream head an error is an HTTP status with the client's own envelope (`error_response`); after
 it, `Encoder.error` renders the in-stream error that makes the client's SDK raise (never a silent end).
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from proxy.errors import ProxyError
     from proxy.hub.canonical import ChatRequest, RequestContext
     from proxy.hub.events import Answer, Delta
+    from proxy.hub.sse import Event
     from proxy.settings import Settings
     from proxy.state.base import StateStore
 
@@ -72,20 +74,23 @@ class Outcome:
 
 
 class Encoder(Protocol):
-    keepalive: bytes  # sent after a silence once the stream head is out (`: keep-alive`, Anthropic `ping` ...)
+    # The client dialect's keep-alive event after a silence once the stream head is out (Anthropic's `ping`); None:
+    # the transport's own (an SSE comment on HTTP, nothing on a WebSocket, whose front end pings).
+    keepalive: Event | None
 
-    def head(self) -> bytes:
-        """Streaming: the bytes that open the client's stream (b"" for Chat Completions)."""
+    def head(self) -> list[Event]:
+        """Streaming: the events that open the client's stream (none for Chat Completions)."""
 
-    def feed(self, deltas: Sequence[Delta]) -> bytes:
-        """Streaming: the client bytes for these events (may be b""). Non-streaming: accumulate, return b""."""
+    def feed(self, deltas: Sequence[Delta]) -> list[Event]:
+        """Streaming: the client's events for these hub events (maybe none). Non-streaming: accumulate, none."""
 
-    def finish(self) -> bytes:
-        """The answer is complete. Streaming: the closing bytes (usage chunk and `[DONE]`, `response.completed`,
-        `message_stop` ...). Non-streaming: the whole JSON body."""
+    def finish(self) -> list[Event]:
+        """The answer is complete. Streaming: the closing events (the usage chunk, `response.completed`,
+        `message_stop` ...; what the client dialect's `stream_end` declares follows them). Non-streaming: one event,
+        the whole JSON object."""
 
-    def error(self, err: ProxyError) -> bytes:
-        """Streaming, after the head: the in-stream error for `err` (the stream then closes)."""
+    def error(self, err: ProxyError) -> Event:
+        """Streaming, after the head: the in-stream error event for `err` (the stream then closes)."""
 
     def outcome(self) -> Outcome | None:
         """After `finish`: what the client dialect keeps of this answer (None: nothing)."""
@@ -104,6 +109,9 @@ class ClientDialect(Generic[CallT]):
     path: ClassVar[str]
     id_prefix: ClassVar[str]
     content_type: ClassVar[bytes] = b"text/event-stream; charset=utf-8"
+    # The payload of the plain event that ends a complete stream, after the encoder's closing events (Chat
+    # Completions' `[DONE]`); None: the closing events end it. Never sent after an error event.
+    stream_end: ClassVar[bytes | None] = None
 
     def __init__(self, settings: Settings, store: StateStore) -> None:
         self.settings = settings
@@ -134,7 +142,7 @@ class ClientDialect(Generic[CallT]):
         """A reader of this API's answers for passthrough; None: this API cannot be passed through."""
         return None
 
-    def native_error(self, err: ProxyError) -> bytes:
+    def native_error(self, err: ProxyError) -> Event:
         """The in-stream error event for a failure of the proxy's own after a passed-through stream began (at an
         event boundary)."""
         raise NotImplementedError
@@ -144,8 +152,8 @@ class ClientDialect(Generic[CallT]):
     websocket: ClassVar[bool] = False
 
     def for_socket(self, cache: dict[str, bytes]) -> ClientDialect[CallT]:
-        """This client dialect for one WebSocket connection: its stream events one JSON text per line (each line one
-        message), and `cache` the connection's own state (response id -> stored record)."""
+        """This client dialect for one WebSocket connection, with `cache` the connection's own state (response id ->
+        stored record). Its events are the same as on HTTP: the socket's sink sends each payload as one message."""
         raise NotImplementedError
 
     def routes(self) -> list[BaseRoute]:

@@ -8,8 +8,9 @@ closest to the hub. The request already is the canonical form; the encoder puts 
   final `choices: []` chunk with the usage — zeros if the upstream reported none; no `usage` key without it;
   `client.usage_fields: <dialect>` adds that upstream dialect's own usage fields (its spoke's `client_usage_fields`);
 - fields the hub does not know pass through (lossless for an OpenAI upstream);
-- the encoder emits one chunk event per hub event to its consumer: `ChatWriter` writes them as SSE (a plain text
-  chunk from cached bytes), `ChatFold` folds them into one `chat.completion` / `text_completion` (docs/hub.md).
+- the encoder emits one chunk event per hub event to its consumer: `ChatWriter` makes each a plain event (a text
+  chunk from cached bytes; the sink frames it as `data: ...`, and the stream ends with `[DONE]`: `stream_end`),
+  `ChatFold` folds them into one `chat.completion` / `text_completion` (docs/hub.md).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from proxy.dialects import dialect_usage_fields
 from proxy.errors import ClientRequestError, ProxyError
 from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.hub.events import Answer, Delta
-from proxy.hub.sse import DONE, KEEPALIVE, encode_data
+from proxy.hub.sse import Event
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
@@ -141,6 +142,7 @@ class ChatClient(ClientDialect[ChatCall]):
     name = "chat"
     path = "/v1/chat/completions"
     id_prefix = "chatcmpl-"
+    stream_end = b"[DONE]"
     kind = CHAT
     fields = _CHAT_TABLE
 
@@ -210,12 +212,12 @@ class ChatSink:
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
         """Any other chunk: event `d` with its content as the client gets it and its reasoning `fields`."""
 
-    def end(self) -> bytes:
-        """The answer is complete: the last bytes."""
-        return b""
+    def end(self) -> list[Event]:
+        """The answer is complete: the last events (a stream's usage chunk, or the whole object)."""
+        return []
 
-    def take(self) -> bytes:
-        return b""
+    def take(self) -> list[Event]:
+        return []
 
     def response_id(self) -> str:
         if self._id is None:
@@ -231,7 +233,7 @@ class ChatSink:
 
 
 class ChatWriter(ChatSink):
-    """The chunks as SSE, `data: {...}` each, and `[DONE]`."""
+    """The chunks as a stream's events, one plain event each."""
 
     def __init__(self, ctx: RequestContext, answer: Answer, chat: bool,
                  usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None, include_usage: bool,
@@ -239,7 +241,7 @@ class ChatWriter(ChatSink):
         super().__init__(ctx, answer, chat, usage_fields)
         self.include_usage = include_usage
         self._object = "chat.completion.chunk" if chat else "text_completion"
-        self.out: list[bytes] = []
+        self.out: list[Event] = []
         # The hot path (a chunk that only adds text to one choice) is built from cached bytes: the envelope up to
         # the choice's index, and what follows the delta (`_tail`). Rebuilt when the envelope's extra fields change.
         self._head = b""
@@ -260,36 +262,31 @@ class ChatWriter(ChatSink):
     def text(self, index: int, text: str) -> None:
         if not self.chat:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"text":')
-            self.out.append(head + orjson.dumps(text) + self._tail)
+            self.out.append(Event(None, head + orjson.dumps(text) + self._tail))
             return
         head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
-        self.out.append(head + orjson.dumps(text) + self._close)
+        self.out.append(Event(None, head + orjson.dumps(text) + self._close))
 
     def reasoning(self, index: int, text: str) -> None:
         head = self._reasoning_heads.get(index) or self._reasoning_head(index)
-        self.out.append(head + orjson.dumps(text) + self._close)
+        self.out.append(Event(None, head + orjson.dumps(text) + self._close))
 
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
-        """The general path: one event -> one framed chunk."""
+        """The general path: one event -> one chunk."""
         made = self._chat_choice(d, content, fields) if self.chat else self._text_choice(d)
-        self.out.append(encode_data(orjson.dumps(self._envelope([made]))))
+        self.out.append(Event(None, orjson.dumps(self._envelope([made]))))
 
-    def end(self) -> bytes:
+    def end(self) -> list[Event]:
         if self.include_usage:
             final = self._envelope([])
             final["usage"] = self.usage() or dict(_ZERO_USAGE)
-            self.out.append(encode_data(orjson.dumps(final)))
-        self.out.append(DONE)
+            self.out.append(Event(None, orjson.dumps(final)))
         return self.take()
 
-    def take(self) -> bytes:
+    def take(self) -> list[Event]:
         out = self.out
-        if len(out) == 1:  # (a paced stream's one chunk: that very object, no copy)
-            data = out[0]
-        else:
-            data = b"".join(out)
-        out.clear()
-        return data
+        self.out = []
+        return out
 
     def _reasoning_head(self, index: int) -> bytes:
         assert self._reasoning_key is not None  # (the encoder sends plain reasoning here only with a delta key)
@@ -306,12 +303,12 @@ class ChatWriter(ChatSink):
         self._extra_seen = dict(extra)
         envelope = orjson.dumps({"id": self.response_id(), "object": self._object, "created": self.ctx.created,
                                  "model": self.ctx.response_model})
-        self._head = b"data: " + envelope[:-1] + b',"choices":[{"index":'
+        self._head = envelope[:-1] + b',"choices":[{"index":'
         rest: dict[str, Any] = dict(extra)
         if self.include_usage:
             rest["usage"] = None
         after = b"," + orjson.dumps(rest)[1:] if rest else b"}"
-        self._tail = b',"logprobs":null,"finish_reason":null}]' + after + b"\n\n"
+        self._tail = b',"logprobs":null,"finish_reason":null}]' + after
         self._close = b"}" + self._tail  # after the one value of a delta object
         self._text_heads.clear()
         self._reasoning_heads.clear()
@@ -424,7 +421,7 @@ class ChatFold(ChatSink):
         if d.finish_reason is not None:
             f.finish_reason = d.finish_reason
 
-    def end(self) -> bytes:
+    def end(self) -> list[Event]:
         choices = []
         for index in sorted(self._folds):
             f = self._folds[index]
@@ -461,7 +458,7 @@ class ChatFold(ChatSink):
         usage = self.usage()
         if usage is not None:
             result["usage"] = usage
-        return orjson.dumps(result)
+        return [Event(None, orjson.dumps(result))]
 
 
 _REASONING_KEYS: Final = {"reasoning_content": b'"reasoning_content":', "reasoning": b'"reasoning":'}
@@ -469,7 +466,7 @@ _REASONING_KEYS: Final = {"reasoning_content": b'"reasoning_content":', "reasoni
 
 def chat_encoder(ctx: RequestContext, answer: Answer, stream: bool, include_usage: bool, reasoning: str,
                  usage_fields: Callable[[dict[str, Any]], dict[str, Any]] | None, chat: bool) -> ChatEncoder:
-    """The encoder of one request and its consumer: the SSE writer for a stream, the fold for one object."""
+    """The encoder of one request and its consumer: the writer for a stream, the fold for one object."""
     sink: ChatSink
     if stream:
         sink = ChatWriter(ctx, answer, chat, usage_fields, include_usage, _REASONING_KEYS.get(reasoning))
@@ -482,7 +479,7 @@ class ChatEncoder:
     """Hub events -> chunk events for its consumer (`ChatSink`): reasoning where the client wants it, `<think>` tags
     re-inlined (their open/closed state per choice), and which events are plain text (the hot path)."""
 
-    keepalive = KEEPALIVE
+    keepalive: Event | None = None  # the transport's own (an SSE comment)
 
     def __init__(self, sink: ChatSink, reasoning: str, chat: bool) -> None:
         self.sink = sink
@@ -493,10 +490,10 @@ class ChatEncoder:
         self._reasoning_key = reasoning in _REASONING_KEYS
 
     # -- the Encoder protocol -----------------------------------------------------------------------------------
-    def head(self) -> bytes:
-        return b""
+    def head(self) -> list[Event]:
+        return []
 
-    def feed(self, deltas: Sequence[Delta]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> list[Event]:
         # One chunk per event: choices of one upstream chunk go out one by one, as OpenAI sends n > 1 streams.
         sink = self.sink
         sink.begin()
@@ -528,11 +525,11 @@ class ChatEncoder:
         else:
             self.sink.choice(d, d.content, None)
 
-    def finish(self) -> bytes:
+    def finish(self) -> list[Event]:
         return self.sink.end()
 
-    def error(self, err: ProxyError) -> bytes:
-        return encode_data(err.body())
+    def error(self, err: ProxyError) -> Event:
+        return Event(None, err.body())
 
     def outcome(self) -> None:
         return None  # nothing of a chat answer outlives the request

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from proxy.hub.canonical import ChatRequest, RequestContext
     from proxy.hub.events import Answer
+    from proxy.hub.sse import Event
     from proxy.settings import Settings
     from proxy.state.base import StateStore
 
@@ -118,7 +119,7 @@ class MessagesClient(ClientDialect[MessagesCall]):
     def native_reader(self) -> MessagesReader:
         return MessagesReader()
 
-    def native_error(self, err: ProxyError) -> bytes:
+    def native_error(self, err: ProxyError) -> Event:
         return error_event(err)
 
     def routes(self) -> list[BaseRoute]:

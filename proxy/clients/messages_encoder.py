@@ -7,10 +7,11 @@ open block (a `thinking` block closes with its signature, proxy/clients/signatur
 
     message_start · (content_block_start · content_block_delta* · content_block_stop)* · message_delta · message_stop
 
-`MessagesWriter` writes them as SSE; `MessagesFold` keeps the blocks' text and makes the Message at the end, so both
-give the same final message (tests/clients/test_messages.py checks it through the anthropic SDK's own accumulator).
+`MessagesWriter` emits them as the stream's events (the transport's sink frames them); `MessagesFold` keeps the
+blocks' text and makes the Message at the end, so both give the same final message (tests/clients/test_messages.py
+checks it through the anthropic SDK's own accumulator).
 
-Per chunk: a text or thinking delta costs one orjson dump of the delta's string and one bytes join.
+Per chunk: a text or thinking delta costs one orjson dump of the delta's string and one bytes concatenation.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from proxy.clients.base import ClientCall, Headers
 from proxy.clients.messages_errors import error_event
 from proxy.errors import ProxyError, UpstreamError
 from proxy.hub.canonical import CHAT
-from proxy.hub.sse import encode_event
+from proxy.hub.sse import Event
 
 if TYPE_CHECKING:
     import hmac
@@ -37,10 +38,11 @@ if TYPE_CHECKING:
 STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                        "function_call": "tool_use", "content_filter": "refusal"}
 
-PING: Final = encode_event(b"ping", b'{"type":"ping"}')
+PING: Final = Event(b"ping", b'{"type":"ping"}')
 _STOP: Final = b"content_block_stop"
 _START: Final = b"content_block_start"
-_END: Final = b"}}\n\n"  # what follows a delta's value
+_DELTA: Final = b"content_block_delta"
+_END: Final = b"}}"  # what follows a delta's value
 _DELTA_KINDS: Final = {"text": (b"text_delta", b"text"), "thinking": (b"thinking_delta", b"thinking")}
 # The blocks' fixed parts as Anthropic's schema requires them (anthropic.json in llm-comply's specs: every key
 # present): a tool_use block called by the model itself, and a text block's `citations` as an empty list — the schema
@@ -53,13 +55,12 @@ _STOP_NULLS: Final = {"stop_details": None, "container": None}
 
 
 def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
-    """A content_block_delta event (encode_event's framing) up to its value: cached per block for the hot path."""
-    return b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":' % (
-        index, kind, field)
+    """A content_block_delta event's payload up to its value: cached per block for the hot path."""
+    return b'{"type":"content_block_delta","index":%d,"delta":{"type":"%s","%s":' % (index, kind, field)
 
 
-def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> bytes:
-    return _delta_head(index, kind, field) + orjson.dumps(value) + _END
+def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> Event:
+    return Event(_DELTA, _delta_head(index, kind, field) + orjson.dumps(value) + _END)
 
 
 class _Block:
@@ -73,16 +74,16 @@ class _Block:
         self.id = ""  # tool_use
         self.name = ""  # tool_use
         self.signature = ""  # thinking, once closed
-        self.delta_head = b""  # the SSE writer's: a delta event's bytes up to its string (_delta_event's)
+        self.delta_head = b""  # the writer's: a delta event's payload up to its string (_delta_event's)
 
 
 class MessagesSink:
     """The consumer of one answer's Messages events, in the order above. `take` hands over what is ready to send;
-    `end` is the last event and returns the last bytes (the stream's tail, or the whole Message)."""
+    `end` is the last event and returns the last events (the stream's tail, or the whole Message)."""
 
-    def opening(self, message: dict[str, Any]) -> bytes:
+    def opening(self, message: dict[str, Any]) -> list[Event]:
         """message_start, with the Message as it stands before any content."""
-        return b""
+        return []
 
     def start(self, block: _Block) -> None:
         """content_block_start."""
@@ -93,66 +94,60 @@ class MessagesSink:
     def stop(self, block: _Block) -> None:
         """content_block_stop (a thinking block carries its signature by now)."""
 
-    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> bytes:
+    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> list[Event]:
         """message_delta and message_stop: `usage` is a message_delta's (MessageDeltaUsage)."""
-        return b""
+        return []
 
-    def failure(self, err: ProxyError, request_id: str) -> bytes:
+    def failure(self, err: ProxyError, request_id: str) -> Event:
         """The in-stream error after the head."""
-        return b""
+        return error_event(err, request_id)
 
-    def take(self) -> bytes:
-        return b""
+    def take(self) -> list[Event]:
+        return []
 
 
 class MessagesWriter(MessagesSink):
-    """The events as Anthropic's SSE stream."""
+    """The events of Anthropic's stream."""
 
     def __init__(self) -> None:
-        self.out: list[bytes] = []
+        self.out: list[Event] = []
 
-    def opening(self, message: dict[str, Any]) -> bytes:
-        return encode_event(b"message_start", orjson.dumps({"type": "message_start", "message": message}))
+    def opening(self, message: dict[str, Any]) -> list[Event]:
+        return [Event(b"message_start", orjson.dumps({"type": "message_start", "message": message}))]
 
     def start(self, block: _Block) -> None:
         if block.kind == "tool_use":
             block.delta_head = _delta_head(block.index, b"input_json_delta", b"partial_json")
-            self.out.append(encode_event(_START, orjson.dumps({
+            self.out.append(Event(_START, orjson.dumps({
                 "type": "content_block_start", "index": block.index,
                 "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {},
                                   "caller": _DIRECT}})))
             return
         block.delta_head = _delta_head(block.index, *_DELTA_KINDS[block.kind])
         body = b'{"type":"thinking","thinking":"","signature":""}' if block.kind == "thinking" else _TEXT_START
-        self.out.append(encode_event(_START, b'{"type":"content_block_start","index":%d,"content_block":%s}' % (
+        self.out.append(Event(_START, b'{"type":"content_block_start","index":%d,"content_block":%s}' % (
             block.index, body)))
 
     def delta(self, block: _Block, text: str) -> None:
-        self.out.append(block.delta_head + orjson.dumps(text) + _END)
+        self.out.append(Event(_DELTA, block.delta_head + orjson.dumps(text) + _END))
 
     def stop(self, block: _Block) -> None:
         if block.kind == "thinking":
             self.out.append(_delta_event(block.index, b"signature_delta", b"signature", block.signature))
-        self.out.append(encode_event(_STOP, b'{"type":"content_block_stop","index":%d}' % block.index))
+        self.out.append(Event(_STOP, b'{"type":"content_block_stop","index":%d}' % block.index))
 
-    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> bytes:
-        self.out.append(encode_event(b"message_delta", orjson.dumps({
+    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> list[Event]:
+        self.out.append(Event(b"message_delta", orjson.dumps({
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence, **_STOP_NULLS},
             "usage": usage})))
-        self.out.append(encode_event(b"message_stop", b'{"type":"message_stop"}'))
+        self.out.append(Event(b"message_stop", b'{"type":"message_stop"}'))
         return self.take()
 
-    def failure(self, err: ProxyError, request_id: str) -> bytes:
-        return error_event(err, request_id)
-
-    def take(self) -> bytes:
+    def take(self) -> list[Event]:
         out = self.out
-        if not out:
-            return b""
-        data = b"".join(out)
-        out.clear()
-        return data
+        self.out = []
+        return out
 
 
 class MessagesFold(MessagesSink):
@@ -170,9 +165,9 @@ class MessagesFold(MessagesSink):
     def delta(self, block: _Block, text: str) -> None:
         self.parts[block.index].append(text)
 
-    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> bytes:
+    def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> list[Event]:
         content = [_content(block, "".join(self.parts[block.index]), stop_reason) for block in self.blocks]
-        return orjson.dumps(message_object(self.ctx, content, stop_reason, stop_sequence, usage))
+        return [Event(None, orjson.dumps(message_object(self.ctx, content, stop_reason, stop_sequence, usage)))]
 
 
 def _content(block: _Block, text: str, stop_reason: str) -> dict[str, Any]:
@@ -226,12 +221,12 @@ class MessagesCall(ClientCall):
 
 
 def messages_consumer(call: ClientCall, ctx: RequestContext) -> MessagesSink:
-    """Where a request's events go: the SSE writer for a stream, the fold for one Message."""
+    """Where a request's events go: the writer for a stream, the fold for one Message."""
     return MessagesWriter() if call.stream else MessagesFold(ctx)
 
 
 class MessagesEncoder:
-    keepalive = PING
+    keepalive: Event | None = PING
 
     def __init__(self, call: MessagesCall, ctx: RequestContext, answer: Answer, signer: ThinkingSigner,
                  sink: MessagesSink) -> None:
@@ -355,23 +350,23 @@ class MessagesEncoder:
                 "server_tool_use": None}
 
     # ------------------------------------------------------------------ the Encoder protocol
-    def head(self) -> bytes:
+    def head(self) -> list[Event]:
         # The upstream's counts arrive with its last chunk: message_delta carries them all (the SDK takes them).
         return self.sink.opening(message_object(self.ctx, [], None, None, {
             "input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
             "output_tokens_details": None, "server_tool_use": None}))
 
-    def feed(self, deltas: Sequence[Delta]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> list[Event]:
         self._events(deltas)
         return self.sink.take()
 
-    def finish(self) -> bytes:
+    def finish(self) -> list[Event]:
         self._close()
         stop_reason = self.stop_reason()
         return self.sink.end(stop_reason, self.stop_sequence if stop_reason == "stop_sequence" else None,
                              self.usage())
 
-    def error(self, err: ProxyError) -> bytes:
+    def error(self, err: ProxyError) -> Event:
         return self.sink.failure(err, self.ctx.request_id)
 
     def outcome(self) -> None:

@@ -10,7 +10,7 @@ import orjson
 
 from proxy.clients.base import Headers
 from proxy.errors import ProxyError
-from proxy.hub.sse import encode_event
+from proxy.hub.sse import Event
 
 _TYPES: Final = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
                  413: "request_too_large", 429: "rate_limit_error"}
@@ -37,9 +37,9 @@ def error_body(err: ProxyError, request_id: str | None = None) -> dict[str, Any]
             "request_id": request_id or err.request_id}
 
 
-def error_event(err: ProxyError, request_id: str | None = None) -> bytes:
+def error_event(err: ProxyError, request_id: str | None = None) -> Event:
     """The `error` event that ends an Anthropic stream already under way."""
-    return encode_event(b"error", orjson.dumps(error_body(err, request_id)))
+    return Event(b"error", orjson.dumps(error_body(err, request_id)))
 
 
 def error_response(err: ProxyError) -> tuple[int, Headers, bytes]:

@@ -49,6 +49,7 @@ from proxy.hub.canonical import CHAT
 if TYPE_CHECKING:
     from proxy.hub.canonical import RequestContext
     from proxy.hub.events import Answer
+    from proxy.hub.sse import Event
     from proxy.settings import Settings
     from proxy.state.base import StateStore
 
@@ -131,7 +132,6 @@ class ResponsesClient(ClientDialect[ResponsesCall]):
         self.reasoning_events = REASONING_EVENTS[settings.client.responses_spec]
         # A WebSocket connection's own copy has its connection-local state here (for_socket): response id -> record
         self.cache: dict[str, bytes] | None = None
-        self.lines = False  # a WebSocket connection's copy: stream events as JSON lines (responses_events.py)
 
     def for_socket(self, cache: dict[str, bytes]) -> ResponsesClient:
         """This client for one WebSocket connection (proxy/server/responses_socket.py): `previous_response_id` is
@@ -139,7 +139,6 @@ class ResponsesClient(ClientDialect[ResponsesCall]):
         (the Open Responses spec's connection-local state: `store: false` continues on the same socket)."""
         client = ResponsesClient(self.settings, self.store)
         client.cache = cache
-        client.lines = True
         return client
 
     async def decode(self, body: dict[str, Any]) -> ResponsesCall:
@@ -209,7 +208,7 @@ class ResponsesClient(ClientDialect[ResponsesCall]):
 
     def encoder(self, call: ResponsesCall, ctx: RequestContext, answer: Answer) -> Encoder:
         decoded = call.decoded
-        sink = responses_consumer(call.stream, self.reasoning_events, self.lines)
+        sink = responses_consumer(call.stream, self.reasoning_events)
         encoder = ResponsesEncoder(ctx, answer, sink, call.echo, decoded.tools, self.signer if call.seal else None)
         if call.store or self.cache is not None:  # kept: the store, or the connection's own state (for_socket)
             encoder.history = decoded.messages
@@ -232,7 +231,7 @@ class ResponsesClient(ClientDialect[ResponsesCall]):
     def native_reader(self) -> ResponsesReader:
         return ResponsesReader()
 
-    def native_error(self, err: ProxyError) -> bytes:
+    def native_error(self, err: ProxyError) -> Event:
         return stream_error(err)
 
     def routes(self) -> list[BaseRoute]:

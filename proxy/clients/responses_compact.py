@@ -33,7 +33,7 @@ from proxy.clients.responses_request import SUMMARY_PREFIX
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError, UpstreamError
 from proxy.hub.events import Delta
-from proxy.hub.sse import KEEPALIVE
+from proxy.hub.sse import Event
 
 SUMMARY_PROMPT: Final = (
     "Summarise the conversation above so that the work can continue from the summary alone: it will replace the "
@@ -78,7 +78,7 @@ class CompactionEncoder:
     set: the compact endpoint) or as a response of the Responses API (through `inner`, streamed or not). Nothing of
     the summary is streamed: the item is whole only once it is sealed."""
 
-    keepalive = KEEPALIVE
+    keepalive: Event | None = None  # the transport's own (an SSE comment)
 
     def __init__(self, inner: ResponsesEncoder, sealer: ThinkingSigner,
                  retained: list[dict[str, Any]] | None = None) -> None:
@@ -89,16 +89,16 @@ class CompactionEncoder:
         self.summary = ""
         self._parts: list[str] = []
 
-    def head(self) -> bytes:
+    def head(self) -> list[Event]:
         return self.inner.head()
 
-    def feed(self, deltas: Sequence[Delta]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> list[Event]:
         for d in deltas:
             if d.index == 0 and d.content:
                 self._parts.append(d.content)
-        return b""
+        return []
 
-    def finish(self) -> bytes:
+    def finish(self) -> list[Event]:
         summary = "".join(self._parts).strip()
         if not summary:
             raise UpstreamError("The upstream model answered the compaction request without a summary.")
@@ -110,10 +110,11 @@ class CompactionEncoder:
         for message in self.retained:
             self.inner.add_item("msg", message)
         self.inner.add_item("cmp", fields)
-        return orjson.dumps({"id": self.ctx.response_id, "object": "response.compaction",
-                             "created_at": self.ctx.created, "output": self.inner.items, "usage": self.inner.usage()})
+        return [Event(None, orjson.dumps({"id": self.ctx.response_id, "object": "response.compaction",
+                                          "created_at": self.ctx.created, "output": self.inner.items,
+                                          "usage": self.inner.usage()}))]
 
-    def error(self, err: ProxyError) -> bytes:
+    def error(self, err: ProxyError) -> Event:
         return self.inner.error(err)
 
     def outcome(self) -> Outcome | None:

@@ -1,5 +1,6 @@
 """Hub events -> a Responses API answer: one item machine (`ResponsesEncoder`) emits the client's events to a
-consumer, the SSE writer (`ResponsesWriter`: the event stream the SDKs and Codex parse) or the fold
+consumer, the writer (`ResponsesWriter`: the event stream the SDKs and Codex parse, the same on HTTP and on a
+WebSocket: only the transport's sink frames it) or the fold
 (`ResponsesFold`: one `response` object) (docs/hub.md "Client side").
 
     reasoning deltas ─▶ a `reasoning` item   (reasoning_text deltas, or with `reasoning.summary` asked for one
@@ -30,7 +31,7 @@ from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ProxyError
 from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta
-from proxy.hub.sse import KEEPALIVE, encode_event
+from proxy.hub.sse import Event
 
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 # `reasoning.summary` values that ask for a summary. No upstream here summarises: the reasoning itself is sent as the
@@ -43,7 +44,7 @@ _dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute look
 # name differently, by `client.responses_spec`: OpenAI's API reference and SDK types (as vLLM and Codex) say
 # `response.reasoning_text.delta`/`.done`, Open Responses (its ResponseReasoningDeltaStreamingEvent) says
 # `response.reasoning.delta`/`.done`, with the same fields. The summary events' names are the same in both.
-# The pair is chosen once per client (proxy/clients/responses.py); the delta's bytes go into each item's delta_head.
+# The pair is chosen once per client (proxy/clients/responses.py); the delta's name goes into each item's delta_name.
 REASONING_EVENTS: Final[dict[str, tuple[bytes, str]]] = {
     "openai_api": (b"response.reasoning_text.delta", "response.reasoning_text.done"),
     "open_responses": (b"response.reasoning.delta", "response.reasoning.done"),
@@ -93,13 +94,14 @@ class Echo:
 
 
 class _Item:
-    __slots__ = ("call_id", "custom", "delta_head", "id", "index", "name", "namespace", "parts")
+    __slots__ = ("call_id", "custom", "delta_head", "delta_name", "id", "index", "name", "namespace", "parts")
 
     def __init__(self, item_id: str, index: int) -> None:
         self.id = item_id
         self.index = index
         self.parts: list[str] = []
-        self.delta_head = b""  # the bytes of a delta event up to its `delta` value (built once per item)
+        self.delta_name = b""  # the name of its delta events
+        self.delta_head = b""  # a delta event's payload up to its `delta` value (built once per item)
         self.call_id = ""
         self.name = ""
         self.namespace: str | None = None
@@ -109,12 +111,12 @@ class _Item:
 class ResponsesSink:
     """The consumer of one answer's Responses events, in order: the items' opening, delta and closing events (their
     done items, which the encoder keeps for the response object and the store, come with them), then the terminal
-    event with the whole response. `take` hands over what is ready to send; `end` returns the last bytes (the
-    stream's tail, or the response object's JSON)."""
+    event with the whole response. `take` hands over what is ready to send; `end` returns the last events (the
+    stream's tail, or the response object)."""
 
-    def opening(self, response: dict[str, Any]) -> bytes:
+    def opening(self, response: dict[str, Any]) -> list[Event]:
         """response.created and response.in_progress, with the response as it stands before any output."""
-        return b""
+        return []
 
     def reasoning_added(self, item: _Item, summary: bool) -> None:
         """A reasoning item opens (`summary`: its text goes out as one summary part, not as reasoning_text)."""
@@ -140,37 +142,32 @@ class ResponsesSink:
     def whole_item(self, done: dict[str, Any], index: int) -> None:
         """An item made whole, not from deltas (compaction): it opens and closes at once."""
 
-    def end(self, status: str, response: dict[str, Any]) -> bytes:
+    def end(self, status: str, response: dict[str, Any]) -> list[Event]:
         """The terminal event: response.completed or response.incomplete, with the whole response."""
-        return b""
+        return []
 
-    def failure(self, failed: dict[str, Any], err: ProxyError) -> bytes:
-        """response.failed, after the head."""
-        return b""
+    def failure(self, failed: dict[str, Any], err: ProxyError) -> Event:
+        """response.failed, after the head (a stream's only)."""
+        raise NotImplementedError
 
-    def take(self) -> bytes:
-        return b""
+    def take(self) -> list[Event]:
+        return []
 
 
 class ResponsesWriter(ResponsesSink):
-    """The events as the Responses API's stream, each with its `sequence_number`, framed for the transport: SSE
-    events (HTTP), or with `lines` one event's JSON per line (the WebSocket mode: each line one message,
-    proxy/server/responses_socket.py; orjson never writes a raw newline)."""
+    """The events of the Responses API's stream, each with its `sequence_number`."""
 
-    def __init__(self, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING, lines: bool = False) -> None:
+    def __init__(self, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> None:
         self.reasoning_events = reasoning_events  # (delta, done) event names: REASONING_EVENTS
-        self.lines = lines
-        self.out: list[bytes] = []
+        self.out: list[Event] = []
         self.seq = 2  # 0 and 1 are the head's (sent when the endpoint commits the stream, after the first feed)
-        # a delta event after its item's head (_delta_head): the text, the sequence number, the framing's end
-        self._delta = b'%s%s,"sequence_number":%d}\n' if lines else b'%s%s,"sequence_number":%d}\n\n'
 
-    def opening(self, response: dict[str, Any]) -> bytes:
+    def opening(self, response: dict[str, Any]) -> list[Event]:
         # Both events carry the same response object: serialised once (orjson's cost is per key, and this object
         # has many), each event's JSON is the bytes orjson would make of it.
         skeleton = _dumps(response)
-        return b"".join(self._frame(name, b'{"type":"%s","response":%s,"sequence_number":%d}' % (name, skeleton, n))
-                        for n, name in enumerate((b"response.created", b"response.in_progress")))
+        return [Event(name, b'{"type":"%s","response":%s,"sequence_number":%d}' % (name, skeleton, n))
+                for n, name in enumerate((b"response.created", b"response.in_progress"))]
 
     def reasoning_added(self, item: _Item, summary: bool) -> None:
         if summary:
@@ -178,10 +175,10 @@ class ResponsesWriter(ResponsesSink):
             self._event(b"response.reasoning_summary_part.added", {
                 "type": "response.reasoning_summary_part.added", "item_id": item.id, "output_index": item.index,
                 "summary_index": 0, "part": {"type": "summary_text", "text": ""}})
-            item.delta_head = self._head(b"response.reasoning_summary_text.delta", item, summary_index=True)
+            self._deltas(b"response.reasoning_summary_text.delta", item, summary_index=True)
         else:
             self._added({"id": item.id, "type": "reasoning", "summary": [], "content": []}, item.index)
-            item.delta_head = self._head(self.reasoning_events[0], item, content_index=True)
+            self._deltas(self.reasoning_events[0], item, content_index=True)
 
     def message_added(self, item: _Item) -> None:
         self._added({"id": item.id, "type": "message", "role": "assistant", "status": "in_progress",
@@ -189,15 +186,16 @@ class ResponsesWriter(ResponsesSink):
         self._event(b"response.content_part.added", {
             "type": "response.content_part.added", "item_id": item.id, "output_index": item.index,
             "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
-        item.delta_head = self._head(b"response.output_text.delta", item, content_index=True, logprobs=True)
+        self._deltas(b"response.output_text.delta", item, content_index=True, logprobs=True)
 
     def call_added(self, item: _Item) -> None:
         self._added(call_item(item, "", "in_progress"), item.index)
         if not item.custom:
-            item.delta_head = self._head(b"response.function_call_arguments.delta", item)
+            self._deltas(b"response.function_call_arguments.delta", item)
 
     def delta(self, item: _Item, text: str) -> None:
-        self.out.append(self._delta % (item.delta_head, orjson.dumps(text), self.seq))
+        self.out.append(Event(item.delta_name, b'%s%s,"sequence_number":%d}' % (
+            item.delta_head, orjson.dumps(text), self.seq)))
         self.seq += 1
 
     def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:
@@ -237,35 +235,34 @@ class ResponsesWriter(ResponsesSink):
         self._added(done, index)
         self._done(done, index)
 
-    def end(self, status: str, response: dict[str, Any]) -> bytes:
+    def end(self, status: str, response: dict[str, Any]) -> list[Event]:
         kind = "response." + status
         self._event(kind.encode(), {"type": kind, "response": response})
         return self.take()
 
-    def failure(self, failed: dict[str, Any], err: ProxyError) -> bytes:
-        self._event(b"response.failed", {"type": "response.failed", "response": failed,
-                                         "error": err.envelope()["error"]})
-        return self.take()
+    def failure(self, failed: dict[str, Any], err: ProxyError) -> Event:
+        return self._made(b"response.failed", {"type": "response.failed", "response": failed,
+                                               "error": err.envelope()["error"]})
 
-    def take(self) -> bytes:
-        data = b"".join(self.out)
-        self.out.clear()
-        return data
+    def take(self) -> list[Event]:
+        out = self.out
+        self.out = []
+        return out
 
-    # -- event framing --------------------------------------------------------------------------------------------
-    def _frame(self, name: bytes, payload: bytes) -> bytes:
-        return payload + b"\n" if self.lines else encode_event(name, payload)
+    # -- events ---------------------------------------------------------------------------------------------------
+    def _deltas(self, name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
+                summary_index: bool = False) -> None:
+        """The item's delta events: their name and their payload's fixed part."""
+        item.delta_name = name
+        item.delta_head = _delta_head(name, item, content_index, logprobs, summary_index)
 
-    def _head(self, name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
-              summary_index: bool = False) -> bytes:
-        head = _delta_head(name, item, content_index, logprobs, summary_index)
-        # the SSE event's lines before its JSON (`event: <name>`, `data: `): no part of a line
-        return head.partition(b"data: ")[2] if self.lines else head
-
-    def _event(self, name: bytes, data: dict[str, Any]) -> None:
+    def _made(self, name: bytes, data: dict[str, Any]) -> Event:
         data["sequence_number"] = self.seq
         self.seq += 1
-        self.out.append(self._frame(name, _dumps(data)))
+        return Event(name, _dumps(data))
+
+    def _event(self, name: bytes, data: dict[str, Any]) -> None:
+        self.out.append(self._made(name, data))
 
     def _added(self, item: dict[str, Any], index: int) -> None:
         self._event(b"response.output_item.added", {"type": "response.output_item.added", "output_index": index,
@@ -279,22 +276,19 @@ class ResponsesWriter(ResponsesSink):
 class ResponsesFold(ResponsesSink):
     """The events folded into one response object (a non-stream answer): the terminal event carries it whole."""
 
-    def end(self, status: str, response: dict[str, Any]) -> bytes:
-        return _dumps(response)
+    def end(self, status: str, response: dict[str, Any]) -> list[Event]:
+        return [Event(None, _dumps(response))]
 
 
-def responses_consumer(stream: bool, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING,
-                       lines: bool = False) -> ResponsesSink:
-    """Where a request's events go: the writer for a stream (SSE, or JSON `lines`), the fold for one response
-    object."""
-    return ResponsesWriter(reasoning_events, lines) if stream else ResponsesFold()
+def responses_consumer(stream: bool, reasoning_events: tuple[bytes, str] = _OPENAI_REASONING) -> ResponsesSink:
+    """Where a request's events go: the writer for a stream, the fold for one response object."""
+    return ResponsesWriter(reasoning_events) if stream else ResponsesFold()
 
 
 def _delta_head(name: bytes, item: _Item, content_index: bool = False, logprobs: bool = False,
                 summary_index: bool = False) -> bytes:
-    # The per-token events are the hot path: their fixed part is serialised once per item.
-    head = b'event: ' + name + b'\ndata: {"type":"' + name + b'","item_id":"' + item.id.encode() + \
-        b'","output_index":' + str(item.index).encode()
+    # The per-token events are the hot path: their payload's fixed part is serialised once per item.
+    head = b'{"type":"' + name + b'","item_id":"' + item.id.encode() + b'","output_index":' + str(item.index).encode()
     if content_index:
         head += b',"content_index":0'
     if summary_index:
@@ -318,7 +312,7 @@ def call_item(item: _Item, payload: str, status: str) -> dict[str, Any]:
 
 
 class ResponsesEncoder:
-    keepalive = KEEPALIVE
+    keepalive: Event | None = None  # the transport's own (an SSE comment)
 
     def __init__(self, ctx: RequestContext, answer: Answer, sink: ResponsesSink, echo: Echo,
                  tools: dict[str, ToolName], signer: ThinkingSigner | None) -> None:
@@ -342,10 +336,10 @@ class ResponsesEncoder:
         self._calls: dict[int, _Item] = {}
 
     # -- the Encoder protocol -----------------------------------------------------------------------------------
-    def head(self) -> bytes:
+    def head(self) -> list[Event]:
         return self.sink.opening(self.response("in_progress", with_output=False))
 
-    def feed(self, deltas: Sequence[Delta]) -> bytes:
+    def feed(self, deltas: Sequence[Delta]) -> list[Event]:
         self._events(deltas)
         return self.sink.take()
 
@@ -368,12 +362,12 @@ class ResponsesEncoder:
             if d.finish_reason is not None:
                 self.finish_reason = d.finish_reason
 
-    def finish(self) -> bytes:
+    def finish(self) -> list[Event]:
         self._close_all()
         status = "incomplete" if self.finish_reason in _INCOMPLETE else "completed"
         return self.sink.end(status, self.response(status))
 
-    def error(self, err: ProxyError) -> bytes:
+    def error(self, err: ProxyError) -> Event:
         failed = self.response("failed")
         failed["error"] = {"code": err.code, "message": err.message}
         return self.sink.failure(failed, err)

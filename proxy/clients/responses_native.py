@@ -9,7 +9,7 @@ import orjson
 
 from proxy.clients.native import NativeReader
 from proxy.errors import ProxyError
-from proxy.hub.sse import encode_event
+from proxy.hub.sse import Event
 
 _TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # Output items that are calls the client must answer: the turn ends for a tool call, as Chat's `tool_calls`.
@@ -72,8 +72,8 @@ def chat_usage(usage: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def stream_error(err: ProxyError) -> bytes:
+def stream_error(err: ProxyError) -> Event:
     """An `error` event (the Responses stream's own) that also carries the error envelope, so that the OpenAI SDKs
     raise it as they raise an error in any stream."""
     payload = {"type": "error", "code": err.code, "message": err.message, "param": err.param, **err.envelope()}
-    return encode_event(b"error", orjson.dumps(payload))
+    return Event(b"error", orjson.dumps(payload))

@@ -30,7 +30,6 @@ from proxy.endpoint.request import SSE_HEADERS
 from proxy.errors import ProxyError, error_type_for
 from proxy.gateway.upstream import StreamReads, release
 from proxy.hub.canonical import CHAT
-from proxy.hub.sse import KEEPALIVE
 
 if TYPE_CHECKING:
     from proxy.clients.base import ClientDialect, Headers
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from proxy.dialects.base import NativeRoute
     from proxy.endpoint.exchange import Exchange
     from proxy.hub.canonical import RequestContext
+    from proxy.hub.sse import Event
     from proxy.server.appstate import AppState
 
 # The upstream's response headers that are not passed on: connection-level and framing ones (the proxy's front end
@@ -173,9 +173,9 @@ class _Boundary:
         self.tail = (self.tail + data)[-4:]
         self.at = self.tail.endswith(_EVENT_ENDS)
 
-    def error_event(self, err: ProxyError) -> bytes:
+    def error_event(self, err: ProxyError) -> Event | None:
         """The client dialect's error event, only at an event boundary (mid-event, the stream is closed instead)."""
-        return self.client.native_error(err) if self.at else b""
+        return self.client.native_error(err) if self.at else None
 
 
 class _Native:
@@ -191,7 +191,7 @@ class _Native:
         self.boundary = _Boundary(passthrough.client)
         names = {name for name, _ in head}
         own = [item for item in SSE_HEADERS if item[0] not in names]
-        self.relay = Relay(exchange, [*own, *head], self.boundary.error_event, native=True)
+        self.relay = Relay(exchange, [*own, *head], self.boundary.error_event)
 
     async def respond(self, resp: Any, deadline: float) -> tuple[int, bool]:
         """(the status the client got, whether the upstream connection can serve another request)."""
@@ -244,20 +244,19 @@ class _Native:
             data = await reads.read()
             if data is None:
                 if self.boundary.at:
-                    await relay.keepalive(KEEPALIVE)
+                    await relay.keepalive(None)  # the transport's own (an SSE comment)
                 continue
             if not data:
                 return
             obs.chunks(1, self.reader.feed(data))
             self.boundary.passed(data)
-            relay.pending.append(data)
-            await relay.flush()
+            await relay.native(data)
 
     async def _end(self) -> int:
         reader = self.reader
         reader.flush()
         self.relay.usage(reader.answer)
-        await self.relay.end(b"")
+        await self.relay.end([])
         if reader.error is not None or not reader.done:  # the upstream's error event, or an end without one
             reason = "upstream_error" if reader.error is not None else "upstream_closed"
             self.exchange.truncated(reason, reader.error or "upstream_closed")

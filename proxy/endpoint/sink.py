@@ -1,13 +1,16 @@
 """Where an answer goes: the transport's side of an exchange (proxy/endpoint/exchange.py). The endpoint hands a sink
-what the client dialect made — a stream's bytes, one JSON object, an error — and the sink frames it for its transport.
+what the client dialect made — a stream's events, one JSON object, an error — and only the sink frames it for its
+transport:
 
-    HttpSink       an HTTP response: the head, then an event stream (SSE) or one JSON body; an error before the
-                   head is the client dialect's error response
-    SocketSink     a WebSocket (proxy/server/responses_socket.py): each event of the answer one text message; an
-                   error before the answer began is the socket's `error` message
+    HttpSink       an HTTP response: the head, then an event stream (SSE: `event: <name>` when the event has one,
+                   `data: <payload>`, a blank line; a silence's keep-alive is an SSE comment unless the client
+                   dialect has an event for it) or one JSON body; an error before the head is the client dialect's
+                   error response
+    SocketSink     a WebSocket (proxy/server/responses_socket.py): each event's payload one text message; an error
+                   before the answer began is the socket's `error` message
 
-The client dialect's encoder writes its events in the framing the transport asks for (proxy/clients/base.py
-`ClientDialect.encoder`): SSE events for HTTP, one JSON text per line for a WebSocket.
+The client dialect's encoder emits events (proxy/hub/sse.py `Event`: a name and a JSON payload), the same for every
+transport (proxy/clients/base.py `Encoder`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.endpoint.request import send_json
+from proxy.hub.sse import KEEPALIVE, encode_events
 
 if TYPE_CHECKING:
     from proxy.clients.base import Headers
     from proxy.errors import ProxyError
+    from proxy.hub.sse import Event
 
 
 class Envelope(Protocol):
@@ -33,15 +38,15 @@ class Sink(Protocol):
     async def start(self, status: int, headers: Headers) -> None:
         """The answer's head: an HTTP status and headers (a WebSocket has none to send)."""
 
-    async def body(self, data: bytes, more: bool) -> None:
-        """The client dialect's bytes, after `start` (`more`: the answer goes on)."""
+    async def events(self, events: list[Event], more: bool) -> None:
+        """The client dialect's events, after `start` (`more`: the answer goes on)."""
 
     async def native(self, data: bytes, more: bool) -> None:
         """The upstream's own bytes of a passed-through answer (proxy/endpoint/passthrough.py), after `start`."""
 
-    async def keepalive(self, pending: bytes, data: bytes) -> None:
-        """A silence of the upstream, after `start`: what was `pending`, then `data`, the client dialect's
-        keep-alive (an SSE comment or event)."""
+    async def keepalive(self, pending: list[Event], event: Event | None) -> None:
+        """A silence of the upstream, after `start`: the events that were `pending`, then the client dialect's
+        keep-alive `event` (Anthropic's ping; None: the transport's own, if it has one)."""
 
     async def whole(self, body: bytes, headers: Headers) -> None:
         """A whole answer: one JSON object (a non-stream request), status 200."""
@@ -64,14 +69,19 @@ class HttpSink:
     async def start(self, status: int, headers: Headers) -> None:
         await self.send({"type": "http.response.start", "status": status, "headers": headers + self.extra})
 
-    async def body(self, data: bytes, more: bool) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+    async def events(self, events: list[Event], more: bool) -> None:
+        await self.send({"type": "http.response.body", "body": encode_events(events), "more_body": more})
 
     async def native(self, data: bytes, more: bool) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
 
-    async def keepalive(self, pending: bytes, data: bytes) -> None:
-        await self.send({"type": "http.response.body", "body": pending + data, "more_body": True})
+    async def keepalive(self, pending: list[Event], event: Event | None) -> None:
+        if event is None:
+            body = encode_events(pending) + KEEPALIVE  # an SSE comment, which every SSE reader skips
+        else:
+            pending.append(event)
+            body = encode_events(pending)
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def whole(self, body: bytes, headers: Headers) -> None:
         await send_json(self.send, 200, body, headers + self.extra)

@@ -130,8 +130,11 @@ class _Answering:
         self.pipeline = Pipeline(up.session, answer)
         self.events: list[Delta] = []
         self.substantive = False  # a token or a finish is pending or sent: worth committing the 200 for
-        head = [(b"content-type", client.content_type), *SSE_HEADERS, *call.headers]
-        self.relay = Relay(exchange, head, self.encoder.error, self.encoder.head)
+        if ctx.stream:
+            head = [(b"content-type", client.content_type), *SSE_HEADERS, *call.headers]
+            self.relay = Relay(exchange, head, self.encoder.error, self.encoder.head, client.stream_end)
+        else:  # one JSON object, sent whole at the end
+            self.relay = Relay(exchange, call.headers, self.encoder.error, stream=False)
 
     async def respond(self, resp: Any, deadline: float) -> int:
         """The upstream's answer (`resp`: its accepted response) to the client: the status the client got."""
@@ -165,10 +168,10 @@ class _Answering:
             self.up.recorder.feed(events)
         if self.tap is not None:
             self.tap.feed(events)
-        data = self.encoder.feed(events)
+        made = self.encoder.feed(events)
         events.clear()
-        if data:
-            self.relay.pending.append(data)
+        if made:
+            self.relay.pending.extend(made)
 
     def _observe(self) -> None:
         """The answer's usage and the upstream's timings, for the metrics and the access record."""
@@ -208,18 +211,12 @@ class _Answering:
         return raw
 
     async def _whole(self, raw: bytes) -> int:
-        """A whole body: the same pipeline and encoder, fed once; the encoder's fold gives the JSON object."""
+        """A whole body: the same pipeline, encoder and relay, fed once; the encoder's fold gives the JSON object."""
         try:
             self.pipeline.feed_body(raw, self.events)
-            self.pipeline.finish(self.events)
-        finally:
-            self._observe()
-        self._account()
-        body = self.encoder.finish()
-        await self._keep()
-        self.exchange.complete()
-        await self.exchange.sink.whole(body, self.call.headers)
-        return 200
+            return await self._complete()
+        except ProxyError as err:
+            return await self._cut(err)
 
     # -- a stream -------------------------------------------------------------------------------------------------
     async def _stream(self, resp: Any, deadline: float) -> int:
@@ -239,13 +236,7 @@ class _Answering:
                 await self._read(reads)
             finally:
                 reads.close()  # the silence timer ends as soon as we stop reading (e.g. right after [DONE])
-            self.pipeline.finish(self.events)
-            if self.events:
-                self._account()
-            self._observe()
-            tail = self.encoder.finish()
-            await self._keep()
-            return await self.relay.end(tail)
+            return await self._complete()
         except ProxyError as err:
             return await self._cut(err)
 
@@ -269,15 +260,28 @@ class _Answering:
             if pipeline.done:
                 return
 
+    # -- the end ------------------------------------------------------------------------------------------------
+    async def _complete(self) -> int:
+        """The upstream's answer is all read: its last events, its usage, what must outlive the request, then the
+        last events (a stream) or the one object (a whole answer)."""
+        self.pipeline.finish(self.events)
+        if self.events:
+            self._account()
+        self._observe()
+        tail = self.encoder.finish()
+        await self._keep()
+        return await self.relay.end(tail)
+
     async def _cut(self, err: ProxyError) -> int:
-        """A failure of the stream: before anything generated reached the client, the HTTP error (raised); after,
-        what arrived before it, then the in-stream error."""
+        """A failure of the answer: before anything generated reached the client (always, for a whole answer), the
+        HTTP error (raised); after, what arrived before it, then the in-stream error."""
         exchange = self.exchange
         exchange.state.redactor.sanitize(err)
-        if self.events:
+        relay = self.relay
+        if self.events and relay.stream:
             self._account()  # what arrived before the failure is still delivered, ahead of the error
         self._observe()
-        if not self.relay.committed and not self.substantive:
+        if not relay.committed and not (relay.stream and self.substantive):
             raise err  # nothing generated reached the client yet: it gets the HTTP status and envelope
         if err.upstream_code and exchange.obs is not None:
             exchange.obs.upstream_error(self.up.dialect.name, err.upstream_code)

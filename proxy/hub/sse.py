@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["DONE", "KEEPALIVE", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data", "encode_event"]
+__all__ = ["DONE", "KEEPALIVE", "Event", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data", "encode_event",
+           "encode_events"]
 
 DONE: Final = b"data: [DONE]\n\n"
 KEEPALIVE: Final = b": keep-alive\n\n"
@@ -200,6 +201,34 @@ class SSEDecoder:
             pass
         else:
             out.append(SSEEvent(garbage=line.decode("utf-8", "replace")))
+
+
+class Event:
+    """One event of a client's stream as its encoder emits it, before any transport frames it: its SSE event name
+    (`message_start` ...; None for a plain `data:` event, as every Chat Completions chunk) and its payload (JSON,
+    already serialised: orjson never writes a raw newline). An HTTP stream frames it as SSE (`encode_events`), a
+    WebSocket sends its payload as one message (proxy/server/responses_socket.py)."""
+
+    __slots__ = ("data", "name")
+
+    def __init__(self, name: bytes | None, data: bytes) -> None:
+        self.name = name
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"Event({self.name!r}, {self.data!r})"
+
+
+def encode_events(events: Sequence[Event]) -> bytes:
+    """Events as one run of SSE bytes: `event: <name>` when named, `data: <payload>`, a blank line."""
+    parts: list[bytes] = []
+    for event in events:
+        name = event.name
+        if name is None:
+            parts.extend((b"data: ", event.data, b"\n\n"))
+        else:
+            parts.extend((b"event: ", name, b"\ndata: ", event.data, b"\n\n"))
+    return b"".join(parts)
 
 
 def encode_data(payload: bytes) -> bytes:

@@ -7,8 +7,8 @@ the same events as the SSE stream, each event's JSON one text message. Responses
 order asked (a message that arrives while one is in flight waits). Each is one exchange of the inference endpoint
 (proxy/endpoint/exchange.py), called directly with the parsed message and a sink of this transport (`SocketSink`):
 routing, retries, the upstream request, metrics, the access log line, cancellation, as for a streamed
-`POST /v1/responses`. The encoder writes its events one JSON text per line for a socket (the client dialect's
-`for_socket`); the sink sends each line as one message.
+`POST /v1/responses`. The encoder emits the same events as for HTTP; the sink sends each event's payload as one
+message (no SSE framing, so none to decode).
 
 - Continuation: `previous_response_id` is looked up in the connection's own state first (the most recent response
   answered on it, `store: false` too), then in the state store (`store: true` responses of any connection);
@@ -51,6 +51,7 @@ from proxy.server.websocket import SHUTDOWN_HOOK
 if TYPE_CHECKING:
     from proxy.clients.base import ClientDialect, Headers
     from proxy.errors import ProxyError
+    from proxy.hub.sse import Event
     from proxy.server.appstate import AppState
 
 access_log: Final = logging.getLogger("dialect_proxy.access")
@@ -240,10 +241,9 @@ class SocketSink:
     async def start(self, status: int, headers: Headers) -> None:
         self.status = status
 
-    async def body(self, data: bytes, more: bool) -> None:
-        for line in data.split(b"\n"):  # the encoder's JSON lines: one event each
-            if line:
-                await self.connection._text(line.decode())
+    async def events(self, events: list[Event], more: bool) -> None:
+        for event in events:
+            await self.connection._text(event.data.decode())
 
     async def native(self, data: bytes, more: bool) -> None:
         """The upstream's own answer: its SSE events' data, or its error (in the Responses envelope already)."""
@@ -260,8 +260,8 @@ class SocketSink:
             if event.data:
                 await self.connection._text(event.data)
 
-    async def keepalive(self, pending: bytes, data: bytes) -> None:
-        await self.body(pending, True)  # no keep-alive event: the front end pings a quiet connection
+    async def keepalive(self, pending: list[Event], event: Event | None) -> None:
+        await self.events(pending, True)  # no keep-alive event: the front end pings a quiet connection
 
     async def whole(self, body: bytes, headers: Headers) -> None:
         await self.connection._text(body.decode())  # (not asked for: a socket's requests stream)

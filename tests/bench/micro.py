@@ -37,6 +37,7 @@ from proxy.dialects import DIALECTS  # noqa: E402
 from proxy.hub.canonical import CHAT, RequestContext  # noqa: E402
 from proxy.hub.events import Answer, Delta  # noqa: E402
 from proxy.hub.pipeline import Pipeline  # noqa: E402
+from proxy.hub.sse import encode_events  # noqa: E402
 from proxy.metrics.definitions import Metrics  # noqa: E402
 from proxy.settings import UpstreamSettings  # noqa: E402
 
@@ -143,16 +144,16 @@ def stream_request(dialect_name: str, pieces: list[bytes], make_encoder: Callabl
                     if e.content or e.reasoning or e.tool_calls:
                         tokens += 1
                 obs.chunks(len(events), tokens)
-                data = encoder.feed(events)
+                made = encoder.feed(events)
                 events.clear()
                 if not head:
-                    data = encoder.head() + data
+                    made = encoder.head() + made
                     head = True
-                sent += len(data)
+                sent += len(encode_events(made))  # the HTTP sink's framing (proxy/endpoint/sink.py)
             if pipeline.done:
                 break
         pipeline.finish(events)
-        sent += len(encoder.feed(events)) + len(encoder.finish())
+        sent += len(encode_events(encoder.feed(events) + encoder.finish()))
         obs.finish(200, False, answer.finish_reason)
         return sent
 
@@ -172,7 +173,8 @@ def nonstream_request(dialect_name: str, body: bytes) -> Callable[[], int]:
         pipeline.feed_body(body, events)
         pipeline.finish(events)
         encoder.feed(events)
-        return len(encoder.finish())
+        (whole,) = encoder.finish()
+        return len(whole.data)
 
     return run
 

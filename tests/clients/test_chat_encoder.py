@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from proxy.clients.chat import ChatEncoder, chat_encoder
 from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.hub.events import Answer, Delta
+from proxy.hub.sse import encode_events
 from proxy.settings import UpstreamSettings
 
 REASONING_MODES = ["reasoning_content", "reasoning", "think_tags", "none"]
@@ -63,10 +64,10 @@ def in_batches(events: list[Any], batch: int, extras: list[tuple[int, dict[str, 
 
 
 def general(enc: ChatEncoder, group: list[Any]) -> bytes:
-    """The general path's chunks for these events, one each."""
+    """The general path's chunks for these events, one each, as the HTTP sink frames them."""
     for d in group:
         enc._general(d)
-    return enc.sink.take()
+    return encode_events(enc.sink.take())
 
 
 @settings(max_examples=300, deadline=None)
@@ -80,7 +81,7 @@ def test_hot_path_is_the_general_path(deltas: list[Delta], kind: str, include_us
     fast = encoder(kind, include_usage, reasoning, fast_answer, keep_upstream_id)
     slow = encoder(kind, include_usage, reasoning, slow_answer, keep_upstream_id)
     fast_out, slow_out = in_batches(deltas, batch, extras, [fast_answer, slow_answer],
-                                    [fast.feed, lambda group: general(slow, group)])
+                                    [lambda group: encode_events(fast.feed(group)), lambda group: general(slow, group)])
     assert fast_out == slow_out
 
 
@@ -90,7 +91,8 @@ def test_hot_path_chunks_parse_as_chat_chunks() -> None:
     out = enc.feed([Delta(0, "", "", first=True), Delta(0, "hm", ""), Delta(0, "", 'say "hi"')])
     answer.envelope_extra["system_fingerprint"] = "fp_1"
     out += enc.feed([Delta(1, "", "é\n")])
-    chunks = [orjson.loads(line[6:]) for line in out.split(b"\n\n") if line]
+    assert all(event.name is None for event in out)  # plain `data:` events
+    chunks = [orjson.loads(event.data) for event in out]
     assert [c["choices"][0]["delta"] for c in chunks] == [
         {"role": "assistant", "content": ""}, {"reasoning_content": "hm"}, {"content": 'say "hi"'}, {"content": "é\n"}]
     assert [c["choices"][0]["index"] for c in chunks] == [0, 0, 0, 1]
@@ -105,7 +107,8 @@ def test_non_stream_message_has_refusal_and_annotations() -> None:
         enc = encoder(CHAT, False, "reasoning_content", Answer(), False, stream=False)
         enc.feed([Delta(index=0, content="" if extra else "hi", extra=extra, first=True),
                   Delta(index=0, finish_reason="stop")])
-        out: dict[str, Any] = orjson.loads(enc.finish())["choices"][0]["message"]
+        (whole,) = enc.finish()
+        out: dict[str, Any] = orjson.loads(whole.data)["choices"][0]["message"]
         return out
 
     assert message(None) == {"role": "assistant", "content": "hi", "refusal": None, "annotations": []}

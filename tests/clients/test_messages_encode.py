@@ -18,7 +18,7 @@ from proxy.errors import ProxyError, StreamTruncated, UpstreamError
 from proxy.hub.canonical import CHAT
 from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
-from proxy.hub.sse import SSEDecoder
+from proxy.hub.sse import SSEDecoder, encode_events
 from proxy.settings import UpstreamSettings
 
 UP = UpstreamSettings(name="u", dialect="openai", url="http://127.0.0.1:9")
@@ -62,14 +62,18 @@ def run(pieces: list[bytes], stream: bool = True, **options: Any) -> bytes:
     pipeline = Pipeline(session, answer)
     request = call(stream, **options)
     encoder = MessagesEncoder(request, ctx, answer, SIGNER, messages_consumer(request, ctx))
-    out = encoder.head() if stream else b""
+    out = encoder.head() if stream else []
     events: list[Delta] = []
     for piece in pieces:
         pipeline.feed(piece, events)
         out += encoder.feed(events)
         events.clear()
     pipeline.finish(events)
-    return out + encoder.feed(events) + encoder.finish()
+    out += encoder.feed(events)
+    if not stream:
+        (whole,) = encoder.finish()
+        return whole.data
+    return encode_events(out + encoder.finish())
 
 
 def events_of(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -197,11 +201,11 @@ def test_arguments_that_are_not_an_object_fail_the_non_stream_answer():
 def test_error_event_and_ping():
     ctx = request_context(CHAT, "m", UP, stream=True, response_id="msg_x")
     encoder = MessagesEncoder(call(True), ctx, Answer(), SIGNER, messages_consumer(call(True), ctx))
-    name, data = events_of(encoder.error(StreamTruncated("upstream cut", status=502)))[0]
+    name, data = events_of(encode_events([encoder.error(StreamTruncated("upstream cut", status=502))]))[0]
     # request_id: the request's own (its x-request-id), not null
     assert name == "error" and data == {"type": "error", "error": {"type": "api_error", "message": "upstream cut"},
                                         "request_id": "rid"}
-    assert events_of(PING) == [("ping", {"type": "ping"})] and encoder.keepalive == PING
+    assert events_of(encode_events([PING])) == [("ping", {"type": "ping"})] and encoder.keepalive is PING
 
 
 def test_error_statuses_and_types():

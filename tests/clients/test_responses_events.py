@@ -206,7 +206,8 @@ def test_output_item_ids_are_distinct_and_numbered_in_output_order() -> None:
     calls = [{"index": i, "id": f"call_{i}", "function": {"name": "get", "arguments": "{}"}} for i in range(11)]
     encoder.feed([Delta(reasoning="Hmm"), Delta(content="Calling."),
                   Delta(tool_calls=calls, finish_reason="tool_calls")])
-    ids = [item["id"] for item in json.loads(encoder.finish())["output"]]
+    (whole,) = encoder.finish()
+    ids = [item["id"] for item in json.loads(whole.data)["output"]]
     assert ids == ["rs_0123456789abcdef00", "msg_0123456789abcdef01",
                    *[f"fc_0123456789abcdef{n:02d}" for n in range(2, 13)]]
 

@@ -18,7 +18,7 @@ from proxy.errors import ClientRequestError, StreamTruncated, UpstreamError
 from proxy.hub.canonical import CHAT, COMPLETIONS, RequestContext
 from proxy.hub.events import Answer
 from proxy.hub.normalize import Normalizer
-from proxy.hub.sse import SSEDecoder
+from proxy.hub.sse import SSEDecoder, encode_events
 from proxy.settings import ClientSettings, UpstreamSettings
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "deepseek"
@@ -421,7 +421,7 @@ def test_insufficient_system_resource_stream_is_an_error_after_the_partial_conte
     for event in SSEDecoder().feed(raw):
         if event.data != "[DONE]":
             try:
-                sent += encoder.feed(normalizer.feed(session.chunk(orjson.loads(event.data)) or {}))
+                sent += encode_events(encoder.feed(normalizer.feed(session.chunk(orjson.loads(event.data)) or {})))
             except StreamTruncated:
                 break
     chunks = [orjson.loads(e.data) for e in SSEDecoder().feed(sent)]
