@@ -112,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
     mock.add_argument("--flavour", default=None,
                       help="a variant of the dialect's server: deepseek `legacy` (the seed document's API: "
                            f"deepseek-chat, deepseek-reasoner as R1) [env {_mock_env('flavour')}]")
+    mock.add_argument("--metrics-port", default=None,
+                      help="also serve the engine's /metrics on this port, as MindIE's metricsPort does (MindIE "
+                           f"only) [env {_mock_env('metrics-port')}]")
     mock.add_argument("--directives", default=None,
                       help="server-wide directives for every inference request, e.g. call_tool (an agent turn "
                            "wherever the request offers tools) or error=503 (proxy/mock/README.md) "
@@ -407,7 +410,7 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
 
 def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
     from proxy.mock import DEFAULT_DIALECT, run
-    from proxy.mock.server import flavours
+    from proxy.mock.server import flavours, has_metrics_port
     from proxy.settings import coerce_value
 
     host = args.host or environ.get(_mock_env("host")) or "127.0.0.1"
@@ -421,11 +424,18 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     if flavour and flavour not in flavours(dialect):
         raise ConfigError(f"--flavour: the {dialect} mock has no flavour {flavour!r} "
                           f"(flavours: {', '.join(flavours(dialect)) or 'none'})")
+    given = args.metrics_port or environ.get(_mock_env("metrics-port"))
+    metrics_port = None if given is None else coerce_value("--metrics-port", given, int)
+    if metrics_port is not None and not has_metrics_port(dialect):
+        raise ConfigError(f"--metrics-port: the {dialect} mock has no metrics port (MindIE's has)")
     check_port(host, port, "--port")
+    if metrics_port is not None:
+        check_port(host, metrics_port, "--metrics-port")
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''}{f' ({flavour})' if flavour else ''} on "
-          f"http://{host}:{port}", flush=True)
+          f"http://{host}:{port}" + (f", metrics on http://{host}:{metrics_port}/metrics" if metrics_port else ""),
+          flush=True)
     run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served, flavour=flavour,
-        directives=directives)
+        directives=directives, metrics_port=metrics_port)
 
 
 def main(argv: list[str] | None = None) -> int:
