@@ -40,6 +40,7 @@ from proxy.dialects.engine_metrics import (
     EngineMetricsError,
     read_engine_load,
 )
+from proxy.settings import redact_url
 
 if TYPE_CHECKING:
     from proxy.settings import UpstreamSettings
@@ -83,6 +84,7 @@ class EngineMetricsReader:
         assert upstream.metrics_url is not None
         self.upstream = upstream.name
         self.url = upstream.metrics_url
+        self.shown = redact_url(upstream.metrics_url)  # in the log: without a password it may hold
         self.names = names
         self._tls = tls
         self.load: EngineLoad | None = None
@@ -125,10 +127,10 @@ class EngineMetricsReader:
         try:
             async with asyncio.timeout(READ_TIMEOUT), self._session.get(self.url) as resp:
                 if resp.status != 200:
-                    raise EngineMetricsError(HTTP_STATUS, f"GET {self.url} answered HTTP {resp.status}")
+                    raise EngineMetricsError(HTTP_STATUS, f"GET {self.shown} answered HTTP {resp.status}")
                 raw = await resp.content.read(_BODY_LIMIT)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise EngineMetricsError(UNREACHABLE, f"GET {self.url} failed: {type(e).__name__} {e}".strip()) from None
+            raise EngineMetricsError(UNREACHABLE, f"GET {self.shown} failed: {type(e).__name__} {e}".strip()) from None
         return raw.decode("utf-8", "replace")
 
     def _failed(self, failure: Failure) -> None:
