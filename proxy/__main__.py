@@ -408,9 +408,25 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
     asyncio.run(main())
 
 
+def _mock_metrics_port(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str], host: str,
+                       dialect: str) -> int | None:
+    """`--metrics-port`: where the mock also serves its engine's /metrics (MindIE's metricsPort), if asked."""
+    from proxy.mock.server import has_metrics_port
+    from proxy.settings import coerce_value
+
+    given = args.metrics_port or environ.get(_mock_env("metrics-port"))
+    if given is None:
+        return None
+    port: int = coerce_value("--metrics-port", given, int)
+    if not has_metrics_port(dialect):
+        raise ConfigError(f"--metrics-port: the {dialect} mock has no metrics port (MindIE's has)")
+    check_port(host, port, "--metrics-port")
+    return port
+
+
 def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
     from proxy.mock import DEFAULT_DIALECT, run
-    from proxy.mock.server import flavours, has_metrics_port
+    from proxy.mock.server import flavours
     from proxy.settings import coerce_value
 
     host = args.host or environ.get(_mock_env("host")) or "127.0.0.1"
@@ -424,13 +440,8 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
     if flavour and flavour not in flavours(dialect):
         raise ConfigError(f"--flavour: the {dialect} mock has no flavour {flavour!r} "
                           f"(flavours: {', '.join(flavours(dialect)) or 'none'})")
-    given = args.metrics_port or environ.get(_mock_env("metrics-port"))
-    metrics_port = None if given is None else coerce_value("--metrics-port", given, int)
-    if metrics_port is not None and not has_metrics_port(dialect):
-        raise ConfigError(f"--metrics-port: the {dialect} mock has no metrics port (MindIE's has)")
     check_port(host, port, "--port")
-    if metrics_port is not None:
-        check_port(host, metrics_port, "--metrics-port")
+    metrics_port = _mock_metrics_port(args, environ, host, dialect)
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''}{f' ({flavour})' if flavour else ''} on "
           f"http://{host}:{port}" + (f", metrics on http://{host}:{metrics_port}/metrics" if metrics_port else ""),
           flush=True)

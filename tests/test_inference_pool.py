@@ -240,3 +240,33 @@ def test_off_by_default_the_metrics_are_unchanged(start_proxy: Callable[..., Pro
                             "metrics_url": "http://127.0.0.1:1/metrics"}])
     text = httpx.get(sidecar.url + "/metrics", timeout=5).text
     assert "vllm:" not in text and "dialect_proxy_engine_metrics" not in text
+
+
+def test_the_command_line_runs_a_pool_member(tmp_path: Any) -> None:
+    """`dialect-proxy mock --metrics-port` and `dialect-proxy serve` in pool-member mode, as processes."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.conftest import answers, serve_process
+
+    port, metrics_port = free_port(), free_port()
+    mock = subprocess.Popen([sys.executable, "-m", "proxy", "mock", "--dialect", "mindie", "--port", str(port),
+                             "--metrics-port", str(metrics_port)], stdout=subprocess.DEVNULL)
+    try:
+        assert wait_for(answers(f"http://127.0.0.1:{metrics_port}/metrics"), timeout=30)
+        engine = {name: value for name, (labels, value) in samples(f"http://127.0.0.1:{metrics_port}/metrics").items()
+                  if labels == {"model_name": MODEL}}
+        assert engine == {"num_requests_waiting": 0, "num_requests_running": 0, "npu_cache_usage_perc": 0}
+        config = tmp_path / "config.yaml"
+        config.write_text(yaml.safe_dump({"server": {"pool_member": True}, "upstreams": [
+            {"name": "mindie", "dialect": "mindie", "url": f"http://127.0.0.1:{port}",
+             "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}]}))
+        with serve_process(["--config", str(config)]) as url:
+            assert wait_for(lambda: KV in samples(url + "/metrics"), timeout=10)
+            assert samples(url + "/metrics")[RUNNING] == ({"model_name": MODEL}, 0.0)
+            assert httpx.get(url + "/readyz", timeout=10).status_code == 200
+    finally:
+        mock.terminate()
+        mock.wait(timeout=20)
