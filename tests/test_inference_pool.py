@@ -4,69 +4,96 @@ loopback; every /metrics is parsed with prometheus_client's parser."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.mock.mindie import KV_CACHE_PER_REQUEST, METRICS_REFRESH
 from proxy.mock.server import create_app as create_mock_app
-from proxy.mock.server import create_metrics_app
 from proxy.settings import ConfigError, build_settings
-from tests.conftest import Proxy, ServerThread, free_port, wait_for
+from tests.conftest import Proxy, ServerThread, answers, free_port, serve_process, wait_for
 
 WAITING, RUNNING, KV = "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"
 MODEL = "mindie-mock"  # the mock's model name: its metrics' model_name label
 SLOW = "[mock:chunks=30,delay_ms=100]"  # a stream of about three seconds
 
 
+# One client for every scrape: a client made per request costs more than the scrape (its TLS context, at least).
+SCRAPER = httpx.Client(timeout=5)
+
+
 def samples(url: str) -> dict[str, tuple[dict[str, str], float]]:
     """Every sample of a /metrics page by name (its labels, its value), read with prometheus_client's parser."""
-    text = httpx.get(url, timeout=5).text
+    text = SCRAPER.get(url).text
     return {s.name: (s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def failures(url: str) -> dict[str, float]:
     """dialect_proxy_engine_metrics_failures_total by reason."""
-    text = httpx.get(url + "/metrics", timeout=5).text
+    text = SCRAPER.get(url + "/metrics").text
     return {s.labels["reason"]: s.value for family in text_string_to_metric_families(text) for s in family.samples
             if s.name == "dialect_proxy_engine_metrics_failures_total"}
 
 
 @dataclass
 class Pod:
-    """A MindIE pod: the mock engine, its metrics port, the sidecar in pool-member mode in front of it."""
+    """A MindIE pod: the mock engine (its own process, serving its metrics port too), the sidecar in pool-member mode
+    in front of it (`dialect-proxy serve`, a process). The test process only sends requests and reads /metrics: the
+    timings it measures are not those of servers sharing its interpreter."""
 
-    engine: ServerThread
-    engine_metrics: ServerThread
-    sidecar: Proxy
+    engine: subprocess.Popen[bytes]
+    engine_url: str
+    engine_metrics: str  # the engine's metrics port's /metrics
+    sidecar: str
 
     def gauges(self) -> dict[str, float]:
-        found = samples(self.sidecar.url + "/metrics")
+        found = samples(self.sidecar + "/metrics")
         return {name: found[name][1] for name in (WAITING, RUNNING, KV) if name in found}
 
     def engine_says(self) -> dict[str, float]:
-        return {name: value for name, (_, value) in samples(self.engine_metrics.url + "/metrics").items()}
+        return {name: value for name, (_, value) in samples(self.engine_metrics).items()}
+
+    def in_flight(self) -> int:
+        count: int = httpx.get(self.engine_url + "/_mock/stats", timeout=5).json()["in_flight"]
+        return count
+
+    def stop_engine(self) -> None:
+        if self.engine.poll() is None:
+            self.engine.terminate()
+            self.engine.wait(timeout=20)
 
 
 @pytest.fixture
-def start_pod(servers: list[ServerThread], start_proxy: Callable[..., Proxy]) -> Callable[..., Pod]:
-    def start(**upstream: Any) -> Pod:
-        app = create_mock_app("mindie")
-        engine = ServerThread(app).start()
-        servers.append(engine)
-        metrics = ServerThread(create_metrics_app(app)).start()
-        servers.append(metrics)
-        sidecar = start_proxy([{"name": "mindie", "dialect": "mindie", "url": engine.url,
-                                "metrics_url": metrics.url + "/metrics", **upstream}], server={"pool_member": True})
-        return Pod(engine, metrics, sidecar)
+def start_pod(tmp_path: Path) -> Iterator[Callable[..., Pod]]:
+    with contextlib.ExitStack() as stack:
+        def start(**upstream: Any) -> Pod:
+            port, metrics_port = free_port(), free_port()
+            engine = subprocess.Popen([sys.executable, "-m", "proxy", "mock", "--dialect", "mindie", "--port",
+                                       str(port), "--metrics-port", str(metrics_port)], stdout=subprocess.DEVNULL)
+            pod = Pod(engine, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", "")
+            stack.callback(pod.stop_engine)
+            assert wait_for(answers(pod.engine_metrics), timeout=30) and wait_for(answers(pod.engine_url + "/health"))
+            config = tmp_path / f"pod-{port}.yaml"
+            config.write_text(yaml.safe_dump({"server": {"pool_member": True}, "upstreams": [
+                {"name": "mindie", "dialect": "mindie", "url": pod.engine_url, "metrics_url": pod.engine_metrics,
+                 **upstream}]}))
+            pod.sidecar = stack.enter_context(serve_process(["--config", str(config)]))
+            return pod
 
-    return start
+        yield start
 
 
 @pytest.fixture
@@ -85,7 +112,7 @@ def http() -> Iterator[httpx.Client]:
 def send(pool: ThreadPoolExecutor, http: httpx.Client, pod: Pod, text: str,
          count: int) -> list[Future[httpx.Response]]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True}
-    return [pool.submit(http.post, pod.sidecar.base_url + "/chat/completions", json=body) for _ in range(count)]
+    return [pool.submit(http.post, pod.sidecar + "/v1/chat/completions", json=body) for _ in range(count)]
 
 
 def until(predicate: Callable[[], bool], timeout: float) -> float:
@@ -95,23 +122,50 @@ def until(predicate: Callable[[], bool], timeout: float) -> float:
     return time.monotonic() - started
 
 
-def test_a_burst_shows_in_the_gauges_at_once(start_pod: Callable[..., Pod], pool: ThreadPoolExecutor,
-        http: httpx.Client) -> None:
+class RawRequest:
+    """A chat request on a connection opened beforehand: `send` puts its bytes on the wire at once (no client, thread
+    or connection set-up in the time measured), `status` reads the answer to its end (`Connection: close`)."""
+
+    def __init__(self, base_url: str, text: str) -> None:
+        host, port = base_url.removeprefix("http://").split(":")
+        body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True})
+        self.request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+
+    def send(self) -> None:
+        self.sock.sendall(self.request)
+
+    def status(self) -> int:
+        answer = b""
+        with self.sock:
+            for _ in range(10_000):  # bounded: the stream is about 30 chunks
+                data = self.sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+        return int(answer.split(b" ", 2)[1])
+
+
+def test_a_burst_shows_in_the_gauges_at_once(start_pod: Callable[..., Pod]) -> None:
     running, queued = 3, 2
     pod = start_pod(max_in_flight=running, queue_size=queued + 1)
     assert wait_for(lambda: pod.gauges().get(RUNNING) == 0, timeout=5)  # the engine's metrics are read
-    held = send(pool, http, pod, SLOW, running)
-    assert wait_for(lambda: httpx.get(pod.engine.url + "/_mock/stats", timeout=5).json()["in_flight"] == running)
+    held = [RawRequest(pod.sidecar, SLOW) for _ in range(running)]
+    waiting = [RawRequest(pod.sidecar, "hi") for _ in range(queued)]
+    for request in held:
+        request.send()
     assert until(lambda: pod.gauges().get(RUNNING) == running, 1.0) < 0.1
-    waiting = send(pool, http, pod, "hi", queued)
+    assert pod.in_flight() == running  # the engine has them
+    for request in waiting:
+        request.send()
     assert until(lambda: pod.gauges().get(WAITING) == queued, 1.0) < 0.1
     assert pod.gauges()[RUNNING] == running
     # A refresh of the engine's own figures later (it holds the requests: they run) nothing is counted twice.
     time.sleep(METRICS_REFRESH + 0.3)
     assert pod.engine_says()["num_requests_running"] == running
     assert pod.gauges()[WAITING] == queued and pod.gauges()[RUNNING] == running
-    for future in held + waiting:
-        assert future.result(timeout=30).status_code == 200
+    assert [request.status() for request in held + waiting] == [200] * (running + queued)
     # and the drain shows before the engine's next refresh could tell it
     assert until(lambda: pod.gauges().get(RUNNING) == 0 and pod.gauges().get(WAITING) == 0, 1.0) < METRICS_REFRESH
 
@@ -126,7 +180,7 @@ def test_the_kv_cache_gauge_follows_the_engine(start_pod: Callable[..., Pod], po
     engine = pod.engine_says()["npu_cache_usage_perc"]
     assert engine == pytest.approx(4 * KV_CACHE_PER_REQUEST)
     assert wait_for(lambda: pod.gauges().get(KV) == engine, timeout=1)
-    labels = samples(pod.sidecar.url + "/metrics")[KV][0]
+    labels = samples(pod.sidecar + "/metrics")[KV][0]
     assert labels == {"model_name": MODEL}  # the engine's model_name label, kept
     for future in held:
         assert future.result(timeout=30).status_code == 200
@@ -152,10 +206,10 @@ def test_a_metrics_port_that_is_down_is_missing_data_not_zeros(start_proxy: Call
 def test_gauges_go_when_the_engine_metrics_stop(start_pod: Callable[..., Pod]) -> None:
     pod = start_pod()
     assert wait_for(lambda: KV in pod.gauges(), timeout=5)
-    pod.engine_metrics.stop()
+    pod.stop_engine()  # its metrics port goes with it
     # the last reading stands for STALE_AFTER seconds (proxy/metrics/model_server.py), then the gauges are left out
     assert wait_for(lambda: not pod.gauges(), timeout=5)
-    found = samples(pod.sidecar.url + "/metrics")
+    found = samples(pod.sidecar + "/metrics")
     assert found["dialect_proxy_engine_metrics_up"][1] == 0.0
     assert found["dialect_proxy_engine_metrics_age_seconds"][1] > 2.0
 
@@ -187,7 +241,7 @@ def test_the_endpoint_pickers_rule_picks_the_idle_pod(start_pod: Callable[..., P
                                                       pool: ThreadPoolExecutor,
         http: httpx.Client) -> None:
     busy, idle = start_pod(max_in_flight=2, queue_size=4), start_pod(max_in_flight=2, queue_size=4)
-    pods = {"a-busy": busy.sidecar.url, "b-idle": idle.sidecar.url}
+    pods = {"a-busy": busy.sidecar, "b-idle": idle.sidecar}
     assert wait_for(lambda: KV in busy.gauges() and KV in idle.gauges(), timeout=5)
     # Queues equal (none), KV caches equal: the tie goes to the first by name, the busy pod.
     assert epp_pick(pods) == "a-busy"
@@ -205,12 +259,12 @@ def test_the_endpoint_pickers_rule_picks_the_idle_pod(start_pod: Callable[..., P
 
 def test_pool_member_readiness_follows_the_engines_ready_path(start_pod: Callable[..., Pod]) -> None:
     pod = start_pod()
-    r = httpx.get(pod.sidecar.url + "/readyz", timeout=10)
+    r = httpx.get(pod.sidecar + "/readyz", timeout=10)
     assert r.status_code == 200, r.text
     assert r.json()["checks"]["mindie"]["path"] == "/v2/health/ready"
-    pod.engine.stop()
+    pod.stop_engine()
     time.sleep(5.2)  # READY_CACHE (proxy/gateway/health.py)
-    r = httpx.get(pod.sidecar.url + "/readyz", timeout=10)
+    r = httpx.get(pod.sidecar + "/readyz", timeout=10)
     assert r.status_code == 503 and r.json()["checks"]["mindie"]["path"] == "/v2/health/ready"
 
 
@@ -241,32 +295,3 @@ def test_off_by_default_the_metrics_are_unchanged(start_proxy: Callable[..., Pro
     text = httpx.get(sidecar.url + "/metrics", timeout=5).text
     assert "vllm:" not in text and "dialect_proxy_engine_metrics" not in text
 
-
-def test_the_command_line_runs_a_pool_member(tmp_path: Any) -> None:
-    """`dialect-proxy mock --metrics-port` and `dialect-proxy serve` in pool-member mode, as processes."""
-    import subprocess
-    import sys
-
-    import yaml
-
-    from tests.conftest import answers, serve_process
-
-    port, metrics_port = free_port(), free_port()
-    mock = subprocess.Popen([sys.executable, "-m", "proxy", "mock", "--dialect", "mindie", "--port", str(port),
-                             "--metrics-port", str(metrics_port)], stdout=subprocess.DEVNULL)
-    try:
-        assert wait_for(answers(f"http://127.0.0.1:{metrics_port}/metrics"), timeout=30)
-        engine = {name: value for name, (labels, value) in samples(f"http://127.0.0.1:{metrics_port}/metrics").items()
-                  if labels == {"model_name": MODEL}}
-        assert engine == {"num_requests_waiting": 0, "num_requests_running": 0, "npu_cache_usage_perc": 0}
-        config = tmp_path / "config.yaml"
-        config.write_text(yaml.safe_dump({"server": {"pool_member": True}, "upstreams": [
-            {"name": "mindie", "dialect": "mindie", "url": f"http://127.0.0.1:{port}",
-             "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics"}]}))
-        with serve_process(["--config", str(config)]) as url:
-            assert wait_for(lambda: KV in samples(url + "/metrics"), timeout=10)
-            assert samples(url + "/metrics")[RUNNING] == ({"model_name": MODEL}, 0.0)
-            assert httpx.get(url + "/readyz", timeout=10).status_code == 200
-    finally:
-        mock.terminate()
-        mock.wait(timeout=20)
