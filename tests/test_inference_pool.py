@@ -35,6 +35,12 @@ SLOW = "[mock:chunks=30,delay_ms=100]"  # a stream of about three seconds
 SCRAPER = httpx.Client(timeout=5)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_scraper() -> Iterator[None]:
+    yield
+    SCRAPER.close()
+
+
 def samples(url: str) -> dict[str, tuple[dict[str, str], float]]:
     """Every sample of a /metrics page by name (its labels, its value), read with prometheus_client's parser."""
     text = SCRAPER.get(url).text
