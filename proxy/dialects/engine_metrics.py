@@ -42,14 +42,17 @@ class EngineMetricNames:
     model_label: str = "model_name"
 
 
-@dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """One reading of the engine, for one model (the first the exposition names, when it names several)."""
+    """One reading of the engine, for one model (the first the exposition names, when it names several). Made at each
+    reading (several a second): its `__init__` is written out, for the compiled build (tests/test_build.py)."""
 
-    model: str
-    waiting: float
-    running: float
-    kv_cache: float
+    __slots__ = ("kv_cache", "model", "running", "waiting")
+
+    def __init__(self, model: str, waiting: float, running: float, kv_cache: float) -> None:
+        self.model = model
+        self.waiting = waiting
+        self.running = running
+        self.kv_cache = kv_cache
 
 
 def read_engine_load(text: str, names: EngineMetricNames) -> EngineLoad:
