@@ -112,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
     mock.add_argument("--flavour", default=None,
                       help="a variant of the dialect's server: deepseek `legacy` (the seed document's API: "
                            f"deepseek-chat, deepseek-reasoner as R1) [env {_mock_env('flavour')}]")
+    mock.add_argument("--metrics-port", default=None,
+                      help="also serve the engine's /metrics on this port, as MindIE's metricsPort does (MindIE "
+                           f"only) [env {_mock_env('metrics-port')}]")
     mock.add_argument("--directives", default=None,
                       help="server-wide directives for every inference request, e.g. call_tool (an agent turn "
                            "wherever the request offers tools) or error=503 (proxy/mock/README.md) "
@@ -405,6 +408,22 @@ Directives like [mock:think], [mock:tool_calls], [mock:error=503], [mock:raw_tim
     asyncio.run(main())
 
 
+def _mock_metrics_port(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str], host: str,
+                       dialect: str) -> int | None:
+    """`--metrics-port`: where the mock also serves its engine's /metrics (MindIE's metricsPort), if asked."""
+    from proxy.mock.server import has_metrics_port
+    from proxy.settings import coerce_value
+
+    given = args.metrics_port or environ.get(_mock_env("metrics-port"))
+    if given is None:
+        return None
+    port: int = coerce_value("--metrics-port", given, int)
+    if not has_metrics_port(dialect):
+        raise ConfigError(f"--metrics-port: the {dialect} mock has no metrics port (MindIE's has)")
+    check_port(host, port, "--metrics-port")
+    return port
+
+
 def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> None:
     from proxy.mock import DEFAULT_DIALECT, run
     from proxy.mock.server import flavours
@@ -422,10 +441,12 @@ def mock(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -
         raise ConfigError(f"--flavour: the {dialect} mock has no flavour {flavour!r} "
                           f"(flavours: {', '.join(flavours(dialect)) or 'none'})")
     check_port(host, port, "--port")
+    metrics_port = _mock_metrics_port(args, environ, host, dialect)
     print(f"mock {dialect} upstream{' (full text)' if full_text else ''}{f' ({flavour})' if flavour else ''} on "
-          f"http://{host}:{port}", flush=True)
+          f"http://{host}:{port}" + (f", metrics on http://{host}:{metrics_port}/metrics" if metrics_port else ""),
+          flush=True)
     run(host, port, dialect, full_text=full_text, api_key=api_key, served_model=served, flavour=flavour,
-        directives=directives)
+        directives=directives, metrics_port=metrics_port)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -301,6 +301,11 @@ class UpstreamSettings:
     api_key: str | None = field(default=None, repr=False)
     health_url: str | None = field(default=None, metadata=about(
         "URL /readyz also asks (MindIE: its management port, e.g. http://127.0.0.1:1026/health)", parse=http_url))
+    # The engine's own Prometheus metrics (MindIE: its metricsPort), read for the Model Server Protocol gauges
+    # (proxy/metrics/model_server.py) with the same TLS options as the upstream.
+    metrics_url: str | None = field(default=None, metadata=about(
+        "the upstream engine's own /metrics URL (MindIE: its metricsPort, e.g. http://127.0.0.1:1027/metrics), read "
+        "for server.model_server_metrics", parse=http_url))
     reasoning_source: str | None = field(default=None, metadata=about(  # None: the dialect's default
         "where the upstream puts reasoning", choices=REASONING_SOURCES,
         default_text=partial(per_dialect, "reasoning_source")))
@@ -418,6 +423,15 @@ class ServerSettings:
         "seconds /readyz waits for each upstream", positive=True))
     ready_when: str = field(default="all", metadata=about(  # every upstream up (a sidecar), or any (a gateway)
         "/readyz is 200 when all (a sidecar) or any (a gateway) of the upstreams answer", choices=READY_WHEN))
+    # A member of a Kubernetes InferencePool (docs/inference-gateway.md): the Endpoint Picker chooses the pod, the
+    # sidecar fronts its own engine only.
+    model_server_metrics: bool = field(default=False, metadata=about(
+        "/metrics adds the Model Server Protocol gauges an Inference Gateway's Endpoint Picker reads "
+        "(vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc), from the upstream's "
+        "metrics_url and this proxy's own queue (docs/inference-gateway.md)"))
+    pool_member: bool = field(default=False, metadata=about(
+        "pool-member mode: the sidecar fronts its own pod's engine in an InferencePool — one upstream, one replica, "
+        "no balancing; /readyz follows the engine's health endpoint; implies model_server_metrics"))
     api_keys_env: str | None = field(default=None, metadata=about(
         "name of an environment variable holding the comma-separated API keys clients must send on /v1/*",
         parse=env_var_name, default_text="none (open)"))
@@ -915,8 +929,36 @@ def build_settings(
     otel = tuple(sorted((k, v) for k, v in environ.items() if k.startswith("OTEL_")))
     settings = Settings(upstreams=_upstream_list(config, single_upstream, environ),
                         client=ClientSettings(**client_values), server=ServerSettings(**server_values), otel=otel)
+    _check_pool_member(settings)
     if otel:
         from proxy.metrics.tracing import OtelConfig
 
         OtelConfig.parse(dict(otel))  # a mistake in them stops start-up here, with the variable's name
     return settings
+
+
+def _check_pool_member(settings: Settings) -> None:
+    """Pool-member mode and the Model Server Protocol gauges describe one engine: the pod's (docs/inference-gateway.md).
+    """
+    server = settings.server
+    if not (server.model_server_metrics or server.pool_member):
+        return
+    what = "server.pool_member" if server.pool_member else "server.model_server_metrics"
+    if len(settings.upstreams) != 1:
+        raise ConfigError(f"{what}: the gauges describe one engine; configure exactly one upstream (the pod's own), "
+                          f"not {len(settings.upstreams)}")
+    if server.workers != 1:
+        raise ConfigError(f"{what}: every worker keeps its own queue, so a scrape of one would show part of it; "
+                          "run one worker (server.workers: 1)")
+    u = settings.upstreams[0]
+    if server.pool_member and len(u.replica_list()) != 1:
+        raise ConfigError(f"{what}: the Endpoint Picker balances the pool; give upstream `{u.name}` one url (its own "
+                          f"pod's engine), not {len(u.replica_list())} replicas")
+    from proxy.dialects import DIALECTS
+
+    if DIALECTS[u.dialect].engine_metrics is None:
+        raise ConfigError(f"{what}: the {u.dialect} dialect's engine metrics are not known to the proxy; the "
+                          "Endpoint Picker can scrape such an engine itself")
+    if u.metrics_url is None:
+        raise ConfigError(f"{what}: set upstreams[0].metrics_url, the engine's own /metrics (MindIE: its metricsPort, "
+                          "with MIES_SERVICE_MONITOR_MODE=1)")

@@ -74,3 +74,38 @@ def test_bad_tls_files_stop_start_up(pki: Path, tmp_path: Path) -> None:
     (tmp_path / "junk.pem").write_text("not a certificate")
     with pytest.raises(ConfigError, match="cannot load the TLS files"):
         build_settings(config={"upstreams": [{**up, "tls_ca_file": str(tmp_path / "junk.pem")}]}, environ={})
+
+
+def test_the_engine_metrics_port_is_read_with_the_upstreams_tls(pki: Path, servers: list[ServerThread],
+                                                                start_proxy) -> None:
+    """MindIE with httpsEnabled serves its metrics port with mutual TLS too: the sidecar reads it with the upstream's
+    tls_* options (docs/inference-gateway.md); with the wrong CA the gauges are missing, not zeros."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from proxy.mock import create_app
+    from proxy.mock.server import create_metrics_app
+    from tests.conftest import wait_for
+
+    tls = {"ssl_keyfile": str(pki / "server.key"), "ssl_certfile": str(pki / "server.pem"),
+           "ssl_ca_certs": str(pki / "ca.pem"), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    app = create_app("mindie")
+    engine, metrics = ServerThread(app, **tls).start(), ServerThread(create_metrics_app(app), **tls).start()
+    servers.extend((engine, metrics))
+    upstream = {"name": "npu", "dialect": "mindie", "url": engine.url.replace("http://", "https://"),
+                "metrics_url": metrics.url.replace("http://", "https://") + "/metrics",
+                "tls_cert_file": str(pki / "client.pem"), "tls_key_file": str(pki / "client.key")}
+
+    def shown(proxy) -> dict[str, float]:
+        """The proxy's /metrics: each sample name with the sum of its values."""
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(httpx.get(proxy.url + "/metrics", timeout=5).text):
+            for sample in family.samples:
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+        return out
+
+    good = start_proxy([{**upstream, "tls_ca_file": str(pki / "ca.pem")}], server={"pool_member": True})
+    assert wait_for(lambda: "vllm:kv_cache_usage_perc" in shown(good), timeout=5)
+    wrong_ca = start_proxy([{**upstream, "tls_ca_file": str(pki / "other-ca.pem")}], server={"pool_member": True})
+    assert wait_for(lambda: shown(wrong_ca).get("dialect_proxy_engine_metrics_failures_total", 0) >= 1, timeout=5)
+    assert not any(name.startswith("vllm:") for name in shown(wrong_ca))

@@ -22,7 +22,7 @@ from typing import Any, Final
 from proxy.dialects.base import Dialect
 
 # Modules of this package that are not spokes.
-SHARED: Final = frozenset({"base", "mapping", "error_shape", "readiness", "probing", "templates"})
+SHARED: Final = frozenset({"base", "mapping", "error_shape", "readiness", "probing", "templates", "engine_metrics"})
 
 
 def _discover() -> dict[str, type[Dialect]]:

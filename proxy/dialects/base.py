@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+from proxy.dialects.engine_metrics import EngineMetricNames
 from proxy.dialects.error_shape import ErrorShape
 from proxy.dialects.mapping import DialectMapping, load_mapping
 from proxy.dialects.probing import Probe
@@ -129,6 +130,13 @@ class Dialect:
     # -- the upstream as a whole ----------------------------------------------------------------------------------
     # `prepare` runs before each request is built (a dialect whose translation depends on its upstream's model list).
     prepares: ClassVar[bool] = False
+
+    # Where its engine tells its own load (proxy/dialects/engine_metrics.py): the names in its metrics exposition that
+    # the Model Server Protocol gauges are made from (proxy/metrics/model_server.py); None: not known for this dialect.
+    engine_metrics: ClassVar[EngineMetricNames | None] = None
+    # The path that answers 2xx once the engine takes requests (MindIE's /v2/health/ready): what /readyz follows in
+    # pool-member mode when no health_url is set (proxy/gateway/health.py); None: its health path, if any.
+    ready_path: ClassVar[str | None] = None
 
     # The upstream has a mode that streams cumulative text (MindIE's fullTextEnabled): `full_text: true` says it is on.
     full_text_mode: ClassVar[bool] = False

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from proxy.dialects.base import Dialect, RequestRules, UpstreamSession
+from proxy.dialects.engine_metrics import EngineMetricNames
 from proxy.dialects.error_shape import ErrorShape
 from proxy.dialects.probing import Probe, ProbeListing
 from proxy.dialects.templates import interleaved_thinking, set_template_thinking, thinking_kwarg
@@ -253,6 +254,13 @@ class MindIEDialect(Dialect):
     rules = RequestRules(stream_usage_option=False, response_format="reject", response_format_hint=(
         "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."))
     full_text_mode = True
+    # MindIE's own load, on its metrics port (metricsPort, served with MIES_SERVICE_MONITOR_MODE=1; refreshed once a
+    # second): unprefixed gauges labelled model_name, the NPU KV cache's use as a 0..1 fraction, as vLLM's
+    # vllm:kv_cache_usage_perc is (docs/inference-gateway.md).
+    engine_metrics = EngineMetricNames(waiting="num_requests_waiting", running="num_requests_running",
+                                       kv_cache="npu_cache_usage_perc")
+    # Ready once the model is loaded (its management port's /health says the same: health_url).
+    ready_path = "/v2/health/ready"
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
 

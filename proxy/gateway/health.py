@@ -83,6 +83,20 @@ async def probe(client: UpstreamClient, dialect: Dialect, u: UpstreamSettings, r
     return UpstreamCheck(url, ready, True, resp.status, redactor.for_client(reason))
 
 
+async def pool_member_probe(client: UpstreamClient, dialect: Dialect, replica: ReplicaSettings, timeout: float,
+                            redactor: Redactor) -> UpstreamCheck | None:
+    """Pool-member mode (docs/inference-gateway.md): ready is what the engine itself says — the replica's health URL
+    (MindIE: its management port's /health), else the dialect's ready path (MindIE's /v2/health/ready) or health
+    path — so that the pod leaves the InferencePool while its engine loads or fails. None: the dialect has neither;
+    the ordinary check applies."""
+    if replica.health_url is not None:
+        return await _health_url(client, replica.health_url, timeout, redactor, "health_url")
+    path = dialect.ready_path or dialect.path("health")
+    if not path:
+        return None
+    return await _health_url(client, replica.url + path, timeout, redactor, f"the {dialect.name} ready path")
+
+
 async def _health_url(client: UpstreamClient, url: str, timeout: float, redactor: Redactor,
                       label: str) -> UpstreamCheck:
     shown = urlsplit(url).path or "/"

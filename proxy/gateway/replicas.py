@@ -37,7 +37,7 @@ import orjson
 
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.gateway.admission import Admission, QueueFull, QueueTimeout
-from proxy.gateway.health import UpstreamCheck, probe
+from proxy.gateway.health import UpstreamCheck, pool_member_probe, probe
 from proxy.gateway.upstream import UpstreamClient
 
 if TYPE_CHECKING:
@@ -324,8 +324,13 @@ class ReplicaSet:
 
     async def _probe(self, replica: Replica) -> UpstreamCheck:
         try:
-            result = await probe(replica.client, self.dialect, self.upstream, replica.settings,
-                                 self.server.readiness_timeout, self.redactor)
+            result = None
+            if self.server.pool_member:
+                result = await pool_member_probe(replica.client, self.dialect, replica.settings,
+                                                 self.server.readiness_timeout, self.redactor)
+            if result is None:
+                result = await probe(replica.client, self.dialect, self.upstream, replica.settings,
+                                     self.server.readiness_timeout, self.redactor)
             replica.checked = (time.monotonic(), result)
             return result
         finally:

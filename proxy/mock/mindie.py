@@ -24,6 +24,7 @@ Written from MindIE's documentation and server source (docs/upstreams.md "MindIE
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -614,6 +615,51 @@ def _handler(flavour: Flavour, chat: bool) -> Callable[[Call], Plan]:
         return json_fn(call, flavour)
 
     return handle
+
+
+# The engine's load as its metrics port shows it (metricsPort with MIES_SERVICE_MONITOR_MODE=1): MindIE's own names,
+# labelled model_name, refreshed once a second. The mock's engine schedules MAX_BATCH requests at once (the rest
+# wait), and each running request holds KV_CACHE_PER_REQUEST of the NPU KV cache.
+METRICS_REFRESH = 1.0
+MAX_BATCH = 16
+KV_CACHE_PER_REQUEST = 0.05
+
+
+class EngineGauges:
+    """num_requests_waiting, num_requests_running and npu_cache_usage_perc, read from the mock's own in-flight count
+    at most once per METRICS_REFRESH seconds (a scrape between two refreshes gets the earlier values)."""
+
+    def __init__(self, stats: Stats, model: str) -> None:
+        self.stats = stats
+        self.model = model
+        self.values = (0, 0, 0.0)
+        self.taken = -METRICS_REFRESH
+
+    def text(self) -> str:
+        now = time.monotonic()
+        if now - self.taken >= METRICS_REFRESH:
+            in_flight = max(self.stats.in_flight, 0)
+            running = min(in_flight, MAX_BATCH)
+            self.values = (in_flight - running, running, min(1.0, running * KV_CACHE_PER_REQUEST))
+            self.taken = now
+        waiting, running, cache = self.values
+        label = f'{{model_name="{self.model}"}}'
+        return (f"# HELP num_requests_waiting Number of requests waiting to be processed.\n"
+                f"# TYPE num_requests_waiting gauge\nnum_requests_waiting{label} {waiting}\n"
+                f"# HELP num_requests_running Number of requests currently running.\n"
+                f"# TYPE num_requests_running gauge\nnum_requests_running{label} {running}\n"
+                f"# HELP npu_cache_usage_perc NPU KV-cache usage. 1 means 100 percent usage.\n"
+                f"# TYPE npu_cache_usage_perc gauge\nnpu_cache_usage_perc{label} {cache}\n")
+
+
+def metrics_routes(cfg: MockConfig, stats: Stats, flavour: Flavour | None = None) -> list[Route]:
+    """What MindIE serves on its metrics port: GET /metrics (Prometheus text, its own unprefixed names)."""
+    gauges = EngineGauges(stats, cfg.served_model or (flavour or Flavour()).default_model)
+
+    async def metrics(request: Request) -> Response:
+        return Response(gauges.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return [Route("/metrics", metrics, methods=["GET"])]
 
 
 def routes(cfg: MockConfig, stats: Stats, flavour: Flavour | None = None) -> list[Route]:

@@ -85,12 +85,37 @@ def create_app(dialect: str, full_text: bool = False, api_key: str | None = None
     return app
 
 
+def has_metrics_port(dialect: str) -> bool:
+    """The dialect's server shows its engine's load on a port of its own (MindIE's metricsPort)."""
+    return callable(getattr(MOCKS[dialect], "metrics_routes", None))
+
+
+def create_metrics_app(app: Starlette) -> Starlette:
+    """The metrics port of the mock `app` (made by create_app): its own server, showing the load of the same mock
+    (its in-flight requests). Only for a dialect whose mock declares `metrics_routes(cfg, stats)`."""
+    cfg: MockConfig = app.state.mock_config
+    if not has_metrics_port(cfg.dialect):
+        raise ValueError(f"the {cfg.dialect} mock has no metrics port")
+    return Starlette(routes=MOCKS[cfg.dialect].metrics_routes(cfg, app.state.mock_stats))
+
+
 def run(host: str, port: int, dialect: str, full_text: bool = False, api_key: str | None = None,
-        served_model: str | None = None, flavour: str = "", directives: str | None = None) -> None:
-    """Serve the mock until interrupted."""
+        served_model: str | None = None, flavour: str = "", directives: str | None = None,
+        metrics_port: int | None = None) -> None:
+    """Serve the mock until interrupted; with `metrics_port`, its metrics port too (MindIE's metricsPort)."""
+    import asyncio
+
     import uvicorn
 
     app = create_app(dialect, full_text=full_text, api_key=api_key, served_model=served_model, flavour=flavour,
                      directives=directives)
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", access_log=False,
-                log_level="warning")
+    apps = [(app, port)] + ([(create_metrics_app(app), metrics_port)] if metrics_port is not None else [])
+    servers = [uvicorn.Server(uvicorn.Config(a, host=host, port=p, loop="uvloop", http="httptools",
+                                             access_log=False, log_level="warning")) for a, p in apps]
+
+    async def serve() -> None:
+        await asyncio.gather(*(server.serve() for server in servers))
+
+    import uvloop
+
+    uvloop.run(serve())

@@ -91,6 +91,8 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
 
     async def metrics(request: Request) -> Response:
         body, content_type = state.metrics.render()
+        if state.model_server is not None:  # the Endpoint Picker's gauges, after the proxy's own (unchanged) metrics
+            body += state.model_server.render()
         return Response(body, headers={"Content-Type": content_type})
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -10,13 +10,15 @@ from typing import Any, Final
 
 from proxy.clients import CLIENT_DIALECTS, ClientDialect
 from proxy.dialects import Dialect, get_dialect
+from proxy.dialects.readiness import readiness_model
 from proxy.gateway.catalog import ModelCatalog
 from proxy.gateway.redact import Redactor
 from proxy.gateway.replicas import ReplicaSet
 from proxy.gateway.routing import Router
-from proxy.gateway.upstream import UpstreamClient
+from proxy.gateway.upstream import UpstreamClient, tls_context
 from proxy.metrics.definitions import Metrics
 from proxy.metrics.files import FLUSH_INTERVAL
+from proxy.metrics.model_server import EngineMetricsReader, ModelServerGauges
 from proxy.metrics.tracing import Telemetry
 from proxy.metrics.tracing import create as create_telemetry
 from proxy.settings import Settings
@@ -58,14 +60,28 @@ class AppState:
         }
         # OpenTelemetry traces and metrics (proxy/metrics/tracing.py): None unless an OTLP endpoint is configured.
         self.telemetry: Telemetry | None = create_telemetry(settings, self.metrics, self.redactor)
+        # The Model Server Protocol gauges (server.model_server_metrics, implied by pool_member): None when off.
+        self.model_server: ModelServerGauges | None = self._model_server_gauges()
         self.shutting_down = False
         self._metrics_flusher: asyncio.Task[None] | None = None
+
+    def _model_server_gauges(self) -> ModelServerGauges | None:
+        server = self.settings.server
+        if not (server.model_server_metrics or server.pool_member):
+            return None
+        u = self.settings.upstreams[0]  # the settings hold it to one upstream with an engine reading and a URL for it
+        names = self.dialects[u.name].engine_metrics
+        assert names is not None
+        reader = EngineMetricsReader(u, names, tls_context(u))
+        return ModelServerGauges(reader, self.replicas[u.name].replicas[0].admission, readiness_model(u))
 
     def start(self) -> None:
         """In the running event loop: background work (active health checks of replicas; in multiprocess mode,
         this worker's metric values written to the shared files every FLUSH_INTERVAL seconds)."""
         for rs in self.replicas.values():
             rs.start()
+        if self.model_server is not None:
+            self.model_server.reader.start()
         if self.metrics.multiprocess:
             self._metrics_flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
 
@@ -82,6 +98,8 @@ class AppState:
             await catalog.close()
         for rs in self.replicas.values():
             await rs.close()
+        if self.model_server is not None:
+            await self.model_server.reader.close()
         await self.store.close()
         if self._metrics_flusher is not None:
             self._metrics_flusher.cancel()

@@ -1,4 +1,5 @@
-"""deploy/k8s: kustomize builds, schema validation (core kinds and Prometheus Operator CRDs), and the invariants
+"""deploy/k8s: kustomize builds, schema validation (core kinds, Prometheus Operator CRDs, and the Gateway API and its
+Inference Extension's CRDs vendored in tests/deploy/crds), and the invariants
 that schemas cannot see (selectors match, probes, drain budget, env vars the CLI knows, config the proxy accepts)."""
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import pytest
 import yaml
 from deploy_helpers import K8S, PROMETHEUS_DIR, missing, tool
 
-KUSTOMIZATIONS = ("base", "sidecar", "sidecar-mtls", "monitoring", "gateway-hpa")
+KUSTOMIZATIONS = ("base", "sidecar", "sidecar-mtls", "monitoring", "gateway-hpa", "inference-pool")
 # Oldest Kubernetes minor we promise to work on, and the newest the installed kubernetes-validate knows.
 OLDEST_K8S = "1.27"
 CRD_GROUP = "monitoring.coreos.com/"
+VENDORED_GROUPS = ("inference.networking.k8s.io", "gateway.networking.k8s.io")  # tests/deploy/crds
 PROXY_CONTAINER = "dialect-proxy"
 DEFAULT_SHUTDOWN_GRACE = 30.0
 
@@ -104,9 +106,52 @@ def validate_crd(doc: dict[str, Any]) -> None:
     assert not unknown, f"{doc['kind']}/{doc['metadata']['name']}: unknown fields {unknown}"
 
 
+CRDS = Path(__file__).parent / "crds"
+
+
+def _closed(schema: Any) -> Any:
+    """A CRD's structural schema with unknown fields refused (the API server would prune them silently: a typo would
+    vanish), as kubernetes-validate's strict mode does for the core kinds."""
+    if isinstance(schema, dict):
+        out = {k: _closed(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_closed(v) for v in schema]
+    return schema
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> the openAPIV3Schema of each vendored CRD's versions."""
+    out = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            out[key] = _closed(version["schema"]["openAPIV3Schema"])
+    return out
+
+
+def validate_vendored_crd(doc: dict[str, Any]) -> None:
+    """An InferencePool or HTTPRoute against its CRD's schema (types, enums, patterns, bounds, required fields, no
+    unknown field). The CEL rules (x-kubernetes-validations) are the API server's; the invariants tests check ours."""
+    import jsonschema
+
+    schema = crd_schemas().get((doc["apiVersion"], doc["kind"]))
+    assert schema is not None, f"no vendored CRD for {doc['apiVersion']} {doc['kind']} in {CRDS}"
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
+    assert not errors, "; ".join(f"{doc['kind']}/{doc['metadata']['name']}: {'.'.join(map(str, e.path))}: "
+                                 f"{e.message}" for e in errors)
+
+
 def validate(doc: dict[str, Any]) -> None:
     if doc["apiVersion"].startswith(CRD_GROUP):
         validate_crd(doc)
+    elif doc["apiVersion"].split("/")[0] in VENDORED_GROUPS:
+        validate_vendored_crd(doc)
     else:
         validate_core(doc)
 
