@@ -51,6 +51,7 @@ from proxy.server.websocket import SHUTDOWN_HOOK
 if TYPE_CHECKING:
     from proxy.clients.base import ClientDialect, Headers
     from proxy.errors import ProxyError
+    from proxy.gateway.limits import LimitView
     from proxy.server.appstate import AppState
 
 access_log: Final = logging.getLogger("dialect_proxy.access")
@@ -239,6 +240,9 @@ class SocketSink:
 
     async def start(self, status: int, headers: Headers) -> None:
         self.status = status
+
+    def limits(self, view: LimitView) -> None:
+        """A WebSocket has no headers to tell them in (a refusal is its `error` message)."""
 
     async def body(self, data: bytes, more: bool) -> None:
         for line in data.split(b"\n"):  # the encoder's JSON lines: one event each

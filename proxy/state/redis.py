@@ -73,6 +73,11 @@ class RedisStore:
     def describe(self) -> str:
         return self._redacted
 
+    @property
+    def client(self) -> Any:
+        """The redis-py client (its connection pool), for the limit counters (proxy/state/counters_redis.py)."""
+        return self._client
+
     def key(self, namespace: str, key: str) -> str:
         check_namespace(namespace)
         return f"{self.prefix}:{namespace}:{key}"
