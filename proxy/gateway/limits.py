@@ -168,16 +168,18 @@ class Limiter:
         elif shared is not None and self.settings.fail == "closed":
             raise CountersUnavailable("not answering")
         own = self.local
+        if shared is not None and self.metrics is not None:
+            self.metrics.limits_fail_open()
         return await own.admit(self.share_of(ask)), own
 
     def _unavailable(self, e: CountersUnavailable) -> None:
+        """The shared counters did not answer: 503 (closed), or this process counts alone (open), logged once; they
+        are tried again RETRY_SHARED seconds later."""
         self._retry_at = time.monotonic() + RETRY_SHARED
         if self.settings.fail == "closed":
             log.warning(orjson.dumps({"event": "limits_unavailable", "counters": self.describe,
                                       "detail": e.detail}).decode())
             raise e
-        if self.metrics is not None:
-            self.metrics.limits_fail_open()
         if not self.failing_open:
             self.failing_open = True
             log.warning(orjson.dumps({"event": "limits_fail_open", "counters": self.describe, "detail": e.detail,

@@ -447,7 +447,7 @@ class Metrics:
         self.child(self.quota_remaining_gauge, self.key_label(key), period).set(tokens)
 
     def limits_fail_open(self) -> None:
-        self.limits_fail_open_total.inc()
+        self.child(self.limits_fail_open_total).inc()
 
     def reasoning_continuity(self, upstream: str, event: str, count: int = 1) -> None:
         label = event if event in CONTINUITY_EVENTS else OTHER

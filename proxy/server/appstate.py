@@ -27,7 +27,7 @@ from proxy.state import open_store
 from proxy.state.counters import Counters
 
 log: Final = logging.getLogger("dialect_proxy")
-KEY_FILE_POLL: Final = 1.0  # seconds between looks at the api_keys_file's modification time
+KEY_FILE_POLL: Final = 0.5  # seconds between looks at the api_keys_file (a revoked key is refused within 1 s)
 
 
 class AppState:
