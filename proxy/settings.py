@@ -425,6 +425,9 @@ class ServerSettings:
     api_keys_file: str | None = field(default=None, metadata=about(
         "YAML file mapping key names to client API keys (name: key); the name goes to the access log and the "
         "`key` metrics label"))
+    api_keys_store: bool = field(default=False, metadata=about(
+        "also accept the keys `dialect-proxy keys create` keeps in the Redis of state_store (shared by every "
+        "replica; a revoked key is refused within 1 s)"))
     api_key_names: tuple[str, ...] = ()  # one per api_keys entry: the file's names, `env-1`, `env-2`, ... for env keys
     # The state store (proxy/state/): "memory" (per process) or a redis:// / rediss:// URL (may hold a password).
     state_store: str = field(default="memory", repr=False, metadata=about(

@@ -29,18 +29,22 @@ import fnmatch
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import yaml
 
+from proxy.errors import ProxyError
 from proxy.settings import ConfigError
 
 log: Final = logging.getLogger("dialect_proxy")
 DEFAULT_ENTRY: Final = "default"
 _LIMITS: Final = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "tokens_per_day", "tokens_per_month")
 _FIELDS: Final = frozenset({"key", "key_sha256", "models", "expires", "weight", *_LIMITS})
+REMOTE_TTL: Final = 0.5  # seconds a key read from the Redis key store is kept (a revoked key is refused within 1 s)
+_REMOTE_CACHE_MAX: Final = 10_000
 _NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -188,21 +192,46 @@ def _date(where: str, value: Any) -> datetime.date:
         raise ConfigError(f"{where}: expected a date, YYYY-MM-DD") from None
 
 
-class KeyRing:
-    """The keys a process accepts, by digest. `reload()` reads the file again; a file that no longer reads is
-    logged and the keys held so far stay (a half-saved edit must not lock everyone out)."""
+class RemoteKeys(Protocol):
+    """The Redis key store (proxy/state/keystore.py `RedisKeyStore`)."""
 
-    def __init__(self, path: str | None, env_keys: tuple[str, ...] = ()) -> None:
+    async def get(self, digest_hex: str) -> dict[str, Any] | None: ...
+
+
+def stored_policy(fields: Mapping[str, Any], default: KeyPolicy) -> KeyPolicy | None:
+    """A key store record (its `name` and the policy's fields) as a policy; None when it does not read."""
+    name = fields.get("name")
+    if not isinstance(name, str):
+        return None
+    try:
+        return _policy(f"keys store: {name}", name, {k: v for k, v in fields.items() if k != "name"}, default)[1]
+    except ConfigError as e:
+        log.error("a key in the Redis key store does not read, refused: %s", e)
+        return None
+
+
+class KeyRing:
+    """The keys a process accepts, by digest: the file's (and api_keys_env's), then the Redis key store's, each of
+    those kept REMOTE_TTL seconds. `reload()` reads the file again; a file that no longer reads is logged and the
+    keys held so far stay (a half-saved edit must not lock everyone out)."""
+
+    def __init__(self, path: str | None, env_keys: tuple[str, ...] = (), remote: RemoteKeys | None = None) -> None:
         self.path = path
         self.env_keys = env_keys
+        self.remote = remote
         self._mtime: float | None = None
         self.policies: dict[bytes, KeyPolicy] = {}
         self._by_name: dict[str, KeyPolicy] = {}
+        self.default = KeyPolicy(DEFAULT_ENTRY)
+        self._remote: dict[bytes, tuple[float, KeyPolicy | None]] = {}  # digest -> (kept until, policy)
+        self._remote_names: dict[str, KeyPolicy] = {}
         if path is not None:
             self._mtime = _mtime(path)
-            self._hold(read_key_file(path, env_keys).policies)
+            read = read_key_file(path, env_keys)
+            self.default = read.default
+            self._hold(read.policies)
         elif env_keys:
-            self._hold(env_policies(env_keys, KeyPolicy(DEFAULT_ENTRY)))
+            self._hold(env_policies(env_keys, self.default))
 
     def _hold(self, policies: dict[bytes, KeyPolicy]) -> None:
         self.policies = policies
@@ -211,17 +240,40 @@ class KeyRing:
     @property
     def active(self) -> bool:
         """Whether clients must send a key at all."""
-        return bool(self.policies) or self.path is not None
+        return bool(self.policies) or self.path is not None or self.remote is not None
 
     def names(self) -> list[str]:
         return sorted({p.name for p in self.policies.values()})
 
-    def identify(self, key: bytes) -> KeyPolicy | None:
-        return self.policies.get(digest(key)) if key else None
+    async def identify(self, key: bytes) -> KeyPolicy | None:
+        """The policy of the key a client sent, or None (unknown, or revoked from the key store)."""
+        if not key:
+            return None
+        key_digest = digest(key)
+        found = self.policies.get(key_digest)
+        if found is not None or self.remote is None:
+            return found
+        now = time.monotonic()
+        kept = self._remote.get(key_digest)
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        try:
+            fields = await self.remote.get(key_digest.hex())
+        except ProxyError:  # Redis down: a key seen lately stays known, an unknown one is refused
+            return None if kept is None else kept[1]
+        policy = None if fields is None else stored_policy(fields, self.default)
+        if len(self._remote) >= _REMOTE_CACHE_MAX:
+            self._remote.clear()
+            self._remote_names.clear()
+        self._remote[key_digest] = (now + REMOTE_TTL, policy)
+        if policy is not None:
+            self._remote_names[policy.name] = policy
+        return policy
 
     def policy(self, name: str) -> KeyPolicy | None:
         """The policy of the key named `name` now (a reload may have changed it since the request came in)."""
-        return self._by_name.get(name)
+        found = self._by_name.get(name)
+        return found if found is not None else self._remote_names.get(name)
 
     def reload(self) -> bool:
         """Read the file again; True when the keys changed."""
@@ -229,10 +281,12 @@ class KeyRing:
             return False
         self._mtime = _mtime(self.path)
         try:
-            policies = read_key_file(self.path, self.env_keys).policies
+            read = read_key_file(self.path, self.env_keys)
         except ConfigError as e:
             log.error("api_keys_file not reloaded, the keys read before stay: %s", e)
             return False
+        policies = read.policies
+        self.default = read.default
         changed = policies != self.policies
         self._hold(policies)
         if changed:

@@ -12,7 +12,7 @@ from typing import Any, Final
 from proxy.clients import CLIENT_DIALECTS, ClientDialect
 from proxy.dialects import Dialect, get_dialect
 from proxy.gateway.catalog import ModelCatalog
-from proxy.gateway.keys import KeyRing
+from proxy.gateway.keys import KeyRing, RemoteKeys
 from proxy.gateway.limits import Limiter, LimitSettings
 from proxy.gateway.redact import Redactor
 from proxy.gateway.replicas import ReplicaSet
@@ -22,7 +22,7 @@ from proxy.metrics.definitions import Metrics
 from proxy.metrics.files import FLUSH_INTERVAL
 from proxy.metrics.tracing import Telemetry
 from proxy.metrics.tracing import create as create_telemetry
-from proxy.settings import Settings
+from proxy.settings import ConfigError, Settings
 from proxy.state import open_store
 from proxy.state.counters import Counters
 
@@ -67,7 +67,7 @@ class AppState:
         # counted in the state store's Redis when there is one (proxy/gateway/limits.py).
         s = settings.server
         env_keys = tuple(k for n, k in zip(s.api_key_names, s.api_keys, strict=True) if n.startswith("env-"))
-        self.keys = KeyRing(s.api_keys_file, env_keys)
+        self.keys = KeyRing(s.api_keys_file, env_keys, _key_store(self.store) if s.api_keys_store else None)
         self.limiter = Limiter(_shared_counters(self.store, s.limits_timeout),
                                LimitSettings(s.limits_fail, s.limits_processes, s.limits_window,
                                              s.total_timeout + s.shutdown_grace + 60, s.limits_output_estimate),
@@ -134,3 +134,17 @@ def _shared_counters(store: object, timeout: float) -> Counters | None:
     from proxy.state.counters_redis import RedisCounters
 
     return RedisCounters(store, timeout)
+
+
+def _key_store(store: object) -> RemoteKeys:
+    """The Redis key store (proxy/state/keystore.py) in the state store's Redis."""
+    try:
+        from proxy.state.redis import RedisStore
+    except ImportError:
+        RedisStore = None  # type: ignore[assignment,misc]  # noqa: N806
+    if RedisStore is None or not isinstance(store, RedisStore):
+        raise ConfigError("server.api_keys_store: the key store lives in Redis; set server.state_store to a "
+                          "redis:// URL")
+    from proxy.state.keystore import RedisKeyStore
+
+    return RedisKeyStore(store)

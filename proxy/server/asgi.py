@@ -42,7 +42,7 @@ class ProxyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if self._keys is not None and scope["path"].startswith(KEYED) and not self._authorized(scope):
+            if self._keys is not None and scope["path"].startswith(KEYED) and not await self._authorized(scope):
                 err = ProxyError(
                     "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
                 )
@@ -74,7 +74,7 @@ class ProxyApp:
         path = scope["path"]
         endpoint = self._sockets.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
         err: ProxyError | None = None
-        if self._keys is not None and path.startswith("/v1/") and not self._authorized(scope):
+        if self._keys is not None and path.startswith("/v1/") and not await self._authorized(scope):
             err = ProxyError(
                 "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
             )
@@ -94,14 +94,15 @@ class ProxyApp:
                     "headers": [(b"content-type", b"application/json"), *headers]})
         await send({"type": "websocket.http.response.body", "body": body})
 
-    def _authorized(self, scope: Any) -> bool:
-        """`Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's) of a key held and not expired. Keys are
-        looked up by their SHA-256, so the time taken does not tell how close a guess came."""
+    async def _authorized(self, scope: Any) -> bool:
+        """`Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's) of a key held (the file's, or the Redis
+        key store's) and not expired. Keys are looked up by their SHA-256, so the time taken does not tell how close
+        a guess came."""
         assert self._keys is not None
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        policy = self._keys.identify(given[7:]) if given[:7] == b"Bearer " else None
+        policy = await self._keys.identify(given[7:]) if given[:7] == b"Bearer " else None
         if policy is None:
-            policy = self._keys.identify(next((v for k, v in scope["headers"] if k == b"x-api-key"), b""))
+            policy = await self._keys.identify(next((v for k, v in scope["headers"] if k == b"x-api-key"), b""))
         if policy is None or policy.expired(datetime.datetime.now(datetime.UTC).date()):
             return False
         scope[KEY_NAME_SCOPE] = policy.name

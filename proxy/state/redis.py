@@ -123,6 +123,10 @@ class RedisStore:
             text = text.replace(secret, "***")
         return text
 
+    async def call(self, command: str, op: Awaitable[T]) -> T:
+        """`op` within the store's deadline; any failure a StoreUnavailable (logged, the password scrubbed)."""
+        return await self._call(command, op)
+
     async def _call(self, command: str, op: Awaitable[T]) -> T:
         try:
             async with asyncio.timeout(2 * self.timeout):

@@ -6,7 +6,10 @@ loopback, in front of a mock MindIE. The token-limit run is short here (a 10 s w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,10 +52,31 @@ tokens:
   tokens_per_minute: {TPM}
 other: sk-o
 """)
-    with proxies(3, mock, redis_url, keys) as urls:
+    created = keys_cli(redis_url, "create", "team-k", "--requests-per-minute", "100", "--models", "DeepSeek-*")
+    key = created.stdout.strip()
+    assert key.startswith("sk-dp-") and key not in keys_cli(redis_url, "show", "team-k").stdout
+    with proxies(3, mock, redis_url, keys, "--api-keys-store", "true") as urls:
         requests_exact(urls)
         token_limit_holds(urls)
         revoked_everywhere_within_a_second(urls, keys)
+        assert {post(url, key).status_code for url in urls} == {200}
+        assert post(urls[0], key, {**CHAT, "model": "qwen"}).status_code == 403
+        usage = json.loads(keys_cli(redis_url, "usage", "team-k").stdout)
+        assert usage["tokens_day"] > 0
+        keys_cli(redis_url, "revoke", "team-k")
+        revoked = time.monotonic()
+        pending = set(urls)
+        while pending and time.monotonic() - revoked < 5:
+            pending = {url for url in pending if post(url, key).status_code != 401}
+        assert not pending and time.monotonic() - revoked <= 1.0
+    assert "team-k" not in keys_cli(redis_url, "list").stdout
+
+
+def keys_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "proxy", "keys", "--state-store", redis_url, *args],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 def requests_exact(urls: list[str]) -> None:
