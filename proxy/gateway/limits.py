@@ -46,7 +46,7 @@ class LimitMetrics(Protocol):
 
     def limited(self, key: str, reason: str) -> None: ...
 
-    def quota_remaining(self, key: str, period: str, tokens: int) -> None: ...
+    def quota_remaining(self, key: str, period: str, quota: int, tokens: int) -> None: ...
 
     def limits_fail_open(self) -> None: ...
 
@@ -127,7 +127,7 @@ class Limiter:
             for period, quota, used in (("day", ask.tokens_per_day, verdict.day_used),
                                         ("month", ask.tokens_per_month, verdict.month_used)):
                 if quota:
-                    self.metrics.quota_remaining(policy.name, period, max(0, quota - used))
+                    self.metrics.quota_remaining(policy.name, period, quota, max(0, quota - used))
         if not verdict.allowed:
             self._count(policy.name, verdict.reason)
             raise refusal(policy.name, ask, verdict, view)

@@ -309,6 +309,10 @@ class Metrics:
             f"{p}_key_quota_remaining_tokens", "Tokens left of a key's quota in the current UTC day or month, as "
             "last seen by an admission.", ["key", "period"], multiprocess_mode="mostrecent", registry=r,
         )
+        self.quota_gauge = Gauge(
+            f"{p}_key_quota_tokens", "A key's quota of tokens per UTC day or month (api_keys_file), as last seen by an "
+            "admission.", ["key", "period"], multiprocess_mode="mostrecent", registry=r,
+        )
         self.limits_fail_open_total = Counter(
             f"{p}_limits_fail_open", "Requests admitted against this process's share of the limits because the "
             "shared counters (Redis) did not answer in time (server.limits_fail: open).", [], registry=r,
@@ -443,8 +447,11 @@ class Metrics:
         """A request refused by its key's limits (proxy/gateway/limits.py)."""
         self.child(self.limited_requests, self.key_label(key), reason).inc()
 
-    def quota_remaining(self, key: str, period: str, tokens: int) -> None:
-        self.child(self.quota_remaining_gauge, self.key_label(key), period).set(tokens)
+    def quota_remaining(self, key: str, period: str, quota: int, tokens: int) -> None:
+        """A key's quota for `period` (day, month) and the tokens left of it."""
+        label = self.key_label(key)
+        self.child(self.quota_gauge, label, period).set(quota)
+        self.child(self.quota_remaining_gauge, label, period).set(tokens)
 
     def limits_fail_open(self) -> None:
         self.child(self.limits_fail_open_total).inc()
