@@ -126,6 +126,8 @@ def token_limit_holds(urls: list[str]) -> None:
         worst = max(worst, inside)
     assert worst <= TPM + biggest, (worst, TPM, biggest)
     total = sum(tokens for _, _, tokens in done)
+    print(f"token limit run: {len(done)} answers, {total} tokens in {RUN_SECONDS:g} s; the fullest {WINDOW:g} s held "
+          f"{worst} tokens (limit {TPM}, largest request {biggest})")
     assert total >= 0.5 * TPM * RUN_SECONDS / WINDOW, (total, TPM)  # the limit is used, not starved
 
 
