@@ -149,7 +149,7 @@ team-q:
         anth.messages.create(model="DeepSeek-R1", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
     anth.close()
     assert metric(proxy, 'dialect_proxy_limited_total{key="team-q",reason="day"}') == refused + 1
-    assert 0 <= metric(proxy, 'dialect_proxy_key_quota_remaining_tokens{key="team-q",period="day"}') < 200
+    assert 0 <= metric(proxy, 'dialect_proxy_quota_remaining_tokens{key="team-q",period="day"}') < 200
 
 
 def test_a_model_the_key_may_not_use_is_a_permission_error_naming_it(start_mock: Callable[..., Mock],
@@ -232,3 +232,28 @@ def test_a_flooding_key_delays_only_itself(start_mock: Callable[..., Mock], star
         assert p95 < 4 * alone, (p95, alone, waits)
 
     asyncio.run(main())
+
+
+def test_every_api_tells_a_limited_key_its_limits(start_mock: Callable[..., Mock], start_proxy: Callable[..., Proxy],
+                                                  tmp_path: Path) -> None:
+    _, proxy = limited_proxy(start_mock, start_proxy, key_file(tmp_path, """
+team-a:
+  key: sk-a
+  requests_per_minute: 100
+  tokens_per_minute: 100000
+"""))
+    auth = {"Authorization": "Bearer sk-a"}
+    calls = [("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "DeepSeek-R1", "prompt": "hi",
+                                                                  "max_tokens": 5}),
+             ("/v1/responses", {"model": "DeepSeek-R1", "input": "hi", "max_output_tokens": 16}),
+             ("/v1/chat/completions", {**CHAT, "stream": True})]
+    for i, (path, body) in enumerate(calls):
+        answer = httpx.post(proxy.url + path, headers=auth, json=body, timeout=10)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-ratelimit-remaining-requests"] == str(99 - i), path
+        assert int(answer.headers["x-ratelimit-remaining-tokens"]) < 100000
+    messages = httpx.post(proxy.url + "/v1/messages", headers={"x-api-key": "sk-a"}, timeout=10, json={
+        "model": "DeepSeek-R1", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+    assert messages.headers["anthropic-ratelimit-requests-remaining"] == "95"
+    assert messages.headers["anthropic-ratelimit-tokens-limit"] == "100000"
+    assert "x-ratelimit-limit-requests" not in messages.headers

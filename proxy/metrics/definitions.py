@@ -306,11 +306,11 @@ class Metrics:
             "too_large, day, month, model).", ["key", "reason"], registry=r,
         )
         self.quota_remaining_gauge = Gauge(
-            f"{p}_key_quota_remaining_tokens", "Tokens left of a key's quota in the current UTC day or month, as "
+            f"{p}_quota_remaining_tokens", "Tokens left of a key's quota in the current UTC day or month, as "
             "last seen by an admission.", ["key", "period"], multiprocess_mode="mostrecent", registry=r,
         )
         self.quota_gauge = Gauge(
-            f"{p}_key_quota_tokens", "A key's quota of tokens per UTC day or month (api_keys_file), as last seen by an "
+            f"{p}_quota_tokens", "A key's quota of tokens per UTC day or month (api_keys_file), as last seen by an "
             "admission.", ["key", "period"], multiprocess_mode="mostrecent", registry=r,
         )
         self.limits_fail_open_total = Counter(

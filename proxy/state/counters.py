@@ -1,7 +1,7 @@
 """The counters behind per-key limits (proxy/gateway/limits.py): one admission asks for everything at once
 (`Counters.admit`, a `LimitAsk`), and its end gives back what the reservation did not use (`Counters.settle`).
 
-The algorithm (docs/decisions.md "Per-key limits: a sliding-window log"): each key has a log of its admissions in the
+The algorithm (docs/decisions.md "Per-key limits (issue 47)"): each key has a log of its admissions in the
 last window (`window` seconds, 60 for the "per minute" limits), each entry with the tokens it holds. A request is
 admitted when the log holds fewer than `requests_per_minute` entries and its tokens plus the request's reservation
 stay within `tokens_per_minute`; settling rewrites the entry with the tokens really used. So in any window the key's
