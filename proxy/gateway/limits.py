@@ -48,7 +48,7 @@ class LimitMetrics(Protocol):
 
     def quota_remaining(self, key: str, period: str, quota: int, tokens: int) -> None: ...
 
-    def limits_fail_open(self) -> None: ...
+    def limits_fail_open(self, key: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +169,7 @@ class Limiter:
             raise CountersUnavailable("not answering")
         own = self.local
         if shared is not None and self.metrics is not None:
-            self.metrics.limits_fail_open()
+            self.metrics.limits_fail_open(ask.key)
         return await own.admit(self.share_of(ask)), own
 
     def _unavailable(self, e: CountersUnavailable) -> None:

@@ -315,7 +315,8 @@ class Metrics:
         )
         self.limits_fail_open_total = Counter(
             f"{p}_limits_fail_open", "Requests admitted against this process's share of the limits because the "
-            "shared counters (Redis) did not answer in time (server.limits_fail: open).", [], registry=r,
+            "shared counters (Redis) did not answer in time (server.limits_fail: open), by key name.", ["key"],
+            registry=r,
         )
         # Gateway: replicas, failover, admission (proxy/gateway/replicas.py, proxy/gateway/admission.py,
         # docs/gateway.md).
@@ -453,8 +454,8 @@ class Metrics:
         self.child(self.quota_gauge, label, period).set(quota)
         self.child(self.quota_remaining_gauge, label, period).set(tokens)
 
-    def limits_fail_open(self) -> None:
-        self.child(self.limits_fail_open_total).inc()
+    def limits_fail_open(self, key: str) -> None:
+        self.child(self.limits_fail_open_total, self.key_label(key)).inc()
 
     def reasoning_continuity(self, upstream: str, event: str, count: int = 1) -> None:
         label = event if event in CONTINUITY_EVENTS else OTHER

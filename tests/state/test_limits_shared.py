@@ -163,7 +163,7 @@ def test_redis_killed_mid_run(start_mock: Callable[..., Mock], start_redis: Call
         ready = httpx.get(open_url + "/readyz", timeout=10).json()
         assert ready["limits"]["failing_open"] is True
         metrics = httpx.get(open_url + "/metrics", timeout=10).text
-        assert "dialect_proxy_limits_fail_open_total 3.0" in metrics
+        assert 'dialect_proxy_limits_fail_open_total{key="team"} 3.0' in metrics
         srv.start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and "failing_open" in httpx.get(open_url + "/readyz", timeout=10).json()[
