@@ -1,8 +1,10 @@
 """The Redis key store: named API keys that `dialect-proxy keys` creates, changes and revokes in the state store's
 Redis, shared by every replica (proxy/gateway/keys.py asks it for a key it does not know from its file).
 
-    dialect-proxy:apikey:<sha256 hex>   JSON: {"name": ..., the policy's fields as in api_keys_file}
-    dialect-proxy:apikey-names          hash: name -> sha256 hex
+    dialect-proxy:{apikeys}:<sha256 hex>   JSON: {"name": ..., the policy's fields as in api_keys_file}
+    dialect-proxy:{apikeys}:names          hash: name -> sha256 hex
+
+(`{apikeys}` is a hash tag: on a Redis Cluster all of them sit in one slot, so one transaction writes both.)
 
 Only the key's SHA-256 is stored: the key itself is printed once, by `keys create`, and never again. Every call is
 bounded in time (the store's timeout), and a failure is a StoreUnavailable.
@@ -16,11 +18,11 @@ import orjson
 
 from proxy.state.redis import KEY_PREFIX, RedisStore
 
-NAMES: Final = f"{KEY_PREFIX}:apikey-names"
+NAMES: Final = f"{KEY_PREFIX}:{{apikeys}}:names"
 
 
 def record_key(digest_hex: str) -> str:
-    return f"{KEY_PREFIX}:apikey:{digest_hex}"
+    return f"{KEY_PREFIX}:{{apikeys}}:{digest_hex}"
 
 
 class RedisKeyStore:
