@@ -135,6 +135,9 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--dialect", default=None,
                       help=f"mock dialect: {', '.join(dialect_names())} (default {DEFAULT_DIALECT}) "
                       f"[env {_mock_env('dialect')}]")
+    from proxy.server import keys_command
+
+    keys_command.add_parser(sub, _env_name("state-store"))
     probe = sub.add_parser("probe", help="find out what an upstream speaks and print the config block for it",
                            description=(
         "Talk to an upstream the way the proxy would (a few tiny requests, each bounded in time) and report: "
@@ -465,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             mock(args, os.environ)
         elif args.command == "probe":
             return probe_command(args, os.environ)
+        elif args.command == "keys":
+            from proxy.server import keys_command
+
+            return keys_command.run(args, os.environ, _env_name("state-store"))
         else:
             demo(args)
     except ConfigError as e:

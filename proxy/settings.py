@@ -439,6 +439,9 @@ class ServerSettings:
     api_keys_file: str | None = field(default=None, metadata=about(
         "YAML file mapping key names to client API keys (name: key); the name goes to the access log and the "
         "`key` metrics label"))
+    api_keys_store: bool = field(default=False, metadata=about(
+        "also accept the keys `dialect-proxy keys create` keeps in the Redis of state_store (shared by every "
+        "replica; a revoked key is refused within 1 s)"))
     api_key_names: tuple[str, ...] = ()  # one per api_keys entry: the file's names, `env-1`, `env-2`, ... for env keys
     # The state store (proxy/state/): "memory" (per process) or a redis:// / rediss:// URL (may hold a password).
     state_store: str = field(default="memory", repr=False, metadata=about(
@@ -453,6 +456,21 @@ class ServerSettings:
     state_timeout: float = field(default=2.0, metadata=about(
         "seconds to connect to / hear from Redis before a 503 (an operation gives up after twice that)",
         positive=True))
+    # Per-key limits (proxy/gateway/limits.py, docs/sharing.md): counted in the Redis of state_store, else per process.
+    limits_fail: str = field(default="open", metadata=about(
+        "when the Redis that counts per-key limits does not answer: open (count in each process, its share of every "
+        "limit) or closed (503)", choices=("open", "closed")))
+    limits_timeout: float = field(default=0.25, metadata=about(
+        "seconds the limiter waits for Redis on a request before limits_fail applies", positive=True))
+    limits_processes: int = field(default=1, metadata=about(
+        "how many proxy processes (replicas x workers) share the limits: each one's share while failing open",
+        positive=True))
+    limits_window: float = field(default=60.0, metadata=about(
+        "seconds of the sliding window of requests_per_minute and tokens_per_minute (60; shorter in tests)",
+        positive=True))
+    limits_output_estimate: int = field(default=1024, metadata=about(
+        "output tokens reserved for a request of a limited key that names no max_tokens (settled to the real "
+        "usage)", positive=True))
     # The HTTP front end (proxy/server/frontend.py): request head size, time to receive a request, open connections.
     max_header_bytes: int = field(default=65536, metadata=about(
         "largest accepted request line + headers in bytes; larger gets 431", positive=True))
@@ -780,7 +798,8 @@ def build_upstream(prefix: str, given: Mapping[str, Given], environ: Mapping[str
 
 
 def load_api_keys_file(path: str, key: str = "server.api_keys_file") -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """`api_keys_file`: a YAML mapping of key name -> key. Returns (names, keys). Never shows a key."""
+    """`api_keys_file`: a YAML mapping of key name -> key, or -> a policy with its `key` or `key_sha256` (read whole
+    by proxy/gateway/keys.py). Returns (names, keys; "" for a key known by its hash alone). Never shows a key."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
@@ -794,13 +813,18 @@ def load_api_keys_file(path: str, key: str = "server.api_keys_file") -> tuple[tu
     names: list[str] = []
     keys: list[str] = []
     for name, value in data.items():
+        if name == "default":  # the policy of keys that do not say (proxy/gateway/keys.py), not a key
+            continue
         if not isinstance(name, str) or not _LABEL.fullmatch(name):
             raise ConfigError(f"{key}: key name {name!r} must be 1-64 letters, digits, '_', '.' or '-' "
                               "(it is a metrics label)")
+        if isinstance(value, Mapping):  # a key with its policy (proxy/gateway/keys.py reads the rest)
+            value = value.get("key", "") if "key_sha256" not in value else "-"
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{key}: the key named {name!r} must be a non-empty string")
+            raise ConfigError(f"{key}: the key named {name!r} must be a non-empty string (or a mapping with `key` "
+                              "or `key_sha256`)")
         names.append(name)
-        keys.append(value.strip())
+        keys.append(value.strip() if value != "-" else "")  # "": known by its hash alone
     return tuple(names), tuple(keys)
 
 

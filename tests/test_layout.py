@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "hub": {"settings", "stream"},  # the pipeline names dialects' UpstreamSession as a type only
     "dialects": {"settings", "hub", "stream"},
     "clients": {"settings", "hub", "dialects"},
-    "gateway": {"settings"},
+    "gateway": {"settings", "state"},  # state: the per-key limit counters (proxy/gateway/limits.py)
     "metrics": {"settings", "hub", "dialects"},  # dialects: the registry's names, the `dialect` label's values
     "endpoint": {"settings", "hub", "clients", "gateway"},
     "probe": {"dialects", "gateway", "hub"},
@@ -161,9 +161,9 @@ PULLS_IN: dict[str, set[str]] = {
     "stream": set(),
     "hub": {"settings", "stream"},
     "dialects": {"settings", "hub", "stream"},
-    "gateway": {"settings"},
+    "gateway": {"settings", "state"},  # state: the per-key limit counters (proxy/gateway/limits.py)
     "metrics": {"settings", "hub", "stream", "dialects"},
-    "probe": {"settings", "hub", "stream", "dialects", "gateway"},
+    "probe": {"settings", "hub", "stream", "dialects", "gateway", "state"},
     "mock": set(),
 }
 

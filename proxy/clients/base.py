@@ -20,11 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from proxy.clients.ratelimit import openai_headers
+
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
     from proxy.clients.native import NativeReader
     from proxy.errors import ProxyError
+    from proxy.gateway.limits import LimitView
     from proxy.hub.canonical import ChatRequest, RequestContext
     from proxy.hub.events import Answer, Delta
     from proxy.hub.sse import Event
@@ -128,6 +131,10 @@ class ClientDialect(Generic[CallT]):
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         """An error before the stream head (or for a non-stream request): status, headers, body."""
         raise NotImplementedError
+
+    def rate_limit_headers(self, view: LimitView) -> Headers:
+        """The headers that tell a limited key's client its limits (proxy/clients/ratelimit.py): OpenAI's."""
+        return openai_headers(view)
 
     async def completed(self, outcome: Outcome) -> None:
         """A complete answer that leaves something to keep (`Encoder.outcome`), before its last bytes go to the

@@ -32,12 +32,14 @@ from proxy.clients.base import ClientDialect, Headers
 from proxy.clients.messages_encoder import MessagesCall, MessagesEncoder, messages_consumer
 from proxy.clients.messages_errors import error_event, error_response
 from proxy.clients.messages_native import MessagesReader
+from proxy.clients.ratelimit import anthropic_headers
 from proxy.clients.signature import ThinkingSigner
 from proxy.errors import ClientRequestError, ProxyError
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
+    from proxy.gateway.limits import LimitView
     from proxy.hub.canonical import ChatRequest, RequestContext
     from proxy.hub.events import Answer
     from proxy.hub.sse import Event
@@ -109,6 +111,9 @@ class MessagesClient(ClientDialect[MessagesCall]):
 
     def encoder(self, call: MessagesCall, ctx: RequestContext, answer: Answer) -> MessagesEncoder:
         return MessagesEncoder(call, ctx, answer, self.signer, messages_consumer(call, ctx))
+
+    def rate_limit_headers(self, view: LimitView) -> Headers:
+        return anthropic_headers(view)
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return error_response(err)

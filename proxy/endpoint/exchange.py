@@ -22,14 +22,20 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import orjson
+
 from proxy.endpoint.request import ClientGone, Disconnect
 from proxy.errors import ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from proxy.gateway.admission import queue_as
+from proxy.gateway.limits import LimitRefused
 from proxy.gateway.upstream import read_body
+from proxy.hub.canonical import CHAT, COMPLETIONS
 
 if TYPE_CHECKING:
     from proxy.endpoint.record import AccessRecord
     from proxy.endpoint.relay import Relay
     from proxy.endpoint.sink import Sink
+    from proxy.gateway.limits import Grant
     from proxy.hub.canonical import RequestContext
     from proxy.metrics.observer import RequestObserver
     from proxy.metrics.tracing import RequestTrace
@@ -73,7 +79,8 @@ class Exchange:
     """One request's way through an endpoint (made per request by `serve_http`, proxy/endpoint/inference.py, or
     `InferenceEndpoint.serve`)."""
 
-    __slots__ = ("endpoint", "obs", "record", "relay", "sink", "started", "state", "status", "trace", "watch")
+    __slots__ = ("endpoint", "grant", "obs", "record", "relay", "sink", "size", "started", "state", "status", "trace",
+                 "watch")
 
     def __init__(self, endpoint: Endpoint, sink: Sink, record: AccessRecord, started: float,
                  headers: Any) -> None:
@@ -86,6 +93,8 @@ class Exchange:
         self.watch: Disconnect | None = None
         self.relay: Relay | None = None  # the answer's stream, once the upstream answered
         self.status = 500
+        self.size = 0  # the request body's bytes (the limiter counts its input tokens from them)
+        self.grant: Grant | None = None  # its key's reservation (proxy/gateway/limits.py), settled at its end
         telemetry = state.telemetry  # OpenTelemetry (proxy/metrics/tracing.py): None unless configured
         self.trace: RequestTrace | None = None
         if telemetry is not None:
@@ -118,13 +127,14 @@ class Exchange:
     # -- serving ----------------------------------------------------------------------------------------------
     async def _serve(self, inbound: Inbound) -> int:
         raw = await inbound.read()
+        self.size = 0 if raw is None else len(raw)
         if self.state.shutting_down:
             raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
         return await self.endpoint.answer(self, inbound, inbound.parse(raw), raw)
 
-    def routed(self, request: dict[str, Any], ctx: RequestContext, inbound: Inbound) -> RequestContext:
+    async def routed(self, request: dict[str, Any], ctx: RequestContext, inbound: Inbound) -> RequestContext:
         """The request (its body, decoded) goes where `ctx` says: its metrics, the trace and the access record say
-        so, and the client's leaving is watched from now on. Its context again."""
+        so, the client's leaving is watched from now on, and its key's limits admit it. Its context again."""
         record = self.record
         record.upstream = ctx.upstream.name
         record.model = ctx.client_model
@@ -134,7 +144,27 @@ class Exchange:
         if self.trace is not None:
             self.trace.routed(request, ctx, self.state.dialects[ctx.upstream.name].name, obs.model)
         self.watch = inbound.watch()
+        await self._limits(request, ctx)
         return ctx
+
+    async def _limits(self, request: dict[str, Any], ctx: RequestContext) -> None:
+        """The key's policy (proxy/gateway/keys.py): its share in the replicas' queues, and its limits admit the
+        request (proxy/gateway/limits.py) or refuse it; the rate-limit headers go on the answer either way."""
+        key = self.record.key
+        policy = None if key is None else self.state.keys.policy(key)
+        if policy is None:
+            return
+        queue_as(policy.name, policy.weight)
+        size = self.size or len(orjson.dumps(request))
+        try:
+            self.grant, view = await self.state.limiter.admit(policy, ctx.client_model, request, size,
+                                                              ctx.kind in (CHAT, COMPLETIONS))
+        except LimitRefused as refused:
+            if refused.view is not None:
+                self.sink.limits(refused.view)
+            raise
+        if view is not None:
+            self.sink.limits(view)
 
     def upstream_started(self) -> float:
         """The upstream part begins (for the metrics): its deadline, the whole request's limit from now."""
@@ -226,6 +256,9 @@ class Exchange:
         """The request is over: its metrics, its trace, its access log line."""
         if self.watch is not None:
             self.watch.stop()
+        if self.grant is not None:
+            self.state.limiter.settle(self.grant, self._tokens_used())
+            self.grant = None
         self.relay = None  # (it refers back to the exchange: no reference cycle outlives the request)
         duration = _clock() - self.started
         record = self.record
@@ -238,6 +271,18 @@ class Exchange:
         if access_log.isEnabledFor(logging.INFO):
             ttft = obs.ttft if obs is not None and record.stream else None
             access_log.info(record.line(status, duration, ttft))
+
+
+    def _tokens_used(self) -> int | None:
+        """The tokens the request used, for its key's limits: the upstream's usage; 0 for an error answer that
+        generated nothing; None (the reservation stays) when unknown — a stream cut short, a client gone."""
+        record = self.record
+        prompt, completion = record.prompt_tokens, record.completion_tokens
+        if isinstance(prompt, int) or isinstance(completion, int):
+            return (prompt if isinstance(prompt, int) else 0) + (completion if isinstance(completion, int) else 0)
+        if self.status >= 400 and not record.client_disconnected and record.truncated is None:
+            return 0
+        return None
 
 
 def _uncancel() -> None:

@@ -75,10 +75,10 @@ class InferenceEndpoint:
         passed = None if native is None else native.call(request, raw, inbound.headers)
         if passed is not None:
             assert native is not None
-            ctx = exchange.routed(request, self.context(passed, exchange.record.request_id), inbound)
+            ctx = await exchange.routed(request, self.context(passed, exchange.record.request_id), inbound)
             return await native.serve(passed, ctx, exchange)
         call = await self.client.decode(request)
-        ctx = exchange.routed(call.request, self.context(call, exchange.record.request_id), inbound)
+        ctx = await exchange.routed(call.request, self.context(call, exchange.record.request_id), inbound)
         return await self.translation.serve(call, ctx, exchange)
 
     def context(self, call: ClientCall | NativeCall, request_id: str) -> RequestContext:

@@ -22,6 +22,7 @@ import orjson
 
 from proxy.clients import embeddings, rerank
 from proxy.clients.base import openai_error_response
+from proxy.clients.ratelimit import openai_headers
 from proxy.endpoint.inference import serve_http
 from proxy.gateway.upstream import release
 from proxy.hub.canonical import RequestContext
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from proxy.endpoint.exchange import Exchange, Inbound
     from proxy.endpoint.request import Scope
     from proxy.errors import ProxyError
+    from proxy.gateway.limits import LimitView
     from proxy.hub.retrieval import RetrievalWire
     from proxy.server.appstate import AppState
 
@@ -131,6 +133,9 @@ class OpenAIErrors:
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         return openai_error_response(err)
 
+    def rate_limit_headers(self, view: LimitView) -> Headers:
+        return openai_headers(view)
+
 
 _ERRORS: Final = OpenAIErrors()
 
@@ -153,7 +158,7 @@ class RetrievalEndpoint:
         route = self.state.router.resolve_kind(call.model, self.kind)
         ctx = RequestContext(self.kind, exchange.record.request_id, call.model, route.upstream_model, route.upstream,
                              False, "", int(_wall_clock()))
-        exchange.routed(request, ctx, inbound)
+        await exchange.routed(request, ctx, inbound)
         payload, usage = await self._batches(exchange, ctx, call)
         self._usage(exchange, usage)
         exchange.complete()

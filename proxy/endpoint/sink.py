@@ -23,6 +23,7 @@ from proxy.hub.sse import KEEPALIVE, encode_events
 if TYPE_CHECKING:
     from proxy.clients.base import Headers
     from proxy.errors import ProxyError
+    from proxy.gateway.limits import LimitView
     from proxy.hub.sse import Event
 
 
@@ -32,6 +33,9 @@ class Envelope(Protocol):
 
     def error_response(self, err: ProxyError) -> tuple[int, Headers, bytes]:
         """The error's status, headers and body."""
+
+    def rate_limit_headers(self, view: LimitView) -> Headers:
+        """The headers that tell a limited key's client its limits (proxy/clients/ratelimit.py)."""
 
 
 class Sink(Protocol):
@@ -53,6 +57,9 @@ class Sink(Protocol):
 
     async def refuse(self, err: ProxyError, headers: Headers) -> int:
         """An error before the answer began: the client dialect's error; the status the client got."""
+
+    def limits(self, view: LimitView) -> None:
+        """The key's limits, told on the answer to come, whatever it is (a WebSocket has no headers to tell them)."""
 
 
 class HttpSink:
@@ -85,6 +92,9 @@ class HttpSink:
 
     async def whole(self, body: bytes, headers: Headers) -> None:
         await send_json(self.send, 200, body, headers + self.extra)
+
+    def limits(self, view: LimitView) -> None:
+        self.extra = self.extra + self.client.rate_limit_headers(view)
 
     async def refuse(self, err: ProxyError, headers: Headers) -> int:
         status, own, body = self.client.error_response(err)

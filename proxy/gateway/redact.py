@@ -68,7 +68,7 @@ class Redactor:
     @classmethod
     def from_settings(cls, settings: Settings) -> Redactor:
         secrets = [u.api_key for u in settings.upstreams if u.api_key]
-        secrets += list(settings.server.api_keys)
+        secrets += [k for k in settings.server.api_keys if k]
         addresses: list[str] = []
         for u in settings.upstreams:
             replicas = [(r.url, r.health_url) for r in u.replica_list()]  # every replica's (proxy/gateway/replicas.py)

@@ -299,6 +299,25 @@ class Metrics:
                 f"{p}_key_tokens", "Tokens reported by the upstream's usage, by inbound API key name and kind.",
                 ["key", "upstream", "model", "kind"], registry=r,
             )
+        # Per-key limits (proxy/gateway/limits.py, docs/sharing.md): refusals by key and reason, quota left, and
+        # the limiter counting alone because its Redis does not answer.
+        self.limited_requests = Counter(
+            f"{p}_limited", "Requests a key's limits refused, by key name and reason (requests, tokens, concurrent, "
+            "too_large, day, month, model).", ["key", "reason"], registry=r,
+        )
+        self.quota_remaining_gauge = Gauge(
+            f"{p}_quota_remaining_tokens", "Tokens left of a key's quota in the current UTC day or month, as "
+            "last seen by an admission.", ["key", "period"], multiprocess_mode="mostrecent", registry=r,
+        )
+        self.quota_gauge = Gauge(
+            f"{p}_quota_tokens", "A key's quota of tokens per UTC day or month (api_keys_file), as last seen by an "
+            "admission.", ["key", "period"], multiprocess_mode="mostrecent", registry=r,
+        )
+        self.limits_fail_open_total = Counter(
+            f"{p}_limits_fail_open", "Requests admitted against this process's share of the limits because the "
+            "shared counters (Redis) did not answer in time (server.limits_fail: open), by key name.", ["key"],
+            registry=r,
+        )
         # Gateway: replicas, failover, admission (proxy/gateway/replicas.py, proxy/gateway/admission.py,
         # docs/gateway.md).
         self.upstream_attempts = Counter(
@@ -424,6 +443,19 @@ class Metrics:
     def refused(self, route: str, code: str) -> None:
         """A request refused before it had an upstream (inbound authentication): counted by its error code."""
         self.child(self.errors, self.route_label(route), NONE, code if code in ERROR_CODES else OTHER).inc()
+
+    def limited(self, key: str, reason: str) -> None:
+        """A request refused by its key's limits (proxy/gateway/limits.py)."""
+        self.child(self.limited_requests, self.key_label(key), reason).inc()
+
+    def quota_remaining(self, key: str, period: str, quota: int, tokens: int) -> None:
+        """A key's quota for `period` (day, month) and the tokens left of it."""
+        label = self.key_label(key)
+        self.child(self.quota_gauge, label, period).set(quota)
+        self.child(self.quota_remaining_gauge, label, period).set(tokens)
+
+    def limits_fail_open(self, key: str) -> None:
+        self.child(self.limits_fail_open_total, self.key_label(key)).inc()
 
     def reasoning_continuity(self, upstream: str, event: str, count: int = 1) -> None:
         label = event if event in CONTINUITY_EVENTS else OTHER

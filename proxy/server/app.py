@@ -74,6 +74,8 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
             # Reported, never a reason for 503: requests that need no state go on without it (README "State store").
             "state_store": store,
         }
+        if state.keys.active:  # failing open is reported, never a reason for 503 (docs/sharing.md)
+            body["limits"] = state.limiter.status()
         if state.shutting_down:
             body["reason"] = "shutting down"
         return JSONResponse(body, 200 if ready else 503)
@@ -128,10 +130,9 @@ def create_app(settings: Settings, tune_gc: bool = False) -> ProxyApp:
     # redirect); without the slash redirect such paths are served (inference, see proxy/server/asgi.py) or 404.
     app.router.redirect_slashes = False
     app.state.proxy = state
-    keys = dict(zip(settings.server.api_key_names, settings.server.api_keys, strict=True))
     # A WebSocket mode (the Responses API's), on the path of each client dialect that declares one.
     sockets = {c.path: ResponsesSocket(state, c) for c in state.client_dialects.values() if c.websocket}
-    return ProxyApp(app, {route.path: route.endpoint for route in inference}, keys,
+    return ProxyApp(app, {route.path: route.endpoint for route in inference}, state.keys,
                     list(state.client_dialects.values()), sockets)
 
 

@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from typing import Any, Final
 
 from proxy.clients import CLIENT_DIALECTS, ClientDialect
 from proxy.dialects import Dialect, get_dialect
 from proxy.dialects.readiness import readiness_model
 from proxy.gateway.catalog import ModelCatalog
+from proxy.gateway.keys import KeyRing, RemoteKeys
+from proxy.gateway.limits import Limiter, LimitSettings
 from proxy.gateway.redact import Redactor
 from proxy.gateway.replicas import ReplicaSet
 from proxy.gateway.routing import Router
@@ -21,10 +24,12 @@ from proxy.metrics.files import FLUSH_INTERVAL
 from proxy.metrics.model_server import EngineMetricsReader, ModelServerGauges
 from proxy.metrics.tracing import Telemetry
 from proxy.metrics.tracing import create as create_telemetry
-from proxy.settings import Settings
+from proxy.settings import ConfigError, Settings
 from proxy.state import open_store
+from proxy.state.counters import Counters
 
 log: Final = logging.getLogger("dialect_proxy")
+KEY_FILE_POLL: Final = 0.5  # seconds between looks at the api_keys_file (a revoked key is refused within 1 s)
 
 
 class AppState:
@@ -62,6 +67,16 @@ class AppState:
         self.telemetry: Telemetry | None = create_telemetry(settings, self.metrics, self.redactor)
         # The Model Server Protocol gauges (server.model_server_metrics, implied by pool_member): None when off.
         self.model_server: ModelServerGauges | None = self._model_server_gauges()
+        # The inbound keys and their policies (proxy/gateway/keys.py), read again when the file changes; their limits
+        # counted in the state store's Redis when there is one (proxy/gateway/limits.py).
+        s = settings.server
+        env_keys = tuple(k for n, k in zip(s.api_key_names, s.api_keys, strict=True) if n.startswith("env-"))
+        self.keys = KeyRing(s.api_keys_file, env_keys, _key_store(self.store) if s.api_keys_store else None)
+        self.limiter = Limiter(_shared_counters(self.store, s.limits_timeout),
+                               LimitSettings(s.limits_fail, s.limits_processes, s.limits_window,
+                                             s.total_timeout + s.shutdown_grace + 60, s.limits_output_estimate),
+                               self.metrics, self.store.describe())
+        self._key_watch: asyncio.Task[None] | None = None
         self.shutting_down = False
         self._metrics_flusher: asyncio.Task[None] | None = None
 
@@ -84,6 +99,19 @@ class AppState:
             self.model_server.reader.start()
         if self.metrics.multiprocess:
             self._metrics_flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
+        if self.keys.path is not None:
+            self._key_watch = asyncio.get_running_loop().create_task(self._watch_keys())
+            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # the main thread's loop only
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.keys.reload)
+
+    async def _watch_keys(self) -> None:
+        """The api_keys_file read again within a second of a change (an edited file, a Kubernetes Secret's update)."""
+        while True:
+            await asyncio.sleep(KEY_FILE_POLL)
+            try:
+                self.keys.reload_if_changed()
+            except Exception:  # a bug of ours must not end the watch for good
+                log.exception("reading the api_keys_file again failed")
 
     async def _flush_metrics(self) -> None:
         while True:
@@ -94,6 +122,9 @@ class AppState:
                 log.exception("writing this worker's metrics to the multiprocess files failed")
 
     async def close(self) -> None:
+        if self._key_watch is not None:
+            self._key_watch.cancel()
+        await self.limiter.close()
         for catalog in self.catalogs.values():
             await catalog.close()
         for rs in self.replicas.values():
@@ -108,3 +139,30 @@ class AppState:
         self.metrics.flush_files()  # the last requests' values, for the scrapes of the workers that remain
         if self.telemetry is not None:  # what is left to export, bounded in time (a collector may be down)
             await asyncio.to_thread(self.telemetry.close)
+
+
+def _shared_counters(store: object, timeout: float) -> Counters | None:
+    """The limit counters in the state store's Redis (proxy/state/counters_redis.py); None for the memory store."""
+    try:
+        from proxy.state.redis import RedisStore
+    except ImportError:
+        return None
+    if not isinstance(store, RedisStore):
+        return None
+    from proxy.state.counters_redis import RedisCounters
+
+    return RedisCounters(store, timeout)
+
+
+def _key_store(store: object) -> RemoteKeys:
+    """The Redis key store (proxy/state/keystore.py) in the state store's Redis."""
+    try:
+        from proxy.state.redis import RedisStore
+    except ImportError:
+        RedisStore = None  # type: ignore[assignment,misc]  # noqa: N806
+    if RedisStore is None or not isinstance(store, RedisStore):
+        raise ConfigError("server.api_keys_store: the key store lives in Redis; set server.state_store to a "
+                          "redis:// URL")
+    from proxy.state.keystore import RedisKeyStore
+
+    return RedisKeyStore(store)

@@ -4,7 +4,7 @@ every resumption of a streaming request passes through its `__call__`."""
 
 from __future__ import annotations
 
-import hmac
+import datetime
 from typing import Any, Final
 
 from starlette.applications import Starlette
@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from proxy.clients import ClientDialect
 from proxy.endpoint.inference import KEY_NAME_SCOPE
 from proxy.errors import ProxyError
+from proxy.gateway.keys import KeyRing
 
 # The paths behind the inbound key check: the API under /v1/, and the rerank routes outside it (/rerank, /v2/rerank).
 KEYED: Final = ("/v1/", "/v2/", "/rerank")
@@ -25,24 +26,23 @@ class ProxyApp:
         self,
         app: Starlette,
         fast: dict[str, Any],
-        api_keys: dict[str, str] | None = None,
+        keys: KeyRing | None = None,
         clients: list[ClientDialect[Any]] | None = None,
         sockets: dict[str, Any] | None = None,
     ) -> None:
         self.app = app
         self.state = app.state
         self._fast = fast
-        # name -> key. The name of the key a request used goes into its scope (KEY_NAME_SCOPE) for the access log
-        # and the `key` metrics label (docs/gateway.md "Named keys").
-        keys = api_keys or {}
-        self._keys = tuple((name, f"Bearer {k}".encode()) for name, k in keys.items())
-        self._raw_keys = tuple((name, k.encode()) for name, k in keys.items())  # `x-api-key: <key>` (Anthropic)
+        # The inbound keys (proxy/gateway/keys.py), read again when their file changes. The name of the key a request
+        # used goes into its scope (KEY_NAME_SCOPE) for the access log, the `key` metrics label (docs/gateway.md
+        # "Named keys") and its policy's limits (proxy/endpoint/exchange.py).
+        self._keys = keys if keys is not None and keys.active else None
         self._clients = clients or []
         self._sockets = sockets or {}  # path -> ASGI `websocket` endpoint (proxy/server/responses_socket.py)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if self._keys and scope["path"].startswith(KEYED) and not self._authorized(scope):
+            if self._keys is not None and scope["path"].startswith(KEYED) and not await self._authorized(scope):
                 err = ProxyError(
                     "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
                 )
@@ -74,7 +74,7 @@ class ProxyApp:
         path = scope["path"]
         endpoint = self._sockets.get(path[:-1] if path.endswith("/") and len(path) > 1 else path)
         err: ProxyError | None = None
-        if self._keys and path.startswith("/v1/") and not self._authorized(scope):
+        if self._keys is not None and path.startswith("/v1/") and not await self._authorized(scope):
             err = ProxyError(
                 "Incorrect or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.", 401
             )
@@ -94,20 +94,19 @@ class ProxyApp:
                     "headers": [(b"content-type", b"application/json"), *headers]})
         await send({"type": "websocket.http.response.body", "body": body})
 
-    def _authorized(self, scope: Any) -> bool:
+    async def _authorized(self, scope: Any) -> bool:
+        """`Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's) of a key held (the file's, or the Redis
+        key store's) and not expired. Keys are looked up by their SHA-256, so the time taken does not tell how close
+        a guess came."""
+        assert self._keys is not None
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        api_key = next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
-        name = None
-        for key_name, key in self._keys:  # every key is compared (no early exit): the time does not tell which
-            if hmac.compare_digest(given, key):
-                name = key_name
-        if name is None and api_key:
-            for key_name, key in self._raw_keys:
-                if hmac.compare_digest(api_key, key):
-                    name = key_name
-        if name is not None:
-            scope[KEY_NAME_SCOPE] = name
-        return name is not None
+        policy = await self._keys.identify(given[7:]) if given[:7] == b"Bearer " else None
+        if policy is None:
+            policy = await self._keys.identify(next((v for k, v in scope["headers"] if k == b"x-api-key"), b""))
+        if policy is None or policy.expired(datetime.datetime.now(datetime.UTC).date()):
+            return False
+        scope[KEY_NAME_SCOPE] = policy.name
+        return True
 
     def _error(self, path: str, err: ProxyError) -> tuple[str, int, list[tuple[bytes, bytes]], bytes]:
         """The route (the client dialect's path, or "other") and an error in the shape of the client dialect that

@@ -51,6 +51,7 @@ from proxy.server.websocket import SHUTDOWN_HOOK
 if TYPE_CHECKING:
     from proxy.clients.base import ClientDialect, Headers
     from proxy.errors import ProxyError
+    from proxy.gateway.limits import LimitView
     from proxy.hub.sse import Event
     from proxy.server.appstate import AppState
 
@@ -244,6 +245,9 @@ class SocketSink:
     async def events(self, events: list[Event], more: bool) -> None:
         for event in events:
             await self.connection._text(event.data.decode())
+
+    def limits(self, view: LimitView) -> None:
+        """A WebSocket has no headers to tell them in (a refusal is its `error` message)."""
 
     async def native(self, data: bytes, more: bool) -> None:
         """The upstream's own answer: its SSE events' data, or its error (in the Responses envelope already)."""

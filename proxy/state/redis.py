@@ -73,6 +73,11 @@ class RedisStore:
     def describe(self) -> str:
         return self._redacted
 
+    @property
+    def client(self) -> Any:
+        """The redis-py client (its connection pool), for the limit counters (proxy/state/counters_redis.py)."""
+        return self._client
+
     def key(self, namespace: str, key: str) -> str:
         check_namespace(namespace)
         return f"{self.prefix}:{namespace}:{key}"
@@ -117,6 +122,10 @@ class RedisStore:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
+
+    async def call(self, command: str, op: Awaitable[T]) -> T:
+        """`op` within the store's deadline; any failure a StoreUnavailable (logged, the password scrubbed)."""
+        return await self._call(command, op)
 
     async def _call(self, command: str, op: Awaitable[T]) -> T:
         try:

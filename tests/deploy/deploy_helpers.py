@@ -167,6 +167,9 @@ def exercised_metrics():  # type: ignore[no-untyped-def]
         gone.finish(200, True, None)
         m.request("/v1/chat/completions", upstream, model, stream=True)  # left in flight
         m.upstream_up(upstream, True)
+        m.limited("team-a", "requests")  # per-key limits (proxy/gateway/limits.py)
+        m.quota_remaining("team-a", "day", 1000, 50)
+        m.limits_fail_open("team-a")
         # gateway series (proxy/gateway/replicas.py sets these per replica)
         for replica in ("0", "1"):
             m.child(m.upstream_attempts, upstream, replica, "ok").inc(3)
