@@ -207,14 +207,18 @@ def test_pydantic_ai_output_type(stack, model: str, stream: bool) -> None:
     from pydantic_ai.providers.openai import OpenAIProvider
 
     _, proxy = stack
-    chat = OpenAIChatModel(model, provider=OpenAIProvider(base_url=proxy.url + "/v1", api_key="x"))
-    agent = pydantic_ai.Agent(chat, output_type=NativeOutput(Forecast))
 
     async def run() -> Forecast:
-        if not stream:
-            return (await agent.run("Weather in Paris?")).output
-        async with agent.run_stream("Weather in Paris?") as result:
-            return await result.get_output()
+        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        agent = pydantic_ai.Agent(chat, output_type=NativeOutput(Forecast))
+        try:
+            if not stream:
+                return (await agent.run("Weather in Paris?")).output
+            async with agent.run_stream("Weather in Paris?") as result:
+                return await result.get_output()
+        finally:
+            await client.close()
 
     assert isinstance(asyncio.run(run()), Forecast)
 
@@ -229,25 +233,33 @@ def test_agents_sdk_output_type_over_responses(stack, model: str) -> None:
     client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
     agent = Agent(name="forecaster", instructions="Forecast.", output_type=Forecast,
                   model=OpenAIResponsesModel(model=model, openai_client=client))
-    result = asyncio.run(Runner.run(agent, "Weather in Paris?", run_config=RunConfig(tracing_disabled=True)))
-    assert isinstance(result.final_output, Forecast)
+
+    async def run() -> Any:
+        try:
+            return await Runner.run(agent, "Weather in Paris?", run_config=RunConfig(tracing_disabled=True))
+        finally:
+            await client.close()
+
+    assert isinstance(asyncio.run(run()).final_output, Forecast)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("model", EMULATED)
 def test_anthropic_output_config_format(stack, model: str, stream: bool) -> None:
+    """The anthropic SDK's own `output_config.format` (its `messages.parse(output_format=Model)` sends it)."""
     import anthropic
 
     _, proxy = stack
-    schema = Forecast.model_json_schema()
     client = anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0)
-    kw: dict[str, Any] = dict(model=model, max_tokens=512, messages=[{"role": "user", "content": "Weather?"}],
-                              extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}})
-    if stream:
-        with client.messages.stream(**kw) as events:
-            message = events.get_final_message()
-    else:
-        message = client.messages.create(**kw)
+    messages: Any = [{"role": "user", "content": "Weather in Paris?"}]
+    if not stream:
+        parsed = client.messages.parse(model=model, max_tokens=512, messages=messages, output_format=Forecast)
+        assert parsed.stop_reason == "end_turn" and isinstance(parsed.parsed_output, Forecast)
+        return
+    schema = Forecast.model_json_schema()
+    with client.messages.stream(model=model, max_tokens=512, messages=messages,
+                                output_config={"format": {"type": "json_schema", "schema": schema}}) as events:
+        message = events.get_final_message()
     texts = [b.text for b in message.content if b.type == "text"]
     assert message.stop_reason == "end_turn" and len(texts) == 1
     jsonschema.validate(json.loads(texts[0]), schema)
