@@ -34,7 +34,7 @@ UPSTREAMS: dict[str, tuple[str, bool]] = {
 EMULATED = ("Qwen3-8B", "Qwen3-8B-full", "storm-model", "deepseek-v4-flash", "my-engine")
 
 
-class Unit(str, enum.Enum):
+class Unit(enum.StrEnum):
     celsius = "celsius"
     fahrenheit = "fahrenheit"
 
