@@ -161,6 +161,8 @@ def _forced_tool_choice(body: dict[str, Any], sc: Scenario) -> Scenario:
     if isinstance(named, dict) and isinstance(named.get("name"), str):
         # One named tool: called with arguments its schema accepts, as a model made to call it does (toolcall.py).
         return Scenario({**sc.flags, "call_tool": named["name"]})
+    if len(body["tools"]) == 1:  # `required` with one tool: that one, as above (a client's own JSON tool)
+        return Scenario({**sc.flags, "call_tool": ""})
     return Scenario({**sc.flags, "tool_calls": ""})
 
 
