@@ -263,3 +263,72 @@ def test_anthropic_output_config_format(stack, model: str, stream: bool) -> None
     texts = [b.text for b in message.content if b.type == "text"]
     assert message.stop_reason == "end_turn" and len(texts) == 1
     jsonschema.validate(json.loads(texts[0]), schema)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", EMULATED)
+def test_responses_text_format(stack, model: str, stream: bool) -> None:
+    """openai-python's `responses.parse(text_format=Model)` and `responses.stream(text_format=Model)`."""
+    _, proxy = stack
+    client = proxy.client()
+    if not stream:
+        got = client.responses.parse(model=model, input="Weather in Paris?", text_format=Forecast)
+    else:
+        with client.responses.stream(model=model, input="Weather in Paris?", text_format=Forecast) as events:
+            deltas = [e for e in events if e.type == "response.output_text.delta"]
+            got = events.get_final_response()
+        assert deltas
+    assert got.status == "completed" and isinstance(got.output_parsed, Forecast)
+    assert [item.type for item in got.output if item.type != "reasoning"] == ["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_reasoning_stays_reasoning_in_a_thinking_mode(stack, stream: bool) -> None:
+    """DeepSeek's thinking mode, asked for by the client, refuses a forced tool: JSON mode with the schema shown,
+    checked; the reasoning arrives as reasoning and only the JSON is the content."""
+    mocks, proxy = stack
+    kw: dict[str, Any] = dict(model="deepseek-v4-flash", messages=[{"role": "user", "content": "Weather?"}],
+                              response_format=Forecast, extra_body={"thinking": {"type": "enabled"}})
+    client = proxy.client()
+    if stream:
+        with client.chat.completions.stream(**kw) as events:
+            reasoning = "".join(getattr(e.chunk.choices[0].delta, "reasoning_content", None) or ""
+                                for e in events if e.type == "chunk" and e.chunk.choices)
+            final = events.get_final_completion()
+    else:
+        final = client.chat.completions.parse(**kw)
+        reasoning = getattr(final.choices[0].message, "reasoning_content", "")
+    assert reasoning and isinstance(final.choices[0].message.parsed, Forecast)
+    sent = mocks["deepseek-v4-flash"].last_request()["body"]
+    assert "tools" not in sent and sent["response_format"] == {"type": "json_object"}
+    assert sent["thinking"] == {"type": "enabled"} and '"place"' in sent["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_reasoning_before_a_forced_tool_call_stays_reasoning(stack, stream: bool) -> None:
+    """MindIE with a reasoning parser: the reasoning of the forced call's answer is the client's reasoning."""
+    _, proxy = stack
+    kw: dict[str, Any] = dict(model="Qwen3-8B-full", response_format=Forecast,
+                              messages=[{"role": "user", "content": "Weather? [mock:reasoning_field]"}])
+    client = proxy.client()
+    if stream:
+        with client.chat.completions.stream(**kw) as events:
+            reasoning = "".join(getattr(e.chunk.choices[0].delta, "reasoning_content", None) or ""
+                                for e in events if e.type == "chunk" and e.chunk.choices)
+            final = events.get_final_completion()
+    else:
+        final = client.chat.completions.parse(**kw)
+        reasoning = getattr(final.choices[0].message, "reasoning_content", "")
+    assert reasoning and "<think>" not in (final.choices[0].message.content or "")
+    assert isinstance(final.choices[0].message.parsed, Forecast)
+
+
+def test_a_schema_that_is_no_json_schema_is_the_clients_400(stack) -> None:
+    mocks, proxy = stack
+    mocks["my-engine"].reset()
+    with pytest.raises(openai.BadRequestError) as refused:
+        proxy.client().chat.completions.create(
+            model="my-engine", messages=[{"role": "user", "content": "Hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
+    assert refused.value.body["param"] == "response_format.json_schema.schema"  # type: ignore[index]
+    assert mocks["my-engine"].stats()["requests"] == 0
