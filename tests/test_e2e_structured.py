@@ -332,3 +332,28 @@ def test_a_schema_that_is_no_json_schema_is_the_clients_400(stack) -> None:
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
     assert refused.value.body["param"] == "response_format.json_schema.schema"  # type: ignore[index]
     assert mocks["my-engine"].stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+def test_never_complies_is_the_error_in_each_client_dialects_envelope(stack, dialect: str) -> None:
+    mocks, proxy = stack
+    mock = mocks["my-engine"]
+    httpx.post(mock.url + "/_mock/directives", json={"directives": "wrong_json=always"})
+    schema = Forecast.model_json_schema()
+    try:
+        if dialect == "responses":
+            got = httpx.post(proxy.url + "/v1/responses", timeout=30, json={
+                "model": "my-engine", "input": "Weather?",
+                "text": {"format": {"type": "json_schema", "name": "Forecast", "schema": schema}}})
+        else:
+            got = httpx.post(proxy.url + "/v1/messages", timeout=30, json={
+                "model": "my-engine", "max_tokens": 256, "messages": [{"role": "user", "content": "Weather?"}],
+                "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    finally:
+        httpx.post(mock.url + "/_mock/directives", json={"directives": ""})
+    assert got.status_code == 502
+    body = got.json()
+    if dialect == "responses":
+        assert body["error"]["code"] == "structured_output_failed"
+    else:
+        assert body["type"] == "error" and "No invalid JSON was sent" in body["error"]["message"]

@@ -142,20 +142,24 @@ def fits_strict(schema: Any) -> bool:
         return all(fits_strict(s) for s in schema)
     if not isinstance(schema, dict):
         return True
-    if not set(schema) <= _STRICT_KEYWORDS:
+    if not set(schema) <= _STRICT_KEYWORDS or not _closed(schema):
+        return False
+    defs = schema.get("$defs") or schema.get("definitions") or {}
+    if not isinstance(defs, dict):
         return False
     props = schema.get("properties")
-    if isinstance(props, dict) or schema.get("type") == "object":
-        names = set(props) if isinstance(props, dict) else set()
-        if schema.get("additionalProperties") is not False or set(schema.get("required") or ()) != names:
-            return False
-        if not all(fits_strict(p) for p in (props or {}).values()):
-            return False
-    for key in ("items", "anyOf"):
-        if key in schema and not fits_strict(schema[key]):
-            return False
-    defs = schema.get("$defs") or schema.get("definitions") or {}
-    return all(fits_strict(d) for d in defs.values()) if isinstance(defs, dict) else False
+    parts = [*(props.values() if isinstance(props, dict) else ()), *defs.values(), schema.get("items"),
+             schema.get("anyOf")]
+    return all(fits_strict(part) for part in parts)
+
+
+def _closed(schema: dict[str, Any]) -> bool:
+    """Not an object, or one closed (`additionalProperties: false`) with all its properties required."""
+    props = schema.get("properties")
+    if not isinstance(props, dict) and schema.get("type") != "object":
+        return True
+    names = set(props) if isinstance(props, dict) else set()
+    return schema.get("additionalProperties") is False and set(schema.get("required") or ()) == names
 
 
 # -- the request ----------------------------------------------------------------------------------------------------
