@@ -11,20 +11,18 @@ the answer's, each attempt is a span of the trace, and the metrics count emulate
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from proxy.clients.base import ClientCall
 from proxy.gateway.upstream import release
 from proxy.hub import structured
+from proxy.hub.canonical import RequestContext
 from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
 
 if TYPE_CHECKING:
-    from proxy.clients.base import ClientCall
     from proxy.endpoint.exchange import Exchange
     from proxy.endpoint.translate import Translation, Upstream
-    from proxy.hub.canonical import RequestContext
 
 
 def emulation(translation: Translation, call: ClientCall, ctx: RequestContext) -> structured.Plan | None:
@@ -79,10 +77,13 @@ class Emulation:
 
     async def _attempt(self, body: dict[str, Any], deadline: float) -> tuple[Upstream, list[Delta], Answer]:
         """One whole upstream answer to `body`: its events and its Answer (the usage is added to the total)."""
-        call = copy.copy(self.call)
-        call.request = body
-        call.stream = False
-        ctx = dataclasses.replace(self.ctx, stream=False)
+        # The attempt's own call and context, whole and not streamed (made anew: the classes are compiled in the
+        # mypyc build, where copying an instance is not supported).
+        call = ClientCall(body, self.call.kind, self.call.model, False, self.call.headers)
+        call.log_note = self.call.log_note
+        c = self.ctx
+        ctx = RequestContext(c.kind, c.request_id, c.client_model, c.upstream_model, c.upstream, False, c.response_id,
+                             c.created, c.attempt)
         exchange = self.exchange
         state = self.translation.state
         up = await self.translation.prepare(call, ctx, exchange)
@@ -90,6 +91,10 @@ class Emulation:
         attempts = exchange.record.attempts = state.replicas[ctx.upstream.name].attempts(body)
         ticket, resp = await attempts.open(ctx, up.path, up.payload, up.dialect.request_headers, deadline,
                                            exchange.watch.loop, exchange.trace)
+        if exchange.trace is not None:
+            exchange.trace.answering(resp.status, Answer())
+        if exchange.obs is not None:
+            exchange.obs.upstream_headers()
         ok = False
         try:
             raw = await exchange.upstream_body(resp, deadline)
@@ -121,4 +126,6 @@ class Emulation:
         final.upstream_id = last.upstream_id
         final.upstream_model = last.upstream_model
         final.finish_reason = events[-1].finish_reason if events else last.finish_reason
+        if self.exchange.trace is not None:
+            self.exchange.trace.answering(200, final)
         return await answering.deliver(events)
