@@ -164,6 +164,7 @@ def test_a_model_that_never_complies_gets_the_clear_error_never_invalid_json(sta
     body = failed.value.body
     assert isinstance(body, dict) and body["code"] == "structured_output_failed"
     assert "No invalid JSON was sent" in body["message"]
+    assert failed.value.response.headers["x-should-retry"] == "false"
     assert mock.stats()["requests"] == 3  # structured_attempts' default
     metrics = httpx.get(proxy.url + "/metrics").text
     assert f'dialect_proxy_structured_output_total{{event="failed",upstream="up-{model}"}}' in metrics

@@ -88,10 +88,12 @@ class Reading:
 
 
 class StructuredOutputFailed(UpstreamError):
-    """The upstream's last allowed answer still failed the client's schema: never sent, this error is."""
+    """The upstream's last allowed answer still failed the client's schema: never sent, this error is. The proxy has
+    already asked `structured_attempts` times, so the client is told not to retry (an SDK's own retries would multiply
+    the cost unseen; the operator sets how many answers one request may cost)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, 502, code="structured_output_failed")
+        super().__init__(message, 502, code="structured_output_failed", headers={"x-should-retry": "false"})
 
 
 def asked(body: dict[str, Any]) -> Ask | None:
