@@ -189,7 +189,7 @@ def test_reject_and_drop_stay_available(start_mock, start_proxy) -> None:
 
 # -- the other clients -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model", EMULATED)
+@pytest.mark.parametrize("model", list(UPSTREAMS))
 def test_langchain_with_structured_output_default_method(stack, model: str) -> None:
     from langchain_openai import ChatOpenAI
 
@@ -200,7 +200,7 @@ def test_langchain_with_structured_output_default_method(stack, model: str) -> N
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize("model", EMULATED)
+@pytest.mark.parametrize("model", list(UPSTREAMS))
 def test_pydantic_ai_output_type(stack, model: str, stream: bool) -> None:
     pydantic_ai = pytest.importorskip("pydantic_ai")
     from pydantic_ai.models.openai import OpenAIChatModel
@@ -224,7 +224,7 @@ def test_pydantic_ai_output_type(stack, model: str, stream: bool) -> None:
     assert isinstance(asyncio.run(run()), Forecast)
 
 
-@pytest.mark.parametrize("model", EMULATED)
+@pytest.mark.parametrize("model", list(UPSTREAMS))
 def test_agents_sdk_output_type_over_responses(stack, model: str) -> None:
     from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, set_tracing_disabled
     from openai import AsyncOpenAI
@@ -245,7 +245,7 @@ def test_agents_sdk_output_type_over_responses(stack, model: str) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize("model", EMULATED)
+@pytest.mark.parametrize("model", list(UPSTREAMS))
 def test_anthropic_output_config_format(stack, model: str, stream: bool) -> None:
     """The anthropic SDK's own `output_config.format` (its `messages.parse(output_format=Model)` sends it)."""
     import anthropic
@@ -267,7 +267,7 @@ def test_anthropic_output_config_format(stack, model: str, stream: bool) -> None
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize("model", EMULATED)
+@pytest.mark.parametrize("model", list(UPSTREAMS))
 def test_responses_text_format(stack, model: str, stream: bool) -> None:
     """openai-python's `responses.parse(text_format=Model)` and `responses.stream(text_format=Model)`."""
     _, proxy = stack
