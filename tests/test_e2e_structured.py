@@ -97,6 +97,13 @@ def _forecast(proxy: Proxy, model: str, stream: bool, prompt: str = "Weather in 
     return parsed
 
 
+def _metric(proxy: Proxy, series: str) -> float:
+    for line in httpx.get(proxy.url + "/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("model", list(UPSTREAMS))
 def test_openai_parse_gives_the_model_on_every_upstream(stack, model: str, stream: bool) -> None:
@@ -154,6 +161,8 @@ def test_a_model_that_never_complies_gets_the_clear_error_never_invalid_json(sta
     mocks, proxy = stack
     mock = mocks[model]
     mock.reset()
+    tokens = f'dialect_proxy_tokens_total{{kind="completion",model="{model}",upstream="up-{model}"}}'
+    before = _metric(proxy, tokens)
     httpx.post(mock.url + "/_mock/directives", json={"directives": "wrong_json=always"})
     try:
         with pytest.raises(openai.APIStatusError) as failed:
@@ -166,6 +175,7 @@ def test_a_model_that_never_complies_gets_the_clear_error_never_invalid_json(sta
     assert "No invalid JSON was sent" in body["message"]
     assert failed.value.response.headers["x-should-retry"] == "false"
     assert mock.stats()["requests"] == 3  # structured_attempts' default
+    assert _metric(proxy, tokens) > before  # the tokens of the answers that failed are counted
     metrics = httpx.get(proxy.url + "/metrics").text
     assert f'dialect_proxy_structured_output_total{{event="failed",upstream="up-{model}"}}' in metrics
 

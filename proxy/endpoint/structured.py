@@ -69,7 +69,10 @@ class Emulation:
             error = problem
             history += structured.reask(plan, reading, problem)
         metrics.structured_output(upstream, "failed")
-        self.exchange.record.usage(self.usage or {})
+        if self.usage is not None:  # the tokens were paid for even though nothing was sent
+            if self.exchange.obs is not None:
+                self.exchange.obs.usage(self.usage)
+            self.exchange.record.usage(self.usage)
         raise structured.StructuredOutputFailed(
             f"The upstream gave no answer valid against the requested {plan.ask.kind} in {plan.attempts} attempts "
             f"(structured output is emulated for it: docs/structured-output.md); the last one failed {error}. "
