@@ -178,6 +178,7 @@ def test_a_model_that_never_complies_gets_the_clear_error_never_invalid_json(sta
     assert _metric(proxy, tokens) > before  # the tokens of the answers that failed are counted
     metrics = httpx.get(proxy.url + "/metrics").text
     assert f'dialect_proxy_structured_output_total{{event="failed",upstream="up-{model}"}}' in metrics
+    assert f'code="structured_output_failed",route="/v1/chat/completions",upstream="up-{model}"' in metrics
 
 
 @pytest.mark.parametrize("model", ["my-engine", "Qwen3-8B", "gpt-4o", "deepseek-v4-flash"])
