@@ -30,7 +30,7 @@ REASONING_REPLAY = ("auto", "strip", "keep", "restore")  # proxy/hub/continuity.
 RESPONSES_SPECS = ("openai_api", "open_responses")  # proxy/clients/responses_events.py `reasoning_events`
 RESPONSE_MODEL = ("client", "upstream")
 MODEL_KINDS = ("chat", "embeddings", "rerank")  # what an upstream's models do (proxy/gateway/routing.py)
-RESPONSE_FORMAT = ("pass", "reject", "drop")  # proxy/hub/params.py
+RESPONSE_FORMAT = ("pass", "emulate", "reject", "drop")  # proxy/hub/params.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 BALANCE = ("least_outstanding", "prefix_affinity")
 READY_WHEN = ("all", "any")
@@ -319,8 +319,12 @@ class UpstreamSettings:
     response_model: str = field(default="client", metadata=about(
         "`model` in answers: the name the client asked for, or the upstream's", choices=RESPONSE_MODEL))
     response_format: str | None = field(default=None, metadata=about(  # None: the dialect's (proxy/hub/params.py)
-        "a client's response_format (structured output): sent, refused with a 400, or left out",
+        "a client's response_format (structured output): sent, emulated (a forced tool call, or JSON checked and "
+        "asked again: docs/structured-output.md), refused with a 400, or left out",
         choices=RESPONSE_FORMAT, default_text=partial(per_dialect, "response_format")))
+    structured_attempts: int = field(default=3, metadata=about(
+        "answers asked of the upstream for one emulated structured-output request before the client gets the "
+        "`structured_output_failed` error (the first answer and the re-asks)", minimum=1, maximum=10))
     max_connections: int = field(default=1000, metadata=about(
         "connection pool size to the upstream (per replica)", positive=True))
     # Client dialects sent to this upstream untranslated (proxy/endpoint/passthrough.py): names its spoke serves

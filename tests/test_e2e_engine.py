@@ -65,10 +65,14 @@ def test_chat_goes_to_post_chat_without_model_and_is_filled_to_openai(engine, st
 @pytest.mark.parametrize("fmt", [{"type": "json_object"}, {"type": "json_schema", "json_schema": {
     "name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}])
 @pytest.mark.parametrize("stream", [False, True])
-def test_response_format_is_a_400_naming_it_unless_dropping_is_configured(engine, start_proxy, fmt, stream) -> None:
-    """The engine cannot honour JSON mode: the client gets a 400 naming `response_format`, before the engine is
-    asked, not prose where it expects JSON. `response_format: drop` on the upstream opts into leaving it out."""
-    mock, proxy = engine
+def test_response_format_is_a_400_naming_it_when_rejecting_and_left_out_when_dropping(engine, start_proxy, fmt,
+                                                                                      stream) -> None:
+    """The engine cannot honour JSON mode: by default it is emulated (tests/test_e2e_structured.py); with
+    `response_format: reject` the client gets a 400 naming `response_format`, before the engine is asked, not prose
+    where it expects JSON. `response_format: drop` on the upstream opts into leaving it out."""
+    mock, _ = engine
+    proxy = start_proxy([{"name": "npu-engine", "dialect": "engine", "url": mock.url, "models": ["my-engine"],
+                          "response_format": "reject"}])
     with pytest.raises(openai.BadRequestError) as refused:
         proxy.client().chat.completions.create(model="my-engine", messages=MSG, response_format=fmt, stream=stream)
     error = refused.value.body

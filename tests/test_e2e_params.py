@@ -47,9 +47,10 @@ def test_structured_output_end_to_end_where_the_upstream_honours_it(start_mock, 
 
 
 @pytest.mark.parametrize("dialect", ["mindie", "siliconstorm"])
-def test_response_format_is_a_400_by_default_for_mindie(start_mock, start_proxy, dialect: str) -> None:
+def test_response_format_is_a_400_for_mindie_when_rejecting(start_mock, start_proxy, dialect: str) -> None:
+    """`response_format: reject` (the default is `emulate`: tests/test_e2e_structured.py)."""
     mock = start_mock(dialect)
-    proxy = start_proxy(mock=mock)
+    proxy = start_proxy(mock=mock, response_format="reject")
     client = proxy.client()
     before = mock.stats()["requests"]
     for fmt in ({"type": "json_object"},
@@ -79,15 +80,16 @@ def test_response_format_setting_from_the_command_line_form(start_mock) -> None:
     assert up.models == ("Qwen3-32B", "DeepSeek-R1") and dict(up.aliases) == {"gpt-4o": "DeepSeek-R1"}
 
 
-def test_deepseek_json_object_passes_and_json_schema_is_refused(start_mock, start_proxy) -> None:
+def test_deepseek_json_object_passes_and_json_schema_is_emulated(start_mock, start_proxy) -> None:
     mock = start_mock("deepseek")
     client = start_proxy(mock=mock).client()
     got = client.chat.completions.create(model="deepseek-flash", messages=SAY, response_format={"type": "json_object"},
                                          extra_body={"thinking": {"type": "disabled"}})
     assert isinstance(json.loads(got.choices[0].message.content or ""), dict)
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.parse(model="deepseek-flash", messages=SAY, response_format=Forecast)
-    assert e.value.body["param"] == "response_format"  # type: ignore[index]
+    assert mock.last_request()["body"]["response_format"] == {"type": "json_object"}
+    parsed = client.chat.completions.parse(model="deepseek-flash", messages=SAY, response_format=Forecast)
+    assert isinstance(parsed.choices[0].message.parsed, Forecast)
+    assert "response_format" not in mock.last_request()["body"]
 
 
 @pytest.mark.parametrize("param,value", [
@@ -124,7 +126,7 @@ def test_what_clients_send_by_default_still_works_against_mindie(start_mock, sta
 
 def test_anthropic_output_format_is_refused_by_name_and_passed_when_configured(start_mock, start_proxy) -> None:
     mock = start_mock("mindie")
-    refusing = start_proxy(mock=mock)
+    refusing = start_proxy(mock=mock, response_format="reject")
     passing = start_proxy(mock=mock, response_format="pass")
     body: dict[str, Any] = {"model": "m", "max_tokens": 64, "messages": SAY,
                             "extra_body": {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}}

@@ -151,8 +151,9 @@ def test_cli_refuses_bad_config_with_one_line_and_no_traceback(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "dialect-proxy: config error: upstreams[0].colour: unknown key (known keys: name, dialect, url, models, "
         "aliases, full_text, api_key_env, health_url, metrics_url, reasoning_source, thinking_models, "
-        "reasoning_replay, keep_upstream_id, response_model, response_format, max_connections, passthrough, kinds, "
-        "tls_ca_file, tls_cert_file, tls_key_file, tls_verify, retries, balance, max_in_flight, queue_size, "
+        "reasoning_replay, keep_upstream_id, response_model, response_format, structured_attempts, max_connections, "
+        "passthrough, kinds, tls_ca_file, tls_cert_file, tls_key_file, tls_verify, retries, balance, max_in_flight, "
+        "queue_size, "
         "queue_timeout, outlier_failures, outlier_backoff, outlier_backoff_max, health_interval, affinity_load, "
         "affinity_turns)"]
     r = _cli("serve", "--config", str(tmp_path / "missing.yaml"))

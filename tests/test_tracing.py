@@ -285,3 +285,31 @@ def test_workers_export_their_own_spans(receiver, start_mock) -> None:
             server = one(spans_of(receiver, trace_id, 2), "SERVER")
             assert server.parent_id == parent
             assert server.resource["process.pid"] != os.getpid()
+
+
+def test_each_emulated_structured_output_attempt_is_a_client_span(receiver, start_mock, start_proxy) -> None:
+    """Structured output emulated (docs/structured-output.md): an answer asked again shows as two upstream spans, the
+    first with its validation error; the usage the client got adds up both."""
+    mock = start_mock("engine")
+    proxy = start_proxy(mock=mock, models=["m"], environ=otel_env(receiver))
+    header, trace_id, _ = traceparent()
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    got = proxy.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi [mock:wrong_json]"}],
+        extra_headers={"traceparent": header},
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    assert json.loads(got.choices[0].message.content or "") == {"a": "Paris"}
+    spans = spans_of(receiver, trace_id, 3)
+    first, second = sorted((s for s in spans if s.kind == "CLIENT"), key=lambda s: s.start)
+    assert first.attributes["dialect_proxy.structured.attempt"] == 1
+    assert first.attributes["dialect_proxy.structured.valid"] is False
+    assert "not of type 'object'" in first.attributes["dialect_proxy.structured.error"]
+    assert second.attributes["dialect_proxy.structured.valid"] is True
+    assert first.attributes["dialect_proxy.structured.way"] == "instruction"
+    asked = [r["body"] for r in mock.requests()]
+    assert [body["messages"][-1]["role"] for body in asked] == ["user", "user"]
+    # The usage the client got is both answers' (the mock counts deterministically: the same bodies asked again)
+    usages = [httpx.post(mock.url + "/chat", json=body).json()["usage"] for body in asked]
+    assert got.usage is not None
+    assert got.usage.prompt_tokens == sum(u["prompt_tokens"] for u in usages)
+    assert got.usage.completion_tokens == sum(u["completion_tokens"] for u in usages)

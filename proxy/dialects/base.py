@@ -28,6 +28,7 @@ from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext, ch
 from proxy.hub.events import Timings
 from proxy.hub.params import apply_response_format, refuse_unsupported
 from proxy.hub.retrieval import OpenAIWire
+from proxy.hub.structured import StructuredCaps
 
 if TYPE_CHECKING:
     from proxy.gateway.catalog import ModelCatalog
@@ -92,22 +93,25 @@ class RequestRules:
     those that differ from OpenAI's."""
 
     __slots__ = ("reasoning_fallback", "reasoning_source", "response_format", "response_format_hint",
-                 "stream_usage_option", "supports_prefix")
+                 "stream_usage_option", "structured", "supports_prefix")
 
     def __init__(self, *, reasoning_source: str = "auto", stream_usage_option: bool = True,
                  supports_prefix: bool = False, response_format: str = "pass",
                  response_format_hint: str = "Set `response_format: pass` for this upstream if it honours it.",
-                 reasoning_fallback: str | None = None) -> None:
+                 reasoning_fallback: str | None = None, structured: StructuredCaps | None = None) -> None:
         # Where the upstream keeps reasoning unless the config says otherwise (docs/decisions.md "Reasoning").
         self.reasoning_source = reasoning_source
         # Ask the upstream for usage on streams even when the client did not (metrics need tokens).
         self.stream_usage_option = stream_usage_option
         # DeepSeek's assistant-prefix continuation (`prefix: true` on the last message); refused with a 400 elsewhere.
         self.supports_prefix = supports_prefix
-        # `response_format` unless the upstream's config says otherwise (proxy/hub/params.py): pass | reject | drop,
-        # and the advice that goes with a refusal.
+        # `response_format` unless the upstream's config says otherwise (proxy/hub/params.py): pass | emulate |
+        # reject | drop, and the advice that goes with a refusal.
         self.response_format = response_format
         self.response_format_hint = response_format_hint
+        # What the upstream offers when structured output is emulated (proxy/hub/structured.py): a tool it can be
+        # forced to call, strict function calling, a JSON mode.
+        self.structured = StructuredCaps() if structured is None else structured
         # What proxy/hub/continuity.py puts on an assistant tool-call turn whose reasoning it never saw, when the
         # upstream needs one there (DeepSeek's thinking mode); None: the turn is left as it is.
         self.reasoning_fallback = reasoning_fallback
@@ -182,6 +186,15 @@ class Dialect:
         return "strip" if is_r1_era(ctx.upstream_model) else "keep"
 
     # -- requests ---------------------------------------------------------------------------------------------
+    def response_format_mode(self, ctx: RequestContext) -> str:
+        """What this upstream does with a client's `response_format` (proxy/hub/params.py)."""
+        return ctx.upstream.response_format or self.rules.response_format
+
+    def structured_caps(self, body: ChatRequest, ctx: RequestContext) -> StructuredCaps:
+        """What the upstream offers this request for emulated structured output (a spoke whose modes differ, such
+        as a thinking mode that refuses a forced tool, says so per request)."""
+        return self.rules.structured
+
     def path(self, kind: str) -> str | None:
         return self.mapping.paths.get(kind)
 
@@ -190,8 +203,8 @@ class Dialect:
         if not rules.supports_prefix and ctx.kind == CHAT:
             _refuse_prefix(body, ctx)
         body = refuse_unsupported(body, self.mapping.refuse, ctx.upstream.name)
-        mode = ctx.upstream.response_format or rules.response_format
-        body = apply_response_format(body, mode, ctx.upstream.name, self.name, rules.response_format_hint)
+        body = apply_response_format(body, self.response_format_mode(ctx), ctx.upstream.name, self.name,
+                                     rules.response_format_hint, rules.structured.json_mode)
         out = self.mapping.apply_request(body)
         out["model"] = ctx.upstream_model
         if ctx.stream and rules.stream_usage_option:

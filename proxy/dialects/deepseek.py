@@ -46,6 +46,7 @@ from proxy.dialects.probing import Probe, ProbeListing
 from proxy.dialects.templates import is_r1_era
 from proxy.errors import ClientRequestError
 from proxy.hub.canonical import CHAT, ChatRequest, RequestContext
+from proxy.hub.structured import StructuredCaps
 from proxy.stream.usage import deepseek_usage_fields
 
 RESPONSE_FORMATS: Final = ("text", "json_object")
@@ -115,7 +116,11 @@ class DeepSeekProbe(Probe):
 class DeepSeekDialect(Dialect):
     name = "deepseek"
     session_class = DeepSeekSession
-    rules = RequestRules(reasoning_source="field", supports_prefix=True, reasoning_fallback=REASONING_PLACEHOLDER)
+    # Structured output: JSON mode is DeepSeek's own; a json_schema is emulated by a forced tool call, strict (on the
+    # /beta route) where the schema fits strict mode's subset (docs/structured-output.md).
+    rules = RequestRules(reasoning_source="field", supports_prefix=True, reasoning_fallback=REASONING_PLACEHOLDER,
+                         response_format="emulate",
+                         structured=StructuredCaps(forced_tool=True, strict_tools=True, json_mode=True))
     prepares = True
     offers_usage_fields = True  # `client.usage_fields: deepseek`: prompt_cache_hit/miss_tokens for chat clients
     probe = DeepSeekProbe()
@@ -154,6 +159,14 @@ class DeepSeekDialect(Dialect):
         return "restore" if thinking_on(body, model, self.served(model)) else "keep"
 
     # -- requests ---------------------------------------------------------------------------------------------
+    def structured_caps(self, body: ChatRequest, ctx: RequestContext) -> StructuredCaps:
+        """A thinking mode the client asked for refuses a forced tool (and the proxy would otherwise switch it off
+        for the call), as do R1-era reasoners, which call no tools: JSON mode, checked and asked again, instead."""
+        model = ctx.upstream_model
+        if self.r1(model) or _thinking_type(body, model) == "enabled":
+            return StructuredCaps(forced_tool=False, json_mode=True)
+        return self.rules.structured
+
     def build_request(self, body: ChatRequest, ctx: RequestContext) -> dict[str, Any]:
         model = ctx.upstream_model
         out = super().build_request(body, ctx)
@@ -189,9 +202,10 @@ class DeepSeekDialect(Dialect):
         return out
 
     def request_path(self, path: str, body: dict[str, Any], ctx: RequestContext) -> str:
-        """The assistant-prefix continuation and FIM completion are served under /beta only."""
+        """The assistant-prefix continuation, strict function calling and FIM completion are served under /beta
+        only."""
         beta = path.startswith(BETA + "/")
-        if not beta and ctx.kind == CHAT and _has_prefix(body):
+        if not beta and ctx.kind == CHAT and (_has_prefix(body) or _has_strict_tool(body)):
             path, beta = BETA + path, True
         if beta and ctx.upstream.url.endswith(BETA):
             path = path[len(BETA) :]
@@ -262,6 +276,13 @@ def _map_thinking(out: dict[str, Any], model: str, r1: bool) -> bool:
     if kind != "disabled" and isinstance(effort, str) and effort in EFFORTS:
         out["reasoning_effort"] = EFFORTS[effort]
     return kind != "disabled"
+
+
+def _has_strict_tool(body: dict[str, Any]) -> bool:
+    tools = body.get("tools")
+    return isinstance(tools, list) and any(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("strict") is True
+        for t in tools)
 
 
 def _has_prefix(body: dict[str, Any]) -> bool:

@@ -24,6 +24,7 @@ from proxy.dialects.base import Dialect, RequestRules, UpstreamSession, join_tex
 from proxy.dialects.probing import Probe
 from proxy.dialects.readiness import Readiness
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
+from proxy.hub.structured import StructuredCaps
 
 if TYPE_CHECKING:
     from proxy.settings import UpstreamSettings
@@ -58,8 +59,9 @@ class EngineDialect(Dialect):
     session_class = EngineSession
     readiness_class = EngineReadiness
     # "[won't support]": a client that asked for JSON must not get prose as if it were JSON (docs/decisions.md
-    # "The engine dialect"); `response_format: drop` on the upstream opts into leaving it out.
-    rules = RequestRules(response_format="reject", response_format_hint=(
+    # "The engine dialect"). Emulated by asking and checking (docs/structured-output.md): tools came with the
+    # document's v0.2, so a forced tool call is not relied on; `reject` and `drop` stay available.
+    rules = RequestRules(response_format="emulate", structured=StructuredCaps(forced_tool=False), response_format_hint=(
         "Describe the format in the prompt, or set `response_format: drop` for this upstream to have the field left "
         "out (the answer then does not follow the format)."))
     # The document strikes `model` through; no model listing: a small streamed request on /chat tells.

@@ -250,8 +250,9 @@ class MindIEDialect(Dialect):
     errors_class = MindIEErrors
     probe = MindIEProbe(structured_output=True)
     # MindIE does not read stream_options; usage rides on its finish chunk anyway.
-    # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md).
-    rules = RequestRules(stream_usage_option=False, response_format="reject", response_format_hint=(
+    # Structured output came with MindIE 2.3; earlier servers ignore response_format (docs/mindie.md): it is
+    # emulated by a forced call of a tool (the models MindIE calls tools for: docs/structured-output.md).
+    rules = RequestRules(stream_usage_option=False, response_format="emulate", response_format_hint=(
         "MindIE 2.3 and later honour it: set `response_format: pass` for this upstream."))
     full_text_mode = True
     # MindIE's own load, on its metrics port (metricsPort, served with MIES_SERVICE_MONITOR_MODE=1; refreshed once a

@@ -16,6 +16,7 @@ import orjson
 
 from proxy.endpoint.relay import Relay
 from proxy.endpoint.request import SSE_HEADERS
+from proxy.endpoint.structured import Emulation, emulation
 from proxy.errors import ClientRequestError, ProxyError, UpstreamError
 from proxy.gateway.upstream import StreamReads, release
 from proxy.hub import continuity
@@ -58,8 +59,11 @@ class Translation:
 
     async def serve(self, call: ClientCall, ctx: RequestContext, exchange: Exchange) -> int:
         """Send the translated request and answer it: the status the client got."""
+        plan = emulation(self, call, ctx)
+        if plan is not None:  # structured output the upstream cannot honour (docs/structured-output.md)
+            return await Emulation(self, call, ctx, exchange, plan).serve()
         state = self.state
-        up = await self._prepare(call, ctx, exchange)
+        up = await self.prepare(call, ctx, exchange)
         deadline = exchange.upstream_started()
         assert exchange.watch is not None
         loop = exchange.watch.loop
@@ -70,7 +74,7 @@ class Translation:
                                            exchange.trace)
         reusable = False
         try:
-            status = await _Answering(self, call, ctx, exchange, up).respond(resp, deadline)
+            status = await self.answering(call, ctx, exchange, up).respond(resp, deadline)
             reusable = status == 200
             return status
         finally:
@@ -80,7 +84,11 @@ class Translation:
             else:  # an error or a client that left: close, so the upstream stops generating
                 resp.close()
 
-    async def _prepare(self, call: ClientCall, ctx: RequestContext, exchange: Exchange) -> Upstream:
+    def answering(self, call: ClientCall, ctx: RequestContext, exchange: Exchange, up: Upstream) -> _Answering:
+        """The way of one upstream answer to the client."""
+        return _Answering(self, call, ctx, exchange, up)
+
+    async def prepare(self, call: ClientCall, ctx: RequestContext, exchange: Exchange) -> Upstream:
         """The upstream request of `call`: its spoke's session, path and body."""
         state = self.state
         upstream = ctx.upstream
@@ -191,6 +199,16 @@ class _Answering:
         outcome = self.encoder.outcome()
         if outcome is not None:
             await self.client.completed(outcome)
+
+    async def deliver(self, events: list[Delta]) -> int:
+        """An answer already read and checked whole (emulated structured output, proxy/endpoint/structured.py):
+        its events through the same encoder and relay, as a stream or as one object."""
+        self.events.extend(events)
+        self._account()
+        self._observe()
+        tail = self.encoder.finish()
+        await self._keep()
+        return await self.relay.end(tail)
 
     # -- a whole body ---------------------------------------------------------------------------------------------
     async def _body(self, resp: Any, deadline: float) -> bytes:

@@ -2,10 +2,11 @@
 
 Two rules, applied to the canonical request before a dialect builds the upstream body (proxy/dialects/base.py):
 
-- `response_format`, per upstream (`response_format: pass | reject | drop`, default per dialect): `pass` sends it
-  (OpenAI-compatible servers, DeepSeek for `json_object`, MindIE >= 2.3); `reject` answers a 400 naming it when the
-  client asks for `json_object` or `json_schema` (MindIE before 2.3 and Siliconstorm would ignore it, and the answer
-  would not follow the format); `drop` leaves it out (the engine: docs/decisions.md "The engine dialect"). A
+- `response_format`, per upstream (`response_format: pass | emulate | reject | drop`, default per dialect): `pass`
+  sends it (OpenAI-compatible servers, MindIE >= 2.3); `emulate` obtains it another way where the upstream cannot
+  honour it (proxy/hub/structured.py, docs/structured-output.md): by the time the request is built only a
+  `json_object` the upstream's JSON mode honours is left, and passes; `reject` answers a 400 naming it when the
+  client asks for `json_object` or `json_schema`; `drop` leaves it out (the answer will not follow the format). A
   `{"type": "text"}` format asks for nothing and is left out wherever it is not passed.
 - the `refuse` section of mappings/<dialect>.yaml: parameters the upstream has no equivalent for. A client that sets
   one to a value that asks for something gets a 400 naming it; null, an empty object/list/string and the values
@@ -66,15 +67,23 @@ def refuse_unsupported(body: dict[str, Any], refusals: Mapping[str, Refusal], up
     return {k: v for k, v in body.items() if k not in refusals}
 
 
-def apply_response_format(body: dict[str, Any], mode: str, upstream: str, dialect: str, hint: str) -> dict[str, Any]:
+def apply_response_format(body: dict[str, Any], mode: str, upstream: str, dialect: str, hint: str,
+                          json_mode: bool = False) -> dict[str, Any]:
     """`response_format` per the upstream's `response_format` mode (returns the body, copied when changed). `hint`:
-    the dialect's advice when it is refused (proxy/dialects/base.py `RequestRules.response_format_hint`)."""
+    the dialect's advice when it is refused (proxy/dialects/base.py `RequestRules.response_format_hint`);
+    `json_mode`: the upstream honours `json_object` (what `emulate` lets through)."""
     if "response_format" not in body:
         return body
     if mode == "pass":
         return body
     fmt = body["response_format"]
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if mode == "emulate" and kind == "json_object" and json_mode:
+        return body
+    if mode == "emulate" and kind in STRUCTURED:  # a request the emulation did not take (a completions request)
+        raise ClientRequestError(
+            f"`response_format` {kind!r} is emulated for the upstream {upstream!r} ({dialect}) on chat requests "
+            "only.", param="response_format", code="unsupported_parameter")
     if mode == "reject" and kind in STRUCTURED:
         raise ClientRequestError(
             f"`response_format` {kind!r} is not supported by the upstream {upstream!r} ({dialect}): it would be "

@@ -278,6 +278,13 @@ class Metrics:
             "from the store or got the fallback; answers whose reasoning was recorded, or whose recording failed.",
             ["upstream", "event"], registry=r,
         )
+        self.structured = Counter(
+            f"{p}_structured_output",
+            "Structured output emulated for an upstream that cannot honour it (docs/structured-output.md), by event: "
+            "requests emulated, answers asked again after failing the schema, requests that failed after the last "
+            "attempt (the client got structured_output_failed).",
+            ["upstream", "event"], registry=r,
+        )
         self.upstream_up_gauge = Gauge(
             f"{p}_upstream_up", "1 if the last health probe or connection to the upstream succeeded, else 0.",
             ["upstream"], multiprocess_mode="mostrecent", registry=r,
@@ -456,6 +463,10 @@ class Metrics:
 
     def limits_fail_open(self, key: str) -> None:
         self.child(self.limits_fail_open_total, self.key_label(key)).inc()
+
+    def structured_output(self, upstream: str, event: str) -> None:
+        """An emulated structured-output event (proxy/endpoint/structured.py): emulated, reasked or failed."""
+        self.child(self.structured, self.upstream_label(upstream), event).inc()
 
     def reasoning_continuity(self, upstream: str, event: str, count: int = 1) -> None:
         label = event if event in CONTINUITY_EVENTS else OTHER

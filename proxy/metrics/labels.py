@@ -33,7 +33,7 @@ ERROR_CODES: Final = frozenset({
     "unsupported_endpoint", "context_length_exceeded", "previous_response_not_found", "item_not_found",
     "response_not_found", "not_found", "state_store_unavailable", "state_store_full", "shutting_down",
     "internal_error", "missing_required_parameter", "tool_call_not_found", "invalid_encrypted_content",
-    "upstream_path_not_found", "full_text_mismatch",
+    "upstream_path_not_found", "full_text_mismatch", "structured_output_failed",
     "rate_limit_exceeded", "model_not_allowed", "limits_unavailable",  # per-key limits (proxy/gateway/limits.py)
 })
 

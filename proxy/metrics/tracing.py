@@ -548,6 +548,19 @@ class RequestTrace:
         if self.client is not None:
             self.client.set_attribute("http.response.status_code", status)
 
+    def structured_attempt(self, number: int, way: str, problem: str | None) -> None:
+        """An emulated structured-output attempt was checked (proxy/endpoint/structured.py): its span says how it
+        was asked and whether it passed; a failing one's span ends here (the next attempt opens its own)."""
+        span = self.client
+        if span is None:
+            return
+        span.set_attributes({"dialect_proxy.structured.attempt": number, "dialect_proxy.structured.way": way,
+                             "dialect_proxy.structured.valid": problem is None})
+        if problem is not None:
+            span.set_attribute("dialect_proxy.structured.error", problem[:500])
+            span.end()
+            self.client = None
+
     # -- the end ----------------------------------------------------------------------------------------------
 
     def finish(self, status: int, obs: RequestObserver | None, error: str | None = None,

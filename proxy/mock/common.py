@@ -109,7 +109,8 @@ def inference(cfg: MockConfig, stats: Stats, handler: Handler,
             sc = scenario_of(body) if ok else scenarios.EMPTY
             if stats.directives:  # server-wide directives win over the request's own
                 sc = Scenario({**sc.flags, **stats.directives}, sc.tool_call, sc.reply)
-                if "call_tool" in stats.directives:  # resolved against this request, as the request's own is
+                if "call_tool" in stats.directives or "wrong_json" in stats.directives:
+                    # resolved against this request, as the request's own is (a forced tool's wrong arguments too)
                     sc = toolcall.resolve(body, Scenario(sc.flags))
             sc = scenarios.no_tools_no_calls(body, sc)
             if ok and isinstance(body, dict) and isinstance(body.get("messages"), list):

@@ -271,7 +271,7 @@ def _generation(call: Call, reasoning_mode: bool) -> Generation:
     max_tokens = body.get("max_tokens") or DEFAULT_MAX_TOKENS
     cut = "insufficient_system_resource" if sc.has("insufficient_resource") else None
     return generate(sc, dialect="deepseek", max_tokens=max_tokens, reasoning_field=reasoning_mode,
-                    tools=tool_names(body), cut_reason=cut, reply=structured_reply(body, ("json_object",)))
+                    tools=tool_names(body), cut_reason=cut, reply=structured_reply(body, ("json_object",), sc))
 
 
 def chat_stream(call: Call, model: str, reasoning_mode: bool) -> Plan:

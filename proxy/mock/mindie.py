@@ -454,7 +454,7 @@ def _generations(call: Call, flavour: Flavour, *, text_only: bool = False) -> li
     else:
         sc = scenarios.r1_thinking(body, sc)
     names = tool_names(body)
-    reply = None if text_only else structured_reply(body, flavour.response_formats)
+    reply = None if text_only else structured_reply(body, flavour.response_formats, sc)
     return [generate(sc, dialect=flavour.name, max_tokens=cap, tools=names, reply=reply)
             for _ in range(_choices(call))]
 

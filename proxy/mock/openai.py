@@ -144,7 +144,7 @@ def generations(call: Call, style: Style, *, text: bool = False, max_default: in
         sc = scenarios.r1_thinking(call.body, sc)
     max_tokens = int_param(call.body, "max_tokens") or int_param(call.body, "max_completion_tokens") or max_default
     names = tool_names(call.body)
-    reply = None if text else structured_reply(call.body, style.response_formats)
+    reply = None if text else structured_reply(call.body, style.response_formats, sc)
     return [generate(sc, dialect=style.name, max_tokens=max_tokens, tools=names, reply=reply)
             for _ in range(_n(call))]
 

@@ -157,7 +157,39 @@ def _forced_tool_choice(body: dict[str, Any], sc: Scenario) -> Scenario:
     forced = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
     if not forced or not body.get("tools") or any(sc.has(f) for f in ("tool_calls", "tool_calls_noindex", "call_tool")):
         return sc
+    named = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(named, dict) and isinstance(named.get("name"), str):
+        # One named tool: called with arguments its schema accepts, as a model made to call it does (toolcall.py).
+        return Scenario({**sc.flags, "call_tool": named["name"]})
+    if len(body["tools"]) == 1:  # `required` with one tool: that one, as above (a client's own JSON tool)
+        return Scenario({**sc.flags, "call_tool": ""})
     return Scenario({**sc.flags, "tool_calls": ""})
+
+
+# What `wrong_json` answers instead of the JSON asked for: JSON, but neither an object nor valid for any object schema.
+WRONG_JSON = '["not", "what", "was", "asked"]'
+
+
+def wrong_json(sc: Scenario, body: Any) -> bool:
+    """Whether this answer is to be wrong JSON (`[mock:wrong_json]`): `wrong_json=always` every time; `wrong_json` or
+    `wrong_json=N` while fewer than N (default 1) assistant turns follow the last user message, so that a request asked
+    again after a wrong answer gets a right one."""
+    value = sc.get("wrong_json")
+    if value is None:
+        return False
+    if value.strip().lower() == "always":
+        return True
+    wanted = sc.num("wrong_json", 1, lo=0, hi=100) or 1
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return True
+    answered = 0
+    for message in reversed(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "user":
+            break
+        answered += role == "assistant"
+    return answered < wanted
 
 
 def offers_tools(body: dict[str, Any]) -> bool:

@@ -22,7 +22,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from proxy.mock.scenario import Scenario, content_text
+from proxy.mock.scenario import WRONG_JSON, Scenario, content_text, wrong_json
 
 DEFAULT_REPLY = "Hello from the mock {dialect} upstream! 你好, 世界 🌍."
 REASONING = "The user greets me; 先想一想 🤔 then answer politely."
@@ -274,20 +274,48 @@ def prompt_tokens_text(prompt: Any) -> int:
 JSON_OBJECT_REPLY = '{"greeting": "Hello from the mock", "language": "en"}'
 
 
-def structured_reply(body: Any, kinds: tuple[str, ...]) -> str | None:
+def structured_reply(body: Any, kinds: tuple[str, ...], sc: Scenario | None = None) -> str | None:
     """The answer to a request whose `response_format` type is one of `kinds` (what the imitated server honours):
-    a JSON object for `json_object`, an instance of the schema for `json_schema`. None otherwise."""
+    a JSON object for `json_object` (an instance of the schema its prompt shows, if any), an instance of the schema
+    for `json_schema`; a prompt that shows a JSON schema (a ```json fenced block), as a model that follows the
+    instruction does, an instance of it. `[mock:wrong_json]` (scenario.wrong_json): JSON that is none of these.
+    None otherwise."""
     fmt = body.get("response_format") if isinstance(body, dict) else None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    shown = prompt_schema(body)
     if kind not in kinds or kind == "text":
+        kind = None
+    if kind is None and shown is None:
         return None
-    if kind == "json_object":
-        return JSON_OBJECT_REPLY
+    if sc is not None and wrong_json(sc, body):
+        return WRONG_JSON
+    if kind in (None, "json_object"):
+        return json.dumps(schema_instance(shown, shown, 0), ensure_ascii=False) if shown else JSON_OBJECT_REPLY
     spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
         return JSON_OBJECT_REPLY
     return json.dumps(schema_instance(schema, schema, 0), ensure_ascii=False)
+
+
+_FENCED_JSON = re.compile(r"```json\s*\n(.*?)\n```", re.DOTALL)
+
+
+def prompt_schema(body: Any) -> dict[str, Any] | None:
+    """The last JSON schema the request's messages show in a ```json fenced block (an object with `type` or
+    `properties`); None when there is none."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    found: dict[str, Any] | None = None
+    for message in messages if isinstance(messages, list) else ():
+        text = content_text(message.get("content")) if isinstance(message, dict) else ""
+        for block in _FENCED_JSON.findall(text):
+            try:
+                value = json.loads(block)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and ("type" in value or "properties" in value):
+                found = value
+    return found
 
 
 def schema_instance(schema: Any, root: dict[str, Any], depth: int) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from proxy.mock.scenario import Scenario, content_text, from_chat
+from proxy.mock.scenario import WRONG_JSON, Scenario, content_text, from_chat, wrong_json
 
 FALLBACK_TOOL = "get_weather"
 FALLBACK_ARGUMENTS = '{"city": "Paris", "unit": "celsius"}'
@@ -46,11 +46,18 @@ def resolve(body: Any, sc: Scenario) -> Scenario:
     if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
         return sc
     role = messages[-1].get("role")
-    if role == "user":
-        return replace(sc, tool_call=_call(body, raw))
+    if role == "user" or (role in ("tool", "function") and _forced(body)):
+        # (a forced tool is called again after its result: a client that asks again after invalid arguments)
+        name, arguments = _call(body, raw)
+        return replace(sc, tool_call=(name, WRONG_JSON if wrong_json(sc, body) else arguments))
     if role in ("tool", "function"):
         return replace(sc, reply=_quote(messages))
     return sc
+
+
+def _forced(body: dict[str, Any]) -> bool:
+    choice = body.get("tool_choice")
+    return isinstance(choice, dict) and choice.get("type") == "function"
 
 
 def _call(body: dict[str, Any], raw: str) -> tuple[str, str]:
@@ -112,7 +119,9 @@ def example(schema: Any, name: str = "", *, root: Any = None, depth: int = 0) ->
         items = schema.get("items")
         if name.lower() in _ARGV_NAMES and (not isinstance(items, dict) or items.get("type") in (None, "string")):
             return ["echo", "hello from the mock"]
-        return [example(items, name, root=root, depth=depth + 1)]
+        count = schema.get("minItems")
+        count = min(count, 3) if isinstance(count, int) and count > 1 else 1
+        return [example(items, name, root=root, depth=depth + 1) for _ in range(count)]
     if kind in ("integer", "number"):
         value = 1
         if _is_number(schema.get("minimum")):

@@ -72,3 +72,36 @@ def test_text_tools_and_a_second_turn(stack: tuple[Mock, Proxy], scenario: str) 
     assert messages[4]["content"] == "Thanks! And tomorrow?"
     if shows_reasoning:  # the reasoning came back, by reference, sealed, or as a thinking block
         assert messages[1].get("reasoning_content") == REASONING, messages[1]
+
+
+FORECAST_SCHEMA = {
+    "type": "object", "required": ["place", "unit", "days"], "additionalProperties": False,
+    "properties": {
+        "place": {"type": "object", "required": ["city", "country"],
+                  "properties": {"city": {"type": "string"}, "country": {"type": "string"}}},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "array", "items": {"type": "integer"}},
+        "note": {"type": "string"},
+    },
+}
+
+
+@pytest.mark.parametrize("upstream", [("mindie", True), ("engine", False), ("deepseek", False)],
+                         ids=["mindie-full-text", "engine", "deepseek"])
+@pytest.mark.parametrize("scenario", ["object openai chat", "object openai responses", "object anthropic messages"])
+def test_generate_object_on_upstreams_without_json_schema(start_mock: Callable[..., Mock],
+                                                          start_proxy: Callable[..., Proxy], scenario: str,
+                                                          upstream: tuple[str, bool]) -> None:
+    """`generateObject` and `streamObject` get an object valid for their zod schema where the upstream cannot
+    honour `json_schema` itself: the proxy emulates it (docs/structured-output.md)."""
+    import jsonschema
+
+    dialect, full_text = upstream
+    mock = start_mock(dialect, full_text=full_text)
+    model = {"deepseek": "deepseek-v4-flash", "engine": "m"}.get(dialect, "m")
+    proxy = start_proxy([{"name": "up", "dialect": dialect, "url": mock.url, "full_text": full_text,
+                          "aliases": {"m": model}, "models": [model]}])
+    out = run(proxy, scenario)
+    jsonschema.validate(out["object"], FORECAST_SCHEMA)
+    jsonschema.validate(out["streamed"], FORECAST_SCHEMA)
+    assert out["finish"] == "stop" and out["usage"]["output"] > 0 and "streamError" not in out

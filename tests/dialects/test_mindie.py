@@ -173,13 +173,13 @@ def test_parameters_mindie_cannot_honour_are_refused_by_name(dialect: MindIEDial
 
 
 @pytest.mark.parametrize("kind", ["json_object", "json_schema"])
-def test_response_format_is_refused_by_default_and_passed_when_configured(kind: str) -> None:
+def test_response_format_is_refused_when_rejecting_and_passed_when_configured(kind: str) -> None:
     fmt: dict[str, Any] = {"type": kind}
     if kind == "json_schema":
         fmt["json_schema"] = {"name": "w", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
     for dialect in (MINDIE, SILICON):
         with pytest.raises(ClientRequestError) as e:
-            build({"response_format": fmt}, c=ctx(dialect=dialect.name), dialect=dialect)
+            build({"response_format": fmt}, c=ctx(dialect=dialect.name, response_format="reject"), dialect=dialect)
         assert e.value.param == "response_format" and "response_format: pass" in e.value.message
         out = build({"response_format": fmt}, c=ctx(dialect=dialect.name, response_format="pass"), dialect=dialect)
         assert out["response_format"] == fmt

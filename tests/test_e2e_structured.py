@@ -1,0 +1,371 @@
+"""Structured output through the proxy on every upstream (docs/structured-output.md): real clients (openai-python's
+`.parse`, LangChain, pydantic-ai, the Agents SDK, the anthropic SDK) -> the proxy on loopback -> the built-in mocks
+as real HTTP servers. Where the upstream cannot honour `json_schema` (MindIE, Siliconstorm, DeepSeek, the engine) the
+proxy emulates it — a forced tool call, or JSON asked, checked and asked again — and never sends JSON that fails the
+schema."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel
+
+from proxy.mock import create_app as create_mock
+from tests.conftest import Mock, Proxy, ServerThread
+
+# model name -> (mock dialect, full_text): one upstream each, behind one proxy
+UPSTREAMS: dict[str, tuple[str, bool]] = {
+    "gpt-4o": ("openai", False),
+    "vllm-model": ("vllm", False),
+    "Qwen3-8B": ("mindie", False),
+    "Qwen3-8B-full": ("mindie", True),
+    "storm-model": ("siliconstorm", False),
+    "deepseek-v4-flash": ("deepseek", False),
+    "my-engine": ("engine", False),
+}
+EMULATED = ("Qwen3-8B", "Qwen3-8B-full", "storm-model", "deepseek-v4-flash", "my-engine")
+
+
+class Unit(enum.StrEnum):
+    celsius = "celsius"
+    fahrenheit = "fahrenheit"
+
+
+class Place(BaseModel):
+    city: str
+    country: str
+
+
+class Forecast(BaseModel):
+    place: Place
+    unit: Unit
+    days: list[int]
+    note: str | None = None
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[tuple[dict[str, Mock], Proxy]]:
+    from proxy.server.app import create_app
+    from proxy.server.frontend import frontend_options
+    from proxy.settings import build_settings
+
+    servers: list[ServerThread] = []
+    mocks: dict[str, Mock] = {}
+    upstreams = []
+    try:
+        for model, (dialect, full_text) in UPSTREAMS.items():
+            srv = ServerThread(create_mock(dialect, full_text=full_text)).start()
+            servers.append(srv)
+            mocks[model] = Mock(srv, dialect)
+            upstreams.append({"name": f"up-{model}", "dialect": dialect, "url": srv.url, "full_text": full_text,
+                              "models": [model]})
+        settings = build_settings(config={"upstreams": upstreams}, environ={})
+        srv = ServerThread(create_app(settings), **frontend_options(settings.server)).start()
+        servers.append(srv)
+        proxy = Proxy(srv, settings)
+        yield mocks, proxy
+        proxy.close_clients()
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+def _forecast(proxy: Proxy, model: str, stream: bool, prompt: str = "Weather in Paris?") -> Forecast:
+    client = proxy.client()
+    messages: Any = [{"role": "user", "content": prompt}]
+    if not stream:
+        got = client.chat.completions.parse(model=model, messages=messages, response_format=Forecast)
+        message = got.choices[0].message
+        assert message.refusal is None and got.choices[0].finish_reason == "stop" and not message.tool_calls
+        assert got.usage is not None and got.usage.completion_tokens > 0
+        assert message.parsed is not None
+        return message.parsed
+    with client.chat.completions.stream(model=model, messages=messages, response_format=Forecast) as events:
+        deltas = [e.delta for e in events if e.type == "content.delta"]
+        final = events.get_final_completion()
+    assert deltas and final.choices[0].finish_reason == "stop"
+    parsed = final.choices[0].message.parsed
+    assert parsed is not None
+    return parsed
+
+
+def _metric(proxy: Proxy, series: str) -> float:
+    for line in httpx.get(proxy.url + "/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_openai_parse_gives_the_model_on_every_upstream(stack, model: str, stream: bool) -> None:
+    mocks, proxy = stack
+    parsed = _forecast(proxy, model, stream)
+    assert isinstance(parsed.place, Place) and isinstance(parsed.unit, Unit) and parsed.days
+    sent = mocks[model].last_request()["body"]
+    if model in EMULATED:
+        assert "response_format" not in sent or sent["response_format"] == {"type": "json_object"}
+        assert sent.get("stream") in (None, False)  # checked whole before anything goes out
+
+
+@pytest.mark.parametrize("model", ["Qwen3-8B", "storm-model", "deepseek-v4-flash"])
+def test_a_json_schema_becomes_one_forced_tool_call(stack, model: str) -> None:
+    mocks, proxy = stack
+    _forecast(proxy, model, False)
+    sent = mocks[model].last_request()
+    tools = sent["body"]["tools"]
+    assert len(tools) == 1 and tools[0]["function"]["name"] == "Forecast"
+    assert sent["body"]["tool_choice"] == {"type": "function", "function": {"name": "Forecast"}}
+    # openai-python's strict schema fits DeepSeek's strict subset but for the optional `note`... it is required and
+    # nullable there, so strict applies, on the /beta route
+    if model == "deepseek-v4-flash":
+        assert tools[0]["function"].get("strict") is True and sent["path"].startswith("/beta/")
+
+
+def test_the_engine_is_asked_with_the_schema_in_the_prompt(stack) -> None:
+    mocks, proxy = stack
+    _forecast(proxy, "my-engine", False)
+    body = mocks["my-engine"].last_request()["body"]
+    assert "tools" not in body and "response_format" not in body
+    assert body["messages"][0]["role"] == "system" and '"place"' in body["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", ["Qwen3-8B", "my-engine", "deepseek-v4-flash"])
+def test_a_wrong_first_answer_is_asked_again_and_usage_adds_up(stack, model: str, stream: bool) -> None:
+    mocks, proxy = stack
+    mock = mocks[model]
+    mock.reset()
+    parsed = _forecast(proxy, model, stream, "Weather in Paris? [mock:wrong_json]")
+    assert isinstance(parsed, Forecast)
+    asked = mock.requests()
+    assert len(asked) == 2
+    last = asked[-1]["body"]["messages"]
+    assert "not what was asked" not in json.dumps(parsed.model_dump())
+    assert any("valid" in str(m.get("content")) for m in last[-2:])  # the validation error went back
+    metrics = httpx.get(proxy.url + "/metrics").text
+    assert f'dialect_proxy_structured_output_total{{event="reasked",upstream="up-{model}"}}' in metrics
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", ["Qwen3-8B-full", "my-engine"])
+def test_a_model_that_never_complies_gets_the_clear_error_never_invalid_json(stack, model: str, stream: bool) -> None:
+    mocks, proxy = stack
+    mock = mocks[model]
+    mock.reset()
+    tokens = f'dialect_proxy_tokens_total{{kind="completion",model="{model}",upstream="up-{model}"}}'
+    before = _metric(proxy, tokens)
+    httpx.post(mock.url + "/_mock/directives", json={"directives": "wrong_json=always"})
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            _forecast(proxy, model, stream)
+    finally:
+        httpx.post(mock.url + "/_mock/directives", json={"directives": ""})
+    assert failed.value.status_code == 502
+    body = failed.value.body
+    assert isinstance(body, dict) and body["code"] == "structured_output_failed"
+    assert "No invalid JSON was sent" in body["message"]
+    assert failed.value.response.headers["x-should-retry"] == "false"
+    assert mock.stats()["requests"] == 3  # structured_attempts' default
+    assert _metric(proxy, tokens) > before  # the tokens of the answers that failed are counted
+    metrics = httpx.get(proxy.url + "/metrics").text
+    assert f'dialect_proxy_structured_output_total{{event="failed",upstream="up-{model}"}}' in metrics
+    assert f'code="structured_output_failed",route="/v1/chat/completions",upstream="up-{model}"' in metrics
+
+
+@pytest.mark.parametrize("model", ["my-engine", "Qwen3-8B", "gpt-4o", "deepseek-v4-flash"])
+def test_json_object_is_checked_for_being_an_object(stack, model: str) -> None:
+    _, proxy = stack
+    got = proxy.client().chat.completions.create(model=model, response_format={"type": "json_object"},
+                                                 messages=[{"role": "user", "content": "Say hi in JSON"}])
+    assert isinstance(json.loads(got.choices[0].message.content), dict)
+
+
+def test_reject_and_drop_stay_available(start_mock, start_proxy) -> None:
+    mock = start_mock("engine")
+    proxy = start_proxy(mock=mock, response_format="reject", models=["my-engine"])
+    with pytest.raises(openai.BadRequestError):
+        proxy.client().chat.completions.parse(model="my-engine", messages=[{"role": "user", "content": "Hi"}],
+                                              response_format=Forecast)
+    assert mock.stats()["requests"] == 0
+
+
+# -- the other clients -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_langchain_with_structured_output_default_method(stack, model: str) -> None:
+    from langchain_openai import ChatOpenAI
+
+    _, proxy = stack
+    llm = ChatOpenAI(model=model, base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    got = llm.with_structured_output(Forecast).invoke("Weather in Paris?")
+    assert isinstance(got, Forecast) and isinstance(got.unit, Unit)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_pydantic_ai_output_type(stack, model: str, stream: bool) -> None:
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.output import NativeOutput
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    _, proxy = stack
+
+    async def run() -> Forecast:
+        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        agent = pydantic_ai.Agent(chat, output_type=NativeOutput(Forecast))
+        try:
+            if not stream:
+                return (await agent.run("Weather in Paris?")).output
+            async with agent.run_stream("Weather in Paris?") as result:
+                return await result.get_output()
+        finally:
+            await client.close()
+
+    assert isinstance(asyncio.run(run()), Forecast)
+
+
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_agents_sdk_output_type_over_responses(stack, model: str) -> None:
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    _, proxy = stack
+    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    agent = Agent(name="forecaster", instructions="Forecast.", output_type=Forecast,
+                  model=OpenAIResponsesModel(model=model, openai_client=client))
+
+    async def run() -> Any:
+        try:
+            return await Runner.run(agent, "Weather in Paris?", run_config=RunConfig(tracing_disabled=True))
+        finally:
+            await client.close()
+
+    assert isinstance(asyncio.run(run()).final_output, Forecast)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_anthropic_output_config_format(stack, model: str, stream: bool) -> None:
+    """The anthropic SDK's own `output_config.format` (its `messages.parse(output_format=Model)` sends it)."""
+    import anthropic
+
+    _, proxy = stack
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0)
+    messages: Any = [{"role": "user", "content": "Weather in Paris?"}]
+    if not stream:
+        parsed = client.messages.parse(model=model, max_tokens=512, messages=messages, output_format=Forecast)
+        assert parsed.stop_reason == "end_turn" and isinstance(parsed.parsed_output, Forecast)
+        return
+    schema = Forecast.model_json_schema()
+    with client.messages.stream(model=model, max_tokens=512, messages=messages,
+                                output_config={"format": {"type": "json_schema", "schema": schema}}) as events:
+        message = events.get_final_message()
+    texts = [b.text for b in message.content if b.type == "text"]
+    assert message.stop_reason == "end_turn" and len(texts) == 1
+    jsonschema.validate(json.loads(texts[0]), schema)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_responses_text_format(stack, model: str, stream: bool) -> None:
+    """openai-python's `responses.parse(text_format=Model)` and `responses.stream(text_format=Model)`."""
+    _, proxy = stack
+    client = proxy.client()
+    if not stream:
+        got = client.responses.parse(model=model, input="Weather in Paris?", text_format=Forecast)
+    else:
+        with client.responses.stream(model=model, input="Weather in Paris?", text_format=Forecast) as events:
+            deltas = [e for e in events if e.type == "response.output_text.delta"]
+            got = events.get_final_response()
+        assert deltas
+    assert got.status == "completed" and isinstance(got.output_parsed, Forecast)
+    assert [item.type for item in got.output if item.type != "reasoning"] == ["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_reasoning_stays_reasoning_in_a_thinking_mode(stack, stream: bool) -> None:
+    """DeepSeek's thinking mode, asked for by the client, refuses a forced tool: JSON mode with the schema shown,
+    checked; the reasoning arrives as reasoning and only the JSON is the content."""
+    mocks, proxy = stack
+    kw: dict[str, Any] = dict(model="deepseek-v4-flash", messages=[{"role": "user", "content": "Weather?"}],
+                              response_format=Forecast, extra_body={"thinking": {"type": "enabled"}})
+    client = proxy.client()
+    if stream:
+        with client.chat.completions.stream(**kw) as events:
+            reasoning = "".join(getattr(e.chunk.choices[0].delta, "reasoning_content", None) or ""
+                                for e in events if e.type == "chunk" and e.chunk.choices)
+            final = events.get_final_completion()
+    else:
+        final = client.chat.completions.parse(**kw)
+        reasoning = getattr(final.choices[0].message, "reasoning_content", "")
+    assert reasoning and isinstance(final.choices[0].message.parsed, Forecast)
+    sent = mocks["deepseek-v4-flash"].last_request()["body"]
+    assert "tools" not in sent and sent["response_format"] == {"type": "json_object"}
+    assert sent["thinking"] == {"type": "enabled"} and '"place"' in sent["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_reasoning_before_a_forced_tool_call_stays_reasoning(stack, stream: bool) -> None:
+    """MindIE with a reasoning parser: the reasoning of the forced call's answer is the client's reasoning."""
+    _, proxy = stack
+    kw: dict[str, Any] = dict(model="Qwen3-8B-full", response_format=Forecast,
+                              messages=[{"role": "user", "content": "Weather? [mock:reasoning_field]"}])
+    client = proxy.client()
+    if stream:
+        with client.chat.completions.stream(**kw) as events:
+            reasoning = "".join(getattr(e.chunk.choices[0].delta, "reasoning_content", None) or ""
+                                for e in events if e.type == "chunk" and e.chunk.choices)
+            final = events.get_final_completion()
+    else:
+        final = client.chat.completions.parse(**kw)
+        reasoning = getattr(final.choices[0].message, "reasoning_content", "")
+    assert reasoning and "<think>" not in (final.choices[0].message.content or "")
+    assert isinstance(final.choices[0].message.parsed, Forecast)
+
+
+def test_a_schema_that_is_no_json_schema_is_the_clients_400(stack) -> None:
+    mocks, proxy = stack
+    mocks["my-engine"].reset()
+    with pytest.raises(openai.BadRequestError) as refused:
+        proxy.client().chat.completions.create(
+            model="my-engine", messages=[{"role": "user", "content": "Hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
+    assert refused.value.body["param"] == "response_format.json_schema.schema"  # type: ignore[index]
+    assert mocks["my-engine"].stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+def test_never_complies_is_the_error_in_each_client_dialects_envelope(stack, dialect: str) -> None:
+    mocks, proxy = stack
+    mock = mocks["my-engine"]
+    httpx.post(mock.url + "/_mock/directives", json={"directives": "wrong_json=always"})
+    schema = Forecast.model_json_schema()
+    try:
+        if dialect == "responses":
+            got = httpx.post(proxy.url + "/v1/responses", timeout=30, json={
+                "model": "my-engine", "input": "Weather?",
+                "text": {"format": {"type": "json_schema", "name": "Forecast", "schema": schema}}})
+        else:
+            got = httpx.post(proxy.url + "/v1/messages", timeout=30, json={
+                "model": "my-engine", "max_tokens": 256, "messages": [{"role": "user", "content": "Weather?"}],
+                "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    finally:
+        httpx.post(mock.url + "/_mock/directives", json={"directives": ""})
+    assert got.status_code == 502
+    body = got.json()
+    if dialect == "responses":
+        assert body["error"]["code"] == "structured_output_failed"
+    else:
+        assert body["type"] == "error" and "No invalid JSON was sent" in body["error"]["message"]
