@@ -46,6 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import bench  # noqa: E402  (tests/bench/bench.py: processes, nginx)
 import felt_load  # noqa: E402
+import felt_soak  # noqa: E402
 from felt_load import Rung, StreamFigures, pct  # noqa: E402
 
 SMOKE = os.environ.get("FELT_SMOKE") == "1"
@@ -350,12 +351,24 @@ def goals(relays: list[Relay]) -> list[str]:
     return out
 
 
+async def memory_soak(tree: str) -> list[str]:
+    up = Upstream("soak", "openai", False)
+    await up.start()
+    try:
+        result = await felt_soak.soak(tree, SOAK_SECONDS, up.port, RELAY_CPU)
+    finally:
+        if up.proc is not None:
+            bench.stop(up.proc)
+    return felt_soak.report(result, SOAK_SECONDS)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--relays", default="nginx,bare,pure,compiled,litellm",
                     help="comma-separated, from nginx, bare, pure, compiled, litellm (direct always runs)")
     ap.add_argument("--compiled-tree", help="an already compiled copy of this tree (tests/compiled_tree.py)")
     ap.add_argument("--no-soak", action="store_true")
+    ap.add_argument("--soak-only", action="store_true", help="only the memory soak of the compiled proxy")
     ap.add_argument("--json", help="write every figure of every relay to this file")
     args = ap.parse_args()
     wanted = set(args.relays.split(","))
@@ -373,6 +386,9 @@ async def main() -> None:
           f"stall > {STALL * 1000:g} ms", flush=True)
     ups = {"openai": Upstream("openai", "openai", False), "mindie": Upstream("mindie", "mindie", True)}
     relays: list[Relay] = []
+    if args.soak_only:
+        print("\n".join(await memory_soak(compiled or ROOT)))
+        return
     try:
         for up in ups.values():
             await up.start()
@@ -390,9 +406,7 @@ async def main() -> None:
     finally:
         bench.stop(*{r.proc for r in relays if r.proc is not None}, *(u.proc for u in ups.values() if u.proc))
     if not args.no_soak and compiled is not None:
-        import felt_soak  # tests/bench/felt_soak.py
-
-        await felt_soak.soak(compiled, SOAK_SECONDS)
+        print("\n" + "\n".join(await memory_soak(compiled)))
     print(f"\nbench-felt took {(time.monotonic() - started) / 60:.1f} minutes")
 
 

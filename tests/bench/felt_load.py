@@ -178,7 +178,8 @@ class Client:
     """Streams (or requests) through one relay, `concurrency` slots each on its own keep-alive connection."""
 
     def __init__(self, port: int, api: str, stream: bool = True, timeout: float = 30.0) -> None:
-        self.port, self.request, self.timeout = port, request_bytes(api, stream, port), timeout
+        self.port, self.stream, self.timeout = port, stream, timeout
+        self.request = request_bytes(api, stream, port)
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
