@@ -106,6 +106,6 @@ def report(s: Soak, seconds: float) -> list[str]:
     verdict = "GROWS (a defect)" if s.grows else "no growth above noise"
     return [f"memory soak, compiled proxy, {seconds:g} s under a fixed load (4 non-stream clients, 32 streams paced "
             f"20 ms; chat and Messages): {s.requests} requests, {s.streams} streams, {s.failed} failed",
-            f"  RSS idle {s.idle_mib:.1f} MiB, steady {s.steady_mib:.1f} MiB, growth {s.growth_mib_min:+.3f} "
-            f"± {s.noise_mib_min:.3f} MiB/min (after the first fifth), recovered {s.recovered_mib:.1f} MiB "
+            f"  RSS idle {s.idle_mib:.1f} MiB, steady {s.steady_mib:.1f} MiB, growth {s.growth_mib_min * 1024:+.1f} "
+            f"± {s.noise_mib_min * 1024:.1f} KiB/min (after the first fifth), recovered {s.recovered_mib:.1f} MiB "
             f"{recovery_seconds(seconds):g} s after the load: {verdict}"]
