@@ -345,6 +345,36 @@ def table(relays: list[Relay]) -> str:
     return "\n".join(lines)
 
 
+# The board's published figures that issue 48 quotes (On the Bench, 24 Jul 2026; 4 Graviton3 cores a gateway), µs.
+BOARD = {
+    "added_c1_p99_us": ("added p99 c=1 µs", {"LiteLLM-Python": 8000, "Bifrost": 939, "agentgateway": 186,
+                                              "LiteLLM-Rust": 107}),
+    "added_gap_p99_us": ("added inter-frame µs", {"LiteLLM-Python": 2700, "Bifrost": 28, "agentgateway": 1}),
+}
+
+
+def board(relays: list[Relay]) -> str:
+    """The proxy's place on the board estimated through LiteLLM, measured here and there: the board's LiteLLM figure
+    x (the proxy's here / LiteLLM's here). An estimate across machines (Graviton3, 4 cores a gateway there; one
+    vCPU here), not a measurement."""
+    rows = {r.name: r.figures for r in relays}
+    if "litellm" not in rows:
+        return "(the board estimate needs the LiteLLM row)"
+    names = [n for n in ("proxy compiled chat", "proxy compiled messages", "proxy pure chat") if n in rows]
+    lines = ["| figure | LiteLLM here | " + " | ".join(f"{n} here" for n in names) + " | LiteLLM-Python on the board"
+             " | " + " | ".join(f"{n} on the board (estimate)" for n in names) + " | the board's others |",
+             "|---" * (4 + 2 * len(names)) + "|"]
+    for key, (heading, published) in BOARD.items():
+        lt = rows["litellm"][key]
+        here = [rows[n][key] for n in names]
+        estimates = [f"{published['LiteLLM-Python'] * h / lt:.0f}" if h > 0 and lt > 0 else "below resolution"
+                     for h in here]
+        others = ", ".join(f"{k} {v}" for k, v in published.items() if k != "LiteLLM-Python")
+        lines.append(f"| {heading} | {lt:.0f} | " + " | ".join(f"{h:.0f}" for h in here) +
+                     f" | {published['LiteLLM-Python']} | " + " | ".join(estimates) + f" | {others} |")
+    return "\n".join(lines)
+
+
 def cell(figures: dict[str, float], key: str, fmt: str) -> str:
     if key not in figures:
         return "—"
@@ -427,6 +457,8 @@ async def main() -> None:
         print("\n" + table(relays) + "\n")
         for line in goals(relays):
             print(line)
+        print("\nOn the board, estimated through LiteLLM (its figure there x ours / its here; across machines):\n")
+        print(board(relays))
         if args.json:
             with open(args.json, "w") as f:  # noqa: ASYNC230 (after the load)
                 json.dump({r.name: r.figures for r in relays}, f, indent=1)
