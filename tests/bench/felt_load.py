@@ -145,6 +145,9 @@ class _Conn(asyncio.Protocol):
             if end < 0:
                 return
             self.head, data, self.buf = self.buf[:end].lower(), self.buf[end + 4:], b""
+            if not self.head.startswith(b"http/1.1 ") or not self.head[9:12].isdigit():
+                self._broken()  # not an answer's head: the stream fails, the connection goes
+                return
             self.stream.status = int(self.head[9:12])
             self.chunked = b"transfer-encoding: chunked" in self.head
             length = re.search(rb"content-length: (\d+)", self.head)
@@ -160,6 +163,12 @@ class _Conn(asyncio.Protocol):
                 self.seen = last
         self.stream.frames.extend([now] * found)
         if self.stream.complete and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def _broken(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
     def _body(self, data: bytes) -> bytes:
