@@ -7,6 +7,7 @@
 #   make test-otel  install Arize Phoenix into .venv-phoenix and check the proxy's traces in it (tests/test_phoenix.py)
 #   make test-compiled  the whole test suite on a copy of the tree whose request path is compiled with mypyc (setup.py)
 #   make bench  the benchmark (separate from the tests; prints figures)
+#   make bench-felt  speed as users feel it: the public gateway board's figures for every relay, and a memory soak
 #   make bench-workers  --workers 2 vs 1 under wrk against nginx (Debian packages, installed when root)
 #   make soak   a bounded soak run against the mock (loopback only); SECONDS=N (default 120)
 #   make gateway-soak  a bounded soak with mock replicas going down and up (loopback only)
@@ -17,7 +18,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-limits bench-limits test-http httpolice test-cli test-compliance test-otel test-image test-compiled bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-limits bench-limits test-http httpolice test-cli test-compliance test-otel test-image test-compiled bench bench-felt bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -134,6 +135,23 @@ test-limits: $(DEVSTAMP)
 # What a limited key costs per request: the limiter's Redis round trip, and whole requests (docs/sharing.md).
 bench-limits: $(DEVSTAMP)
 	$(BIN)/python tests/bench/limits_cost.py
+
+# Speed as users feel it (tests/bench/felt.py, docs/speed.md): added latency, the throughput frontier, streams, memory,
+# for nginx, the bare relay, the proxy pure and compiled and LiteLLM in one run. wrk and nginx from Debian (installed
+# when root), LiteLLM's proxy into its own virtualenv (LITELLM_VENV). ~20 minutes; shorter: FELT_SOAK_SECONDS=60,
+# FELT_SMOKE=1 (every duration short), FELT_RELAYS=nginx,bare,pure,compiled,litellm (a subset).
+LITELLM_VENV ?= .bench/litellm-venv
+bench-felt: $(DEVSTAMP)
+	@if ! command -v wrk >/dev/null 2>&1 || ! { command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; }; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx >/dev/null; \
+	  else echo "bench-felt needs the Debian packages wrk and nginx (apt-get install wrk nginx)"; exit 1; fi; \
+	fi
+	@test -x $(LITELLM_VENV)/bin/litellm || { $(PYTHON) -m venv $(LITELLM_VENV) \
+	  && $(LITELLM_VENV)/bin/python -m pip install -q "litellm[proxy]"; } \
+	  || echo "warning: could not install LiteLLM; the bench runs without its row"
+	FELT_LITELLM=$(abspath $(LITELLM_VENV))/bin/litellm $(BIN)/python tests/bench/felt.py \
+	    $(if $(FELT_RELAYS),--relays $(FELT_RELAYS))
 
 # --workers 2 against --workers 1 (tests/bench/workers.py): the load is wrk and the upstream nginx (Debian packages
 # `wrk`, `nginx`), C programs that leave the cores to the relays. make bench-workers [COMPILED=1]
