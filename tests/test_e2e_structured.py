@@ -444,3 +444,27 @@ def test_a_fast_failure_stays_the_http_error_before_any_keepalive(start_mock, st
         "messages": [{"role": "user", "content": "Weather? [mock:wrong_json=always]"}],
         "response_format": _FORMAT})
     assert status == 502 and json.loads(lines[0])["error"]["code"] == "structured_output_failed"
+
+
+# -- MindIE calls tools only for the models its document lists ------------------------------------------------------
+
+@pytest.mark.parametrize(("model", "tool"), [("Qwen2.5-7B-Instruct", True), ("DeepSeek-R1-Distill-Qwen-7B", True),
+                                             ("chatglm3-6b", True), ("Llama-3.1-8B-Instruct", False),
+                                             ("Baichuan2-13B-Chat", False)])
+def test_mindie_forces_a_tool_only_for_models_that_call_tools(start_mock, start_proxy, model: str,
+                                                              tool: bool) -> None:
+    mock = start_mock("mindie")
+    proxy = start_proxy(mock=mock)
+    parsed = proxy.client().chat.completions.parse(model=model, messages=[{"role": "user", "content": "Weather?"}],
+                                                   response_format=Forecast).choices[0].message.parsed
+    assert isinstance(parsed, Forecast)
+    body = mock.last_request()["body"]
+    if tool:
+        assert body["tool_choice"] == {"type": "function", "function": {"name": "Forecast"}}
+    else:  # asked with the schema in the system prompt, and checked
+        assert "tools" not in body and '"place"' in body["messages"][0]["content"]
+        # the mock's MindIE refuses that model a tool, as the forced tool would have been refused
+        refused = httpx.post(mock.url + "/v1/chat/completions", timeout=10, json={
+            "model": model, "messages": [{"role": "user", "content": "Hi"}], "tools": body.get("tools") or [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
+        assert refused.status_code == 422 and "function call" in refused.json()["error"]
