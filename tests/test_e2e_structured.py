@@ -19,7 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from proxy.mock import create_app as create_mock
-from tests.conftest import Mock, Proxy, ServerThread
+from tests.conftest import Mock, Proxy, ServerThread, wait_for
 
 # model name -> (mock dialect, full_text): one upstream each, behind one proxy
 UPSTREAMS: dict[str, tuple[str, bool]] = {
@@ -468,3 +468,14 @@ def test_mindie_forces_a_tool_only_for_models_that_call_tools(start_mock, start_
             "model": model, "messages": [{"role": "user", "content": "Hi"}], "tools": body.get("tools") or [
                 {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
         assert refused.status_code == 422 and "function call" in refused.json()["error"]
+
+
+def test_a_client_that_leaves_during_the_attempts_stops_them(slow) -> None:
+    mock, proxy = slow
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", timeout=30, json={
+            "model": "Qwen3-8B", "stream": True, "response_format": _FORMAT,
+            "messages": [{"role": "user", "content": "Weather? [mock:first_byte_ms=5000]"}]}) as r:
+        assert next(line for line in r.iter_lines() if line) == ": keep-alive"
+    # the proxy closes its upstream request at once (the mock sees the client leave while it sleeps)
+    assert wait_for(lambda: mock.stats()["disconnects"] == 1, timeout=3)
+    assert mock.stats()["requests"] == 1
