@@ -479,3 +479,13 @@ def test_a_client_that_leaves_during_the_attempts_stops_them(slow) -> None:
     # the proxy closes its upstream request at once (the mock sees the client leave while it sleeps)
     assert wait_for(lambda: mock.stats()["disconnects"] == 1, timeout=3)
     assert mock.stats()["requests"] == 1
+
+
+def test_a_slow_emulated_responses_stream_opens_once_and_still_parses(slow) -> None:
+    _, proxy = slow
+    with proxy.client().responses.stream(model="Qwen3-8B", input="Weather? [mock:first_byte_ms=400]",
+                                         text_format=Forecast) as events:
+        kinds = [event.type for event in events]
+        parsed = events.get_final_response().output_parsed
+    assert isinstance(parsed, Forecast)
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed"
