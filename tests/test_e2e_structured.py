@@ -19,7 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from proxy.mock import create_app as create_mock
-from tests.conftest import Mock, Proxy, ServerThread
+from tests.conftest import Mock, Proxy, ServerThread, wait_for
 
 # model name -> (mock dialect, full_text): one upstream each, behind one proxy
 UPSTREAMS: dict[str, tuple[str, bool]] = {
@@ -369,3 +369,123 @@ def test_never_complies_is_the_error_in_each_client_dialects_envelope(stack, dia
         assert body["error"]["code"] == "structured_output_failed"
     else:
         assert body["type"] == "error" and "No invalid JSON was sent" in body["error"]["message"]
+
+
+# -- keep-alives while the attempts run (a slow upstream: `first_byte_ms` before each whole answer) -----------------
+
+def _raw(url: str, path: str, body: dict[str, Any]) -> tuple[int, list[str]]:
+    """The raw SSE lines of a streamed request (or the error body's, for an HTTP error)."""
+    with httpx.stream("POST", url + path, json=body, timeout=30) as r:
+        return r.status_code, [line for line in r.iter_lines() if line]
+
+
+_FORMAT = {"type": "json_schema", "json_schema": {"name": "F", "schema": Forecast.model_json_schema()}}
+
+
+@pytest.fixture
+def slow(start_mock, start_proxy) -> tuple[Mock, Proxy]:
+    mock = start_mock("mindie")
+    return mock, start_proxy(mock=mock, server={"keepalive_interval": 0.1})
+
+
+def test_a_slow_emulated_stream_is_kept_alive_and_still_parses(slow) -> None:
+    mock, proxy = slow
+    messages = [{"role": "user", "content": "Weather in Paris? [mock:first_byte_ms=500]"}]
+    schema = {"name": "Forecast", "schema": Forecast.model_json_schema()}
+    status, lines = _raw(proxy.url, "/v1/chat/completions", {
+        "model": "Qwen3-8B", "stream": True, "messages": messages,
+        "response_format": {"type": "json_schema", "json_schema": schema}})
+    assert status == 200 and lines[-1] == "data: [DONE]"
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data: {"))
+    assert ": keep-alive" in lines[:first_data]  # the client heard from the proxy before the JSON was ready
+    content = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                      for line in lines if line.startswith("data: {") and json.loads(line[6:])["choices"])
+    Forecast.model_validate_json(content)
+    with proxy.client().chat.completions.stream(model="Qwen3-8B", messages=messages,  # type: ignore[arg-type]
+                                                response_format=Forecast) as events:
+        parsed = events.get_final_completion().choices[0].message.parsed
+    assert isinstance(parsed, Forecast)
+    assert mock.stats()["requests"] == 2
+
+
+def test_a_slow_emulated_messages_stream_pings_first(slow) -> None:
+    _, proxy = slow
+    status, lines = _raw(proxy.url, "/v1/messages", {
+        "model": "Qwen3-8B", "max_tokens": 256, "stream": True,
+        "messages": [{"role": "user", "content": "Weather? [mock:first_byte_ms=500]"}],
+        "output_config": {"format": {"type": "json_schema", "schema": Forecast.model_json_schema()}}})
+    assert status == 200
+    events = [line[7:] for line in lines if line.startswith("event: ")]
+    assert events.index("ping") < events.index("content_block_delta")
+    assert events[-1] == "message_stop"
+
+
+def test_a_never_complying_slow_model_gets_the_in_stream_error_after_a_keepalive(slow) -> None:
+    mock, proxy = slow
+    status, lines = _raw(proxy.url, "/v1/chat/completions", {
+        "model": "Qwen3-8B", "stream": True,
+        "messages": [{"role": "user", "content": "Weather? [mock:first_byte_ms=300,wrong_json=always]"}],
+        "response_format": _FORMAT})
+    assert status == 200  # the head went with the first keep-alive
+    assert lines[0] == ": keep-alive" and lines[-1] != "data: [DONE]"
+    error = json.loads(lines[-1][6:])["error"]
+    assert error["code"] == "structured_output_failed"
+    assert not any(line.startswith("data: {\"id\"") for line in lines)  # never the invalid JSON
+    metrics = httpx.get(proxy.url + "/metrics").text
+    assert 'dialect_proxy_truncated_streams_total{model="Qwen3-8B",reason="upstream_error"' in metrics
+    assert mock.stats()["requests"] == proxy.settings.upstreams[0].structured_attempts
+
+
+def test_a_fast_failure_stays_the_http_error_before_any_keepalive(start_mock, start_proxy) -> None:
+    mock = start_mock("mindie")
+    proxy = start_proxy(mock=mock, server={"keepalive_interval": 5})
+    status, lines = _raw(proxy.url, "/v1/chat/completions", {
+        "model": "Qwen3-8B", "stream": True,
+        "messages": [{"role": "user", "content": "Weather? [mock:wrong_json=always]"}],
+        "response_format": _FORMAT})
+    assert status == 502 and json.loads(lines[0])["error"]["code"] == "structured_output_failed"
+
+
+# -- MindIE calls tools only for the models its document lists ------------------------------------------------------
+
+@pytest.mark.parametrize(("model", "tool"), [("Qwen2.5-7B-Instruct", True), ("DeepSeek-R1-Distill-Qwen-7B", True),
+                                             ("chatglm3-6b", True), ("Llama-3.1-8B-Instruct", False),
+                                             ("Baichuan2-13B-Chat", False)])
+def test_mindie_forces_a_tool_only_for_models_that_call_tools(start_mock, start_proxy, model: str,
+                                                              tool: bool) -> None:
+    mock = start_mock("mindie")
+    proxy = start_proxy(mock=mock)
+    parsed = proxy.client().chat.completions.parse(model=model, messages=[{"role": "user", "content": "Weather?"}],
+                                                   response_format=Forecast).choices[0].message.parsed
+    assert isinstance(parsed, Forecast)
+    body = mock.last_request()["body"]
+    if tool:
+        assert body["tool_choice"] == {"type": "function", "function": {"name": "Forecast"}}
+    else:  # asked with the schema in the system prompt, and checked
+        assert "tools" not in body and '"place"' in body["messages"][0]["content"]
+        # the mock's MindIE refuses that model a tool, as the forced tool would have been refused
+        refused = httpx.post(mock.url + "/v1/chat/completions", timeout=10, json={
+            "model": model, "messages": [{"role": "user", "content": "Hi"}], "tools": body.get("tools") or [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})
+        assert refused.status_code == 422 and "function call" in refused.json()["error"]
+
+
+def test_a_client_that_leaves_during_the_attempts_stops_them(slow) -> None:
+    mock, proxy = slow
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", timeout=30, json={
+            "model": "Qwen3-8B", "stream": True, "response_format": _FORMAT,
+            "messages": [{"role": "user", "content": "Weather? [mock:first_byte_ms=5000]"}]}) as r:
+        assert next(line for line in r.iter_lines() if line) == ": keep-alive"
+    # the proxy closes its upstream request at once (the mock sees the client leave while it sleeps)
+    assert wait_for(lambda: mock.stats()["disconnects"] == 1, timeout=3)
+    assert mock.stats()["requests"] == 1
+
+
+def test_a_slow_emulated_responses_stream_opens_once_and_still_parses(slow) -> None:
+    _, proxy = slow
+    with proxy.client().responses.stream(model="Qwen3-8B", input="Weather? [mock:first_byte_ms=400]",
+                                         text_format=Forecast) as events:
+        kinds = [event.type for event in events]
+        parsed = events.get_final_response().output_parsed
+    assert isinstance(parsed, Forecast)
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed"

@@ -42,11 +42,12 @@ from proxy.dialects.base import Dialect, RequestRules, UpstreamSession
 from proxy.dialects.engine_metrics import EngineMetricNames
 from proxy.dialects.error_shape import ErrorShape
 from proxy.dialects.probing import Probe, ProbeListing
-from proxy.dialects.templates import interleaved_thinking, set_template_thinking, thinking_kwarg
+from proxy.dialects.templates import NameTest, interleaved_thinking, set_template_thinking, thinking_kwarg
 from proxy.errors import ClientRequestError, ProxyError, StreamTruncated
 from proxy.hub.canonical import CHAT, ChatChunk, ChatRequest, RequestContext
 from proxy.hub.events import Timings
 from proxy.hub.readings import Readings, number
+from proxy.hub.structured import StructuredCaps
 from proxy.stream.cumulative import CumulativeText, StreamForm
 
 log: Final = logging.getLogger("dialect_proxy")
@@ -99,6 +100,14 @@ _KNOWN_PARAMS: Final = frozenset(
         "chat_template_kwargs",
     }
 )
+
+
+# The models MindIE calls tools for, by its chat completion document ("tool_calls, tools and tool_choice support only
+# some models ... ChatGLM3-6B, DeepSeek-R1, the Qwen2.5 series and the Qwen3 series"); with another model a request
+# with tools may fail. Emulated structured output forces a tool call only for these (docs/mindie.md).
+_TOOL_MODELS: Final = re.compile(r"(?i)chatglm3|deepseek[-_ ]?r1|qwen[-_ ]?2\.5|qwen[-_ ]?3")
+calls_tools: Final = NameTest(_TOOL_MODELS)
+_ASK_AND_CHECK: Final = StructuredCaps(forced_tool=False)
 
 
 class MindIESession(UpstreamSession):
@@ -264,6 +273,15 @@ class MindIEDialect(Dialect):
     ready_path = "/v2/health/ready"
     # top_k: MindIE takes -1 (off) or (0, 2^31-1]; Siliconstorm documents [0, 2^31-1].
     top_k_zero_ok: ClassVar[bool] = False
+    # Whether tools are called only for the models of MindIE's list (`calls_tools`); Siliconstorm's document names no
+    # such limit.
+    tools_for_listed_models: ClassVar[bool] = True
+
+    def structured_caps(self, body: ChatRequest, ctx: RequestContext) -> StructuredCaps:
+        """A forced tool call for the models MindIE calls tools for; the others are asked and checked."""
+        if self.tools_for_listed_models and not calls_tools(ctx.upstream_model):
+            return _ASK_AND_CHECK
+        return self.rules.structured
 
     def stream_form_mismatch(self, ctx: RequestContext, form: str) -> StreamTruncated:
         """The stream turned out `form` ("cumulative" or "deltas") against the upstream's `full_text`: the error that

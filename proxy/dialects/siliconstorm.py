@@ -105,5 +105,6 @@ class SiliconstormProbe(MindIEProbe):
 class SiliconstormDialect(MindIEDialect):
     name = "siliconstorm"
     top_k_zero_ok = True
+    tools_for_listed_models = False
     errors_class = SiliconstormErrors
     probe = SiliconstormProbe(structured_output=True, error_at_200=True)

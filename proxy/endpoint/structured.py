@@ -7,13 +7,20 @@ the client through the ordinary encoder and relay (proxy/endpoint/translate.py `
 content deltas after the reasoning, when the client asked for a stream. None passing: the client gets
 `structured_output_failed` (502) in its dialect's envelope, never the invalid JSON. Every attempt's usage adds up in
 the answer's, each attempt is a span of the trace, and the metrics count emulated, re-asked and failed requests.
+
+A streaming client is kept alive while the attempts run, as the ordinary stream is (proxy/endpoint/relay.py): a
+silence of `keepalive_interval` sends the client dialect's keep-alive, committing the head; a failure after that is the
+client dialect's in-stream error (counted as a truncation), before it the HTTP error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from proxy.clients.base import ClientCall
+from proxy.errors import ProxyError
 from proxy.gateway.upstream import release
 from proxy.hub import structured
 from proxy.hub.canonical import RequestContext
@@ -22,7 +29,10 @@ from proxy.hub.pipeline import Pipeline
 
 if TYPE_CHECKING:
     from proxy.endpoint.exchange import Exchange
-    from proxy.endpoint.translate import Translation, Upstream
+    from proxy.endpoint.translate import Translation, Upstream, _Answering
+
+# The passing attempt: its upstream request, its events for the client, its Answer.
+Passed = tuple["Upstream", list[Delta], Answer]
 
 
 def emulation(translation: Translation, call: ClientCall, ctx: RequestContext) -> structured.Plan | None:
@@ -47,8 +57,40 @@ class Emulation:
         self.exchange = exchange
         self.plan = plan
         self.usage: dict[str, Any] | None = None  # every attempt's, added up
+        self.up: Upstream | None = None  # the latest attempt's upstream request, once prepared
+        self.answering: _Answering | None = None  # the client's answer, made at the first keep-alive or the end
 
     async def serve(self) -> int:
+        """The attempts, then the passing answer to the client (a stream kept alive while they run)."""
+        if not self.ctx.stream:
+            return await self._deliver(*await self._attempts())
+        interval = self.exchange.state.settings.server.keepalive_interval
+        task = asyncio.ensure_future(self._attempts())
+        try:
+            while not (await asyncio.wait((task,), timeout=interval))[0]:
+                await self._keepalive()
+            passed = task.result()
+        except ProxyError as err:
+            if self.answering is None or not self.answering.relay.committed:
+                raise  # nothing reached the client yet: the HTTP error in its dialect's envelope
+            return await self.answering.cut(err)  # after a keep-alive: the in-stream error
+        finally:
+            if not task.done():  # the client left: the attempts stop
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return await self._deliver(*passed)
+
+    async def _keepalive(self) -> None:
+        """A silence while the attempts run: the client dialect's keep-alive (the head goes first)."""
+        if self.answering is None:
+            if self.up is None:  # the first attempt is not even prepared: wait for the next interval
+                return
+            self.answering = self.translation.answering(self.call, self.ctx, self.exchange, self.up)
+        await self.answering.relay.keepalive(self.answering.encoder.keepalive)
+
+    async def _attempts(self) -> Passed:
+        """Up to `attempts` upstream answers, until one passes the check (None passing: the 502)."""
         plan = self.plan
         metrics = self.translation.state.metrics
         upstream = self.ctx.upstream.name
@@ -65,7 +107,7 @@ class Emulation:
             if self.exchange.trace is not None:
                 self.exchange.trace.structured_attempt(attempt, plan.way, problem)
             if problem is None:
-                return await self._deliver(up, answer, structured.answer_events(reading))
+                return up, structured.answer_events(reading), answer
             error = problem
             history += structured.reask(plan, reading, problem)
         metrics.structured_output(upstream, "failed")
@@ -89,7 +131,7 @@ class Emulation:
                              c.created, c.attempt)
         exchange = self.exchange
         state = self.translation.state
-        up = await self.translation.prepare(call, ctx, exchange)
+        up = self.up = await self.translation.prepare(call, ctx, exchange)
         assert exchange.watch is not None
         attempts = exchange.record.attempts = state.replicas[ctx.upstream.name].attempts(body)
         ticket, resp = await attempts.open(ctx, up.path, up.payload, up.dialect.request_headers, deadline,
@@ -119,9 +161,13 @@ class Emulation:
         self.usage = structured.add_usage(self.usage, answer.usage)
         return up, events, answer
 
-    async def _deliver(self, up: Upstream, last: Answer, events: list[Delta]) -> int:
+    async def _deliver(self, up: Upstream, events: list[Delta], last: Answer) -> int:
         """The passing answer to the client, with the usage of every attempt."""
-        answering = self.translation.answering(self.call, self.ctx, self.exchange, up)
+        answering = self.answering
+        if answering is None:
+            answering = self.translation.answering(self.call, self.ctx, self.exchange, up)
+        else:  # made at a keep-alive with an earlier attempt's request: the passing one's continuity and timings
+            answering.up = up
         final = answering.answer
         final.usage = self.usage
         final.usage_extras = last.usage_extras

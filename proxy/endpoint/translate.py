@@ -258,6 +258,11 @@ class _Answering:
         except ProxyError as err:
             return await self._cut(err)
 
+    async def cut(self, err: ProxyError) -> int:
+        """A failure before any upstream answer was relayed (emulated structured output, after a keep-alive): as
+        `_cut`."""
+        return await self._cut(err)
+
     async def _read(self, reads: StreamReads) -> None:
         relay = self.relay
         pipeline = self.pipeline

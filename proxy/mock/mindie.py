@@ -69,6 +69,11 @@ MAX_STOP_NUM = 1024
 MAX_STOP_LEN = 1024
 MAX_STOP_TOTAL = 32768
 ROLES = ("system", "user", "assistant", "tool")
+# MindIE's chat completion document: "tool_call_id, tool_calls, tools, and tool_choice ... support only some models.
+# An error may be reported if an unsupported model is used" (ChatGLM3-6B, DeepSeek-R1, Qwen2.5, Qwen3). The mock
+# refuses tools to the families MindIE serves outside that list, as a 422 (a name it does not recognise, such as the
+# tests' own, keeps its tools).
+NO_TOOL_MODELS = re.compile(r"(?i)llama|baichuan|mi[sx]tral|internlm|gemma|chatglm2|telechat")
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_\u4e00-\u9fa5-]{1,64}$")
 
 ERRORS: dict[int, tuple[str, str]] = {
@@ -91,6 +96,8 @@ class Flavour:
     top_k_zero_ok: bool = False      # top_k range [0, ...] instead of (0, ...]
     # response_format types honoured (MindIE >= 2.3 does structured output); others are ignored, as before 2.3
     response_formats: tuple[str, ...] = ("text", "json_object", "json_schema")
+    # tools only for the model families MindIE's document lists (`NO_TOOL_MODELS` are refused them)
+    listed_tool_models: bool = True
     # hooks: return a plan to answer with, or None to carry on
     auth_error: Callable[[], Plan] | None = None
     pre: Callable[[Call], Plan | None] | None = None
@@ -359,6 +366,8 @@ def validate_chat(body: Any, cfg: MockConfig, flavour: Flavour) -> str | None:
         for tool in tools:
             if (err := _check_tool(tool)) is not None:
                 return err
+    if tools and choice != "none" and flavour.listed_tool_models and NO_TOOL_MODELS.search(body["model"]):
+        return f"Model {body['model']} does not support function call (tools)"
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         if not isinstance(kwargs, dict):

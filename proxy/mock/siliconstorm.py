@@ -55,6 +55,7 @@ FLAVOUR = mindie.Flavour(
     default_model="DeepSeek-R1",
     perf_usage=False,
     null_tool_calls=True,
+    listed_tool_models=False,  # its document names no model limit on tools
     top_k_zero_ok=True,
     response_formats=(),  # its document has no response_format: ignored
     auth_error=lambda: code_error(801),
