@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="Every flag --some-flag can also be set as the environment variable DIALECT_PROXY_SOME_FLAG.",
     )
     p.add_argument("--version", action="version", version=f"dialect-proxy {__version__} ({BUILD})")
-    sub = p.add_subparsers(dest="command", metavar="{serve,mock,demo,probe}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,mock,demo,keys,probe}")
 
     serve = sub.add_parser("serve", help="run the proxy", description=(
         "Run the proxy. Either one upstream from flags (--upstream-url and --upstream-dialect), or many from a "

@@ -272,7 +272,6 @@ class Exchange:
             ttft = obs.ttft if obs is not None and record.stream else None
             access_log.info(record.line(status, duration, ttft))
 
-
     def _tokens_used(self) -> int | None:
         """The tokens the request used, for its key's limits: the upstream's usage; 0 for an error answer that
         generated nothing; None (the reservation stays) when unknown — a stream cut short, a client gone."""
