@@ -103,6 +103,7 @@ class Upstream:
     name: str
     dialect: str
     full_text: bool
+    cpu: int = LOAD_CPU
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
 
@@ -112,7 +113,7 @@ class Upstream:
         await capture(self.dialect, self.full_text, directory)
         self.port = bench.free_port()
         self.proc = bench.start([os.path.join(HERE, "felt_mock.py"), str(self.port), directory, str(PACE_MS)],
-                                LOAD_CPU)
+                                self.cpu)
         await bench.wait_up(f"http://127.0.0.1:{self.port}/")
 
 
@@ -192,6 +193,11 @@ async def start_relays(wanted: set[str], ups: dict[str, Upstream], compiled: str
     relays += [Relay("direct", "openai"), Relay("direct mindie-ft", "mindie", baseline="direct mindie-ft",
                                                    baseline_only=True)]
     relays[0].port, relays[1].port = ups["openai"].port, ups["mindie"].port
+    # The machine's floor: no relay, the upstream alone on the relays' CPU, so that each request wakes the other
+    # vCPU as every relay row's does (its c=1 figures only; docs/speed.md "The machine's floor").
+    cross = Upstream("openai", "openai", False, cpu=RELAY_CPU)
+    await cross.start()
+    relays.append(Relay("direct across CPUs", "openai", port=cross.port, proc=cross.proc, baseline_only=True))
     if "nginx" in wanted:
         port = bench.free_port()
         proc = bench.start_nginx(port, ups["openai"].port, RELAY_CPU)
@@ -411,6 +417,10 @@ def goals(relays: list[Relay]) -> list[str]:
         "-> " + (verdict(p["streams"] >= 0.8 * b["streams"]) if b["streams"] else
                  "unknown (the bare relay sustained none)"),
     ]
+    if "direct across CPUs" in rows:  # what the machine adds to every relay row's c=1 tail before any relay work
+        floor = rows["direct across CPUs"]
+        out.append(f"the machine's floor (no relay, the upstream on the relays' CPU): added p99 c=1 "
+                   f"{floor['added_c1_p99_us']:.0f} µs, added p50 {floor['added_c1_p50_us']:.0f} µs")
     if "litellm" in rows:
         lt = rows["litellm"]
         ratio_p99 = lt["added_c1_p99_us"] / max(p["added_c1_p99_us"], 1)
