@@ -328,6 +328,31 @@ def test_a_forced_tool_on_a_model_that_calls_no_tools_is_asked_again_until_valid
             messages=[{"role": "user", "content": "Weather in Paris?"}])
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_anthropic_forced_tool_on_a_model_that_calls_no_tools_is_a_tool_use(start_mock, start_proxy,
+                                                                                stream: bool) -> None:
+    """The same emulation for a Messages client (`tool_choice: {"type": "tool"}`): one `tool_use` block whose input
+    is valid, `stop_reason: tool_use`."""
+    import anthropic
+
+    mock = start_mock("mindie")
+    proxy = start_proxy(mock=mock)
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0)
+    kw: Any = dict(model="Llama-3.1-8B-Instruct", max_tokens=512,
+                   messages=[{"role": "user", "content": "Weather in Paris?"}],
+                   tools=[{"name": "forecast", "input_schema": Forecast.model_json_schema()}],
+                   tool_choice={"type": "tool", "name": "forecast"})
+    if stream:
+        with client.messages.stream(**kw) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**kw)
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "forecast"
+    assert isinstance(Forecast.model_validate(uses[0].input), Forecast)
+    assert "tools" not in mock.last_request()["body"]
+
+
 def _forecaster(proxy: Proxy, model: str) -> tuple[Any, openai.AsyncOpenAI]:
     from agents import Agent, OpenAIResponsesModel, set_tracing_disabled
 
