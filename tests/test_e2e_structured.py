@@ -210,41 +210,165 @@ def test_langchain_with_structured_output_default_method(stack, model: str) -> N
     assert isinstance(got, Forecast) and isinstance(got.unit, Unit)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+# langchain-openai's stream dumps each of openai-python's parsed stream events, whose `parsed` field is typed None,
+# and pydantic warns about the model it holds (langchain-ai/langchain issue 38034): the client's own warning, the
+# same on the openai upstream as on the emulated ones.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+@pytest.mark.parametrize("way", ["stream", "astream"])
 @pytest.mark.parametrize("model", list(UPSTREAMS))
-def test_pydantic_ai_output_type(stack, model: str, stream: bool) -> None:
-    pydantic_ai = pytest.importorskip("pydantic_ai")
+def test_langchain_with_structured_output_default_method_streamed(stack, model: str, way: str) -> None:
+    """`.stream()` / `.astream()` of the default (`json_schema`) method: openai-python's `chat.completions.stream`
+    underneath; every object it yields is a whole, valid Forecast."""
+    from langchain_openai import ChatOpenAI
+
+    mocks, proxy = stack
+
+    async def collect() -> list[Any]:
+        async with httpx.AsyncClient() as http:  # its own, closed here (the default one is shared between models)
+            allm = ChatOpenAI(model=model, base_url=proxy.url + "/v1", api_key="x", max_retries=0,
+                              http_async_client=http)
+            return [chunk async for chunk in allm.with_structured_output(Forecast).astream("Weather in Paris?")]
+
+    if way == "stream":
+        llm = ChatOpenAI(model=model, base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        chunks = list(llm.with_structured_output(Forecast).stream("Weather in Paris?"))
+    else:
+        chunks = asyncio.run(collect())
+    assert chunks and all(isinstance(chunk, Forecast) for chunk in chunks)
+    assert isinstance(chunks[-1].place, Place) and isinstance(chunks[-1].unit, Unit) and chunks[-1].days
+    sent = mocks[model].last_request()["body"]
+    if model not in EMULATED:  # passed on as the client streamed it
+        assert sent["stream"] is True and sent["response_format"]["type"] == "json_schema"
+
+
+async def _pydantic_ai(proxy: Proxy, model: str, stream: bool, output_type: Any) -> tuple[Forecast, list[Any]]:
+    """The agent's output, and (streamed) every partial output `stream_output` gave before it."""
+    import pydantic_ai
     from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.output import NativeOutput
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    _, proxy = stack
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+    agent = pydantic_ai.Agent(chat, output_type=output_type)
+    try:
+        if not stream:
+            return (await agent.run("Weather in Paris?")).output, []
+        async with agent.run_stream("Weather in Paris?") as result:
+            partials = [output async for output in result.stream_output(debounce_by=None)]
+            return await result.get_output(), partials
+    finally:
+        await client.close()
 
-    async def run() -> Forecast:
-        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
-        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
-        agent = pydantic_ai.Agent(chat, output_type=NativeOutput(Forecast))
-        try:
-            if not stream:
-                return (await agent.run("Weather in Paris?")).output
-            async with agent.run_stream("Weather in Paris?") as result:
-                return await result.get_output()
-        finally:
-            await client.close()
 
-    assert isinstance(asyncio.run(run()), Forecast)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_pydantic_ai_native_output(stack, model: str, stream: bool) -> None:
+    """`NativeOutput(Model)`: a `json_schema` response_format, emulated where the upstream has none."""
+    from pydantic_ai.output import NativeOutput
+
+    mocks, proxy = stack
+    output, partials = asyncio.run(_pydantic_ai(proxy, model, stream, NativeOutput(Forecast)))
+    assert isinstance(output, Forecast) and isinstance(output.unit, Unit)
+    assert all(isinstance(partial, Forecast) for partial in partials)
+    sent = mocks[model].last_request()["body"]
+    assert all(tool["function"]["name"] != "final_result" for tool in sent.get("tools", []))  # no output tool
+    if model not in EMULATED:
+        assert sent["response_format"]["type"] == "json_schema"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_pydantic_ai_default_output_type_calls_its_output_tool(stack, model: str, stream: bool) -> None:
+    """A plain `output_type=Model` (pydantic-ai's default, `ToolOutput`): the agent offers its own `final_result`
+    tool and requires a tool call; the proxy passes the tool on (no response_format to emulate) and the upstream's
+    call comes back as a tool call, streamed as argument deltas when the client streams."""
+    mocks, proxy = stack
+    output, partials = asyncio.run(_pydantic_ai(proxy, model, stream, Forecast))
+    assert isinstance(output, Forecast) and isinstance(output.place, Place) and isinstance(output.unit, Unit)
+    assert all(isinstance(partial, Forecast) for partial in partials)
+    if stream:
+        assert partials and partials[-1] == output
+    sent = mocks[model].last_request()["body"]
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["final_result"]
+    assert "response_format" not in sent
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_pydantic_ai_default_on_a_mindie_model_that_calls_no_tools(start_mock, start_proxy, stream: bool) -> None:
+    """MindIE refuses tools to the models outside its list: the proxy emulates the agent's forced output tool — asked
+    with the tool's schema, checked — and answers with the call."""
+    mock = start_mock("mindie")
+    proxy = start_proxy(mock=mock)
+    output, partials = asyncio.run(_pydantic_ai(proxy, "Llama-3.1-8B-Instruct", stream, Forecast))
+    assert isinstance(output, Forecast) and isinstance(output.unit, Unit)
+    assert all(isinstance(partial, Forecast) for partial in partials)
+    sent = mock.last_request()["body"]
+    assert "tools" not in sent and "tool_choice" not in sent and sent.get("stream") in (None, False)
+    assert sent["messages"][0]["role"] == "system" and '"place"' in sent["messages"][0]["content"]
+
+
+def test_a_forced_tool_on_a_model_that_calls_no_tools_is_asked_again_until_valid(start_mock, start_proxy) -> None:
+    mock = start_mock("mindie")
+    proxy = start_proxy(mock=mock)
+    tool: Any = {"type": "function", "function": {"name": "forecast", "parameters": Forecast.model_json_schema()}}
+    got = proxy.client().chat.completions.create(
+        model="Llama-3.1-8B-Instruct", tools=[tool], tool_choice={"type": "function", "function": {"name": "forecast"}},
+        messages=[{"role": "user", "content": "Weather in Paris? [mock:wrong_json]"}])
+    choice = got.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "forecast" and call.id
+    assert isinstance(Forecast.model_validate_json(call.function.arguments), Forecast)
+    assert mock.stats()["requests"] == 2
+    # an open choice among several tools is not a forced call: MindIE's refusal, as it is
+    with pytest.raises(openai.APIStatusError):
+        proxy.client().chat.completions.create(
+            model="Llama-3.1-8B-Instruct", tool_choice="auto",
+            tools=[tool, {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}}],
+            messages=[{"role": "user", "content": "Weather in Paris?"}])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_anthropic_forced_tool_on_a_model_that_calls_no_tools_is_a_tool_use(start_mock, start_proxy,
+                                                                                stream: bool) -> None:
+    """The same emulation for a Messages client (`tool_choice: {"type": "tool"}`): one `tool_use` block whose input
+    is valid, `stop_reason: tool_use`."""
+    import anthropic
+
+    mock = start_mock("mindie")
+    proxy = start_proxy(mock=mock)
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0)
+    kw: Any = dict(model="Llama-3.1-8B-Instruct", max_tokens=512,
+                   messages=[{"role": "user", "content": "Weather in Paris?"}],
+                   tools=[{"name": "forecast", "input_schema": Forecast.model_json_schema()}],
+                   tool_choice={"type": "tool", "name": "forecast"})
+    if stream:
+        with client.messages.stream(**kw) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**kw)
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "forecast"
+    assert isinstance(Forecast.model_validate(uses[0].input), Forecast)
+    assert "tools" not in mock.last_request()["body"]
+
+
+def _forecaster(proxy: Proxy, model: str) -> tuple[Any, openai.AsyncOpenAI]:
+    from agents import Agent, OpenAIResponsesModel, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    agent = Agent(name="forecaster", instructions="Forecast.", output_type=Forecast,
+                  model=OpenAIResponsesModel(model=model, openai_client=client))
+    return agent, client
 
 
 @pytest.mark.parametrize("model", list(UPSTREAMS))
 def test_agents_sdk_output_type_over_responses(stack, model: str) -> None:
-    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, set_tracing_disabled
-    from openai import AsyncOpenAI
+    from agents import RunConfig, Runner
 
-    set_tracing_disabled(True)
     _, proxy = stack
-    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
-    agent = Agent(name="forecaster", instructions="Forecast.", output_type=Forecast,
-                  model=OpenAIResponsesModel(model=model, openai_client=client))
+    agent, client = _forecaster(proxy, model)
 
     async def run() -> Any:
         try:
@@ -253,6 +377,28 @@ def test_agents_sdk_output_type_over_responses(stack, model: str) -> None:
             await client.close()
 
     assert isinstance(asyncio.run(run()).final_output, Forecast)
+
+
+@pytest.mark.parametrize("model", list(UPSTREAMS))
+def test_agents_sdk_output_type_streamed(stack, model: str) -> None:
+    """`Runner.run_streamed`: the JSON arrives as `response.output_text.delta` events and is the final output."""
+    from agents import RunConfig, Runner
+
+    _, proxy = stack
+    agent, client = _forecaster(proxy, model)
+
+    async def run() -> tuple[Any, list[str]]:
+        try:
+            result = Runner.run_streamed(agent, "Weather in Paris?", run_config=RunConfig(tracing_disabled=True))
+            deltas = [event.data.delta async for event in result.stream_events()
+                      if event.type == "raw_response_event" and event.data.type == "response.output_text.delta"]
+            return result, deltas
+        finally:
+            await client.close()
+
+    result, deltas = asyncio.run(run())
+    assert result.is_complete and isinstance(result.final_output, Forecast)
+    assert deltas and Forecast.model_validate_json("".join(deltas)) == result.final_output
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

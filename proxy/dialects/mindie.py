@@ -104,10 +104,11 @@ _KNOWN_PARAMS: Final = frozenset(
 
 # The models MindIE calls tools for, by its chat completion document ("tool_calls, tools and tool_choice support only
 # some models ... ChatGLM3-6B, DeepSeek-R1, the Qwen2.5 series and the Qwen3 series"); with another model a request
-# with tools may fail. Emulated structured output forces a tool call only for these (docs/mindie.md).
+# with tools may fail. Emulated structured output forces a tool call only for these (docs/mindie.md); for the others
+# a client's own forced tool (pydantic-ai's output tool) is emulated too, asked and checked (docs/structured-output.md).
 _TOOL_MODELS: Final = re.compile(r"(?i)chatglm3|deepseek[-_ ]?r1|qwen[-_ ]?2\.5|qwen[-_ ]?3")
 calls_tools: Final = NameTest(_TOOL_MODELS)
-_ASK_AND_CHECK: Final = StructuredCaps(forced_tool=False)
+_ASK_AND_CHECK: Final = StructuredCaps(forced_tool=False, calls_tools=False)
 
 
 class MindIESession(UpstreamSession):

@@ -38,12 +38,15 @@ Passed = tuple["Upstream", list[Delta], Answer]
 def emulation(translation: Translation, call: ClientCall, ctx: RequestContext) -> structured.Plan | None:
     """The plan when this upstream emulates what the request asks (None: the request goes the ordinary way)."""
     request = call.request
-    if "response_format" not in request or ctx.kind != "chat":
+    if ctx.kind != "chat" or ("response_format" not in request and "tools" not in request):
         return None
     dialect = translation.state.dialects[ctx.upstream.name]
+    caps = dialect.structured_caps(request, ctx)
+    if "response_format" not in request:  # a forced tool of the client's own, on a model that calls no tools
+        return structured.call_plan(request, caps, ctx.upstream.structured_attempts)
     if dialect.response_format_mode(ctx) != "emulate":
         return None
-    return structured.plan(request, dialect.structured_caps(request, ctx), ctx.upstream.structured_attempts)
+    return structured.plan(request, caps, ctx.upstream.structured_attempts)
 
 
 class Emulation:
@@ -107,7 +110,7 @@ class Emulation:
             if self.exchange.trace is not None:
                 self.exchange.trace.structured_attempt(attempt, plan.way, problem)
             if problem is None:
-                return up, structured.answer_events(reading), answer
+                return up, structured.answer_events(reading, plan), answer
             error = problem
             history += structured.reask(plan, reading, problem)
         metrics.structured_output(upstream, "failed")

@@ -10,6 +10,11 @@ Two ways, chosen per request from what the upstream's spoke declares it can do (
   instruction that shows the schema. Used where no tool can be forced (no tool calling, a thinking mode that refuses a
   forced tool, the client's own tools in the request) and for `json_object` on an upstream without JSON mode.
 
+A client that forces one tool of its own (`tool_choice` naming it, or `required` with that tool alone: pydantic-ai's
+default output tool) asks for structured output too: the tool's parameters are the schema. Where the upstream calls
+no tools for the model (`StructuredCaps.calls_tools`), that call is emulated by asking and checking, and the passing
+JSON goes back as the call's arguments (`call_plan`).
+
 Every answer is checked against the client's schema (`json_object`: only for being a JSON object) with the
 `jsonschema` library; a failing one is asked again with the validation error, up to the upstream's
 `structured_attempts`. No JSON that fails the check ever reaches the client.
@@ -18,6 +23,7 @@ Every answer is checked against the client's schema (`json_object`: only for bei
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -52,6 +58,7 @@ class StructuredCaps:
     forced_tool: bool = True
     strict_tools: bool = False
     json_mode: bool = False
+    calls_tools: bool = True  # False: the model calls no tools at all, so a client's forced tool is emulated too
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,7 @@ class Plan:
     way: str
     strict: bool
     attempts: int
+    as_call: bool = False  # the answer is a call of the client's forced tool (`call_plan`), not content
 
 
 @dataclass(slots=True)
@@ -111,15 +119,63 @@ def asked(body: dict[str, Any]) -> Ask | None:
     if not isinstance(spec, dict) or not isinstance(schema, dict):
         raise ClientRequestError("`response_format.json_schema.schema` must be a JSON Schema object.",
                                  param="response_format.json_schema.schema")
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as e:
-        raise ClientRequestError(f"`response_format.json_schema.schema` is not a valid JSON Schema: {e.message}",
-                                 param="response_format.json_schema.schema") from None
+    _check_schema(schema, "response_format.json_schema.schema")
     name = spec.get("name")
     name = name if isinstance(name, str) and _TOOL_NAME.match(name) else _FALLBACK_NAME
     description = spec.get("description")
     return Ask("json_schema", schema, name, description if isinstance(description, str) else None)
+
+
+def _check_schema(schema: dict[str, Any], param: str) -> None:
+    """A schema that is not a valid JSON Schema is the client's 400, before the upstream is asked."""
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise ClientRequestError(f"`{param}` is not a valid JSON Schema: {e.message}", param=param) from None
+
+
+def forced_call(body: dict[str, Any]) -> Ask | None:
+    """The one tool a request forces — `tool_choice` naming it, or `required` with that tool alone — as an ask whose
+    schema is the tool's parameters (None: no tool is forced, or the choice stays open among several)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return None
+    functions = {i: t["function"] for i, t in enumerate(tools) if isinstance(t, dict) and t.get("type") == "function"
+                 and isinstance(t.get("function"), dict)}
+    choice = body.get("tool_choice")
+    if choice == "required" and len(tools) == 1 and functions:
+        name = functions[0].get("name")
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+    else:
+        return None
+    index, fn = next(((i, f) for i, f in functions.items() if f.get("name") == name), (-1, None))
+    if fn is None or not isinstance(name, str):
+        return None
+    schema = fn.get("parameters")
+    schema = schema if isinstance(schema, dict) else _JSON_OBJECT_SCHEMA
+    _check_schema(schema, f"tools[{index}].function.parameters")
+    description = fn.get("description")
+    return Ask("json_schema", schema, name, description if isinstance(description, str) else None)
+
+
+def call_plan(body: dict[str, Any], caps: StructuredCaps, attempts: int) -> Plan | None:
+    """The way to emulate the client's own forced tool call on a model that calls no tools (None: the upstream calls
+    tools, or the request forces none): asked and checked, the answer given back as that tool's call."""
+    if caps.calls_tools or "response_format" in body:
+        return None
+    ask = forced_call(body)
+    if ask is None:
+        return None
+    _single_answer(body)
+    return Plan(ask, JSON_MODE if caps.json_mode else INSTRUCTION, False, attempts, as_call=True)
+
+
+def _single_answer(body: dict[str, Any]) -> None:
+    n = body.get("n")
+    if isinstance(n, int) and n > 1:
+        raise ClientRequestError("`n` above 1 cannot be combined with structured output on this upstream (it is "
+                                 "emulated one answer at a time).", param="n")
 
 
 def plan(body: dict[str, Any], caps: StructuredCaps, attempts: int) -> Plan | None:
@@ -127,10 +183,7 @@ def plan(body: dict[str, Any], caps: StructuredCaps, attempts: int) -> Plan | No
     ask = asked(body)
     if ask is None or (ask.kind == "json_object" and caps.json_mode):
         return None
-    n = body.get("n")
-    if isinstance(n, int) and n > 1:
-        raise ClientRequestError("`n` above 1 cannot be combined with structured output on this upstream (it is "
-                                 "emulated one answer at a time).", param="n")
+    _single_answer(body)
     own_tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
     if ask.kind == "json_schema" and caps.forced_tool and not own_tools:
         return Plan(ask, TOOL, caps.strict_tools and fits_strict(ask.schema), attempts)
@@ -171,6 +224,9 @@ def rewrite(body: dict[str, Any], plan: Plan, history: list[dict[str, Any]]) -> 
     with the instruction (and JSON mode), followed by the re-ask turns so far. Always a whole (non-stream) answer: it
     is checked whole before anything of it is sent."""
     out = {k: v for k, v in body.items() if k not in ("response_format", "stream", "stream_options")}
+    if plan.as_call:  # the model calls no tools: it is asked for the forced tool's arguments instead
+        for key in ("tools", "tool_choice", "parallel_tool_calls"):
+            out.pop(key, None)
     out["stream"] = False
     messages = list(body.get("messages") or ())
     if plan.way == TOOL:
@@ -257,13 +313,20 @@ def check(reading: Reading, ask: Ask) -> str | None:
     return f"at `{where or '(root)'}`: {error.message}"
 
 
-def answer_events(reading: Reading) -> list[Delta]:
-    """What the client gets for a reading that passed: its reasoning, then the JSON as the content, finish `stop`."""
+def answer_events(reading: Reading, plan: Plan) -> list[Delta]:
+    """What the client gets for a reading that passed: its reasoning, then the JSON as the content, finish `stop` —
+    or, for the client's own forced tool (`call_plan`), the JSON as that tool's call, finish `tool_calls`."""
     if reading.passthrough is not None:
         return reading.passthrough
     out: list[Delta] = []
     if reading.reasoning:
         out.append(Delta(0, reasoning=reading.reasoning, first=True))
+    if plan.as_call:
+        call = {"index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": plan.ask.name, "arguments": reading.text or ""}}
+        out.append(Delta(0, tool_calls=[call], first=not reading.reasoning))
+        out.append(Delta(0, finish_reason="tool_calls"))
+        return out
     out.append(Delta(0, content=reading.text or "", first=not reading.reasoning))
     out.append(Delta(0, finish_reason="stop"))
     return out
