@@ -219,7 +219,7 @@ class Event:
         return f"Event({self.name!r}, {self.data!r})"
 
 
-def encode_events(events: Sequence[Event]) -> bytes:
+def encode_events(events: list[Event]) -> bytes:
     """Events as one run of SSE bytes: `event: <name>` when named, `data: <payload>`, a blank line."""
     parts: list[bytes] = []
     for event in events:
