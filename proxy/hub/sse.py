@@ -226,11 +226,12 @@ def encode_events(events: list[Event]) -> bytes:
     parts: list[bytes] = []
     for event in events:
         name = event.name
-        if name is not None:
+        if name is None:
+            parts.append(b"data: ")
+        else:
             parts.append(b"event: ")
             parts.append(name)
-            parts.append(b"\n")
-        parts.append(b"data: ")
+            parts.append(b"\ndata: ")
         parts.append(event.data)
         parts.append(b"\n\n")
     return b"".join(parts)
