@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from proxy.settings import Settings
     from proxy.state.base import StateStore
 
+_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per chunk)
 _ZERO_USAGE: Final = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 # The JSON types of the fields the hub and the upstream spokes read (OpenAI's API reference; `null` where OpenAI
@@ -262,25 +263,25 @@ class ChatWriter(ChatSink):
     def text(self, index: int, text: str) -> None:
         if not self.chat:
             head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"text":')
-            self.out.append(Event(None, head + orjson.dumps(text) + self._tail))
+            self.out.append(Event(None, head + _dumps(text) + self._tail))
             return
         head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
-        self.out.append(Event(None, head + orjson.dumps(text) + self._close))
+        self.out.append(Event(None, head + _dumps(text) + self._close))
 
     def reasoning(self, index: int, text: str) -> None:
         head = self._reasoning_heads.get(index) or self._reasoning_head(index)
-        self.out.append(Event(None, head + orjson.dumps(text) + self._close))
+        self.out.append(Event(None, head + _dumps(text) + self._close))
 
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
         """The general path: one event -> one chunk."""
         made = self._chat_choice(d, content, fields) if self.chat else self._text_choice(d)
-        self.out.append(Event(None, orjson.dumps(self._envelope([made]))))
+        self.out.append(Event(None, _dumps(self._envelope([made]))))
 
     def end(self) -> list[Event]:
         if self.include_usage:
             final = self._envelope([])
             final["usage"] = self.usage() or dict(_ZERO_USAGE)
-            self.out.append(Event(None, orjson.dumps(final)))
+            self.out.append(Event(None, _dumps(final)))
         return self.take()
 
     def take(self) -> list[Event]:
@@ -301,13 +302,13 @@ class ChatWriter(ChatSink):
     def _prefixes(self) -> None:
         extra = self.answer.envelope_extra
         self._extra_seen = dict(extra)
-        envelope = orjson.dumps({"id": self.response_id(), "object": self._object, "created": self.ctx.created,
+        envelope = _dumps({"id": self.response_id(), "object": self._object, "created": self.ctx.created,
                                  "model": self.ctx.response_model})
         self._head = envelope[:-1] + b',"choices":[{"index":'
         rest: dict[str, Any] = dict(extra)
         if self.include_usage:
             rest["usage"] = None
-        after = b"," + orjson.dumps(rest)[1:] if rest else b"}"
+        after = b"," + _dumps(rest)[1:] if rest else b"}"
         self._tail = b',"logprobs":null,"finish_reason":null}]' + after
         self._close = b"}" + self._tail  # after the one value of a delta object
         self._text_heads.clear()
@@ -458,7 +459,7 @@ class ChatFold(ChatSink):
         usage = self.usage()
         if usage is not None:
             result["usage"] = usage
-        return [Event(None, orjson.dumps(result))]
+        return [Event(None, _dumps(result))]
 
 
 _REASONING_KEYS: Final = {"reasoning_content": b'"reasoning_content":', "reasoning": b'"reasoning":'}

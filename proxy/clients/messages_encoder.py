@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 STOP_REASONS: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                        "function_call": "tool_use", "content_filter": "refusal"}
 
+_dumps: Final = orjson.dumps  # (compiled: a static, not a module attribute looked up per event)
 PING: Final = Event(b"ping", b'{"type":"ping"}')
 _STOP: Final = b"content_block_stop"
 _START: Final = b"content_block_start"
@@ -60,7 +61,7 @@ def _delta_head(index: int, kind: bytes, field: bytes) -> bytes:
 
 
 def _delta_event(index: int, kind: bytes, field: bytes, value: str) -> Event:
-    return Event(_DELTA, _delta_head(index, kind, field) + orjson.dumps(value) + _END)
+    return Event(_DELTA, _delta_head(index, kind, field) + _dumps(value) + _END)
 
 
 class _Block:
@@ -113,12 +114,12 @@ class MessagesWriter(MessagesSink):
         self.out: list[Event] = []
 
     def opening(self, message: dict[str, Any]) -> list[Event]:
-        return [Event(b"message_start", orjson.dumps({"type": "message_start", "message": message}))]
+        return [Event(b"message_start", _dumps({"type": "message_start", "message": message}))]
 
     def start(self, block: _Block) -> None:
         if block.kind == "tool_use":
             block.delta_head = _delta_head(block.index, b"input_json_delta", b"partial_json")
-            self.out.append(Event(_START, orjson.dumps({
+            self.out.append(Event(_START, _dumps({
                 "type": "content_block_start", "index": block.index,
                 "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {},
                                   "caller": _DIRECT}})))
@@ -129,7 +130,7 @@ class MessagesWriter(MessagesSink):
             block.index, body)))
 
     def delta(self, block: _Block, text: str) -> None:
-        self.out.append(Event(_DELTA, block.delta_head + orjson.dumps(text) + _END))
+        self.out.append(Event(_DELTA, block.delta_head + _dumps(text) + _END))
 
     def stop(self, block: _Block) -> None:
         if block.kind == "thinking":
@@ -137,7 +138,7 @@ class MessagesWriter(MessagesSink):
         self.out.append(Event(_STOP, b'{"type":"content_block_stop","index":%d}' % block.index))
 
     def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> list[Event]:
-        self.out.append(Event(b"message_delta", orjson.dumps({
+        self.out.append(Event(b"message_delta", _dumps({
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence, **_STOP_NULLS},
             "usage": usage})))
@@ -167,7 +168,7 @@ class MessagesFold(MessagesSink):
 
     def end(self, stop_reason: str, stop_sequence: str | None, usage: dict[str, Any]) -> list[Event]:
         content = [_content(block, "".join(self.parts[block.index]), stop_reason) for block in self.blocks]
-        return [Event(None, orjson.dumps(message_object(self.ctx, content, stop_reason, stop_sequence, usage)))]
+        return [Event(None, _dumps(message_object(self.ctx, content, stop_reason, stop_sequence, usage)))]
 
 
 def _content(block: _Block, text: str, stop_reason: str) -> dict[str, Any]:

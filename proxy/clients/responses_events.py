@@ -195,7 +195,7 @@ class ResponsesWriter(ResponsesSink):
 
     def delta(self, item: _Item, text: str) -> None:
         self.out.append(Event(item.delta_name, b'%s%s,"sequence_number":%d}' % (
-            item.delta_head, orjson.dumps(text), self.seq)))
+            item.delta_head, _dumps(text), self.seq)))
         self.seq += 1
 
     def reasoning_done(self, item: _Item, done: dict[str, Any], text: str, summary: bool) -> None:

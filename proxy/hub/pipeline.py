@@ -137,15 +137,15 @@ class Pipeline:
         if run is None or not self.session.lane_open() or not normalizer.passes_text(run[0]):
             return 0
         index, reasoning, texts = run
-        taken = len(texts)
-        if self.session.rewrites_text:  # in order: a cumulative snapshot each
-            lane_text = self.session.lane_text
-            texts = [text for text in (lane_text(index, t, reasoning) for t in texts) if text]
-        if reasoning:  # (no new text, a cumulative snapshot adding nothing: no event, as the full path)
-            out.extend([Delta(index, text, "") for text in texts])
-        else:
-            out.extend([Delta(index, "", text) for text in texts])
-        return taken
+        session = self.session
+        rewrites = session.rewrites_text
+        for text in texts:
+            if rewrites:  # in order: a cumulative snapshot each
+                text = session.lane_text(index, text, reasoning)
+                if not text:  # a snapshot adding nothing: no event, as the full path
+                    continue
+            out.append(Delta(index, text, "") if reasoning else Delta(index, "", text))
+        return len(texts)
 
     def _learn(self, lane: TextLane, data: bytes, chunk: dict[str, Any], d: Delta) -> None:
         """Teach the lane this event's template if the full path passed its one choice's text through unchanged."""

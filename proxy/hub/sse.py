@@ -219,15 +219,21 @@ class Event:
         return f"Event({self.name!r}, {self.data!r})"
 
 
-def encode_events(events: Sequence[Event]) -> bytes:
+def encode_events(events: list[Event]) -> bytes:
     """Events as one run of SSE bytes: `event: <name>` when named, `data: <payload>`, a blank line."""
+    # One append per piece: compiled, `list.append` is a direct call, where `extend` with a tuple makes the tuple
+    # and goes through the generic extend for every event (a zero-delay stream's read holds tens of them).
     parts: list[bytes] = []
     for event in events:
         name = event.name
         if name is None:
-            parts.extend((b"data: ", event.data, b"\n\n"))
+            parts.append(b"data: ")
         else:
-            parts.extend((b"event: ", name, b"\ndata: ", event.data, b"\n\n"))
+            parts.append(b"event: ")
+            parts.append(name)
+            parts.append(b"\ndata: ")
+        parts.append(event.data)
+        parts.append(b"\n\n")
     return b"".join(parts)
 
 

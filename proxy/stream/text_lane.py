@@ -23,7 +23,6 @@ once for the run (a lane event changes neither's state).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -74,7 +73,8 @@ class TextLane:
         start = len(prefix)
         tail = len(suffix)
         texts: list[str] = []
-        for data in itertools.islice(events, at, None):
+        for i in range(at, len(events)):
+            data = events[i]
             if not isinstance(data, bytes):
                 break
             end = len(data) - tail
