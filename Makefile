@@ -18,7 +18,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-limits bench-limits test-http httpolice test-cli test-compliance test-otel test-image test-compiled bench bench-felt bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
+.PHONY: demo test test-limits bench-limits test-http httpolice test-cli test-compliance test-otel test-image test-compiled bench bench-felt test-bench bench-instructions bench-workers soak gateway-soak affinity-bench lint system-deps clean
 
 # The package (and the openai SDK for the snippet the demo prints) ...
 $(STAMP): pyproject.toml
@@ -152,6 +152,10 @@ bench-felt: $(DEVSTAMP)
 	  || echo "warning: could not install LiteLLM; the bench runs without its row"
 	FELT_LITELLM=$(abspath $(LITELLM_VENV))/bin/litellm $(BIN)/python tests/bench/felt.py \
 	    $(if $(FELT_RELAYS),--relays $(FELT_RELAYS))
+
+# The harness itself, in its short form (~2 minutes; needs wrk): every figure present, the load not the bottleneck.
+test-bench: $(DEVSTAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m bench tests/test_bench_felt.py
 
 # --workers 2 against --workers 1 (tests/bench/workers.py): the load is wrk and the upstream nginx (Debian packages
 # `wrk`, `nginx`), C programs that leave the cores to the relays. make bench-workers [COMPILED=1]

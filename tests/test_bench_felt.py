@@ -16,8 +16,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FELT = os.path.join(ROOT, "tests", "bench", "felt.py")
 
-pytestmark = pytest.mark.skipif(shutil.which("wrk") is None or (os.cpu_count() or 1) < 2,
-                                reason="bench-felt needs wrk (Debian package) and two CPUs")
+pytestmark = [pytest.mark.bench, pytest.mark.skipif(shutil.which("wrk") is None or (os.cpu_count() or 1) < 2,
+                                reason="bench-felt needs wrk (Debian package) and two CPUs")]
 
 
 def run_felt(*args: str, soak_seconds: int = 6) -> str:
