@@ -145,9 +145,13 @@ def test_failover_to_a_live_replica_and_proxy_errors_in_the_client_dialect(start
     proxy = _proxy(start_proxy, {"name": "oai", "dialect": "openai", "url": [dead, mock.url], "retries": 1,
                                  "health_interval": 0, "passthrough": ["responses"]})
     client = proxy.client()
-    for i in range(4):
+    made = 0
+    for i in range(12):  # the balancer may pick the live replica first several times in a row: at most 12 requests
         assert client.responses.create(model="m", input=f"q{i}", stream=i % 2 == 1).__class__.__name__
-    assert metric(proxy, "dialect_proxy_upstream_attempts_total", result="ok") == 4
+        made += 1
+        if i >= 3 and metric(proxy, "dialect_proxy_upstream_attempts_total", result="unreachable") >= 1:
+            break
+    assert metric(proxy, "dialect_proxy_upstream_attempts_total", result="ok") == made
     assert metric(proxy, "dialect_proxy_upstream_attempts_total", result="unreachable") >= 1
     assert metric(proxy, "dialect_proxy_retries_total") >= 1
     # No replica left: the proxy's own error, in the Responses dialect (OpenAI's envelope).
