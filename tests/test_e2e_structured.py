@@ -440,6 +440,17 @@ def test_responses_text_format(stack, model: str, stream: bool) -> None:
     assert [item.type for item in got.output if item.type != "reasoning"] == ["message"]
 
 
+def _parsed_with_reasoning(client: Any, kw: dict[str, Any], stream: bool) -> tuple[Any, str]:
+    """`.parse` (or `.stream`) of a chat request: the final completion and the reasoning the client received."""
+    if stream:
+        with client.chat.completions.stream(**kw) as events:
+            reasoning = "".join(getattr(e.chunk.choices[0].delta, "reasoning_content", None) or ""
+                                for e in events if e.type == "chunk" and e.chunk.choices)
+            return events.get_final_completion(), reasoning
+    final = client.chat.completions.parse(**kw)
+    return final, getattr(final.choices[0].message, "reasoning_content", "")
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_reasoning_stays_reasoning_in_a_thinking_mode(stack, stream: bool) -> None:
     """DeepSeek's thinking mode, asked for by the client, refuses a forced tool: JSON mode with the schema shown,
@@ -447,15 +458,7 @@ def test_reasoning_stays_reasoning_in_a_thinking_mode(stack, stream: bool) -> No
     mocks, proxy = stack
     kw: dict[str, Any] = dict(model="deepseek-v4-flash", messages=[{"role": "user", "content": "Weather?"}],
                               response_format=Forecast, extra_body={"thinking": {"type": "enabled"}})
-    client = proxy.client()
-    if stream:
-        with client.chat.completions.stream(**kw) as events:
-            reasoning = "".join(getattr(e.chunk.choices[0].delta, "reasoning_content", None) or ""
-                                for e in events if e.type == "chunk" and e.chunk.choices)
-            final = events.get_final_completion()
-    else:
-        final = client.chat.completions.parse(**kw)
-        reasoning = getattr(final.choices[0].message, "reasoning_content", "")
+    final, reasoning = _parsed_with_reasoning(proxy.client(), kw, stream)
     assert reasoning and isinstance(final.choices[0].message.parsed, Forecast)
     sent = mocks["deepseek-v4-flash"].last_request()["body"]
     assert "tools" not in sent and sent["response_format"] == {"type": "json_object"}
@@ -468,15 +471,7 @@ def test_reasoning_before_a_forced_tool_call_stays_reasoning(stack, stream: bool
     _, proxy = stack
     kw: dict[str, Any] = dict(model="Qwen3-8B-full", response_format=Forecast,
                               messages=[{"role": "user", "content": "Weather? [mock:reasoning_field]"}])
-    client = proxy.client()
-    if stream:
-        with client.chat.completions.stream(**kw) as events:
-            reasoning = "".join(getattr(e.chunk.choices[0].delta, "reasoning_content", None) or ""
-                                for e in events if e.type == "chunk" and e.chunk.choices)
-            final = events.get_final_completion()
-    else:
-        final = client.chat.completions.parse(**kw)
-        reasoning = getattr(final.choices[0].message, "reasoning_content", "")
+    final, reasoning = _parsed_with_reasoning(proxy.client(), kw, stream)
     assert reasoning and "<think>" not in (final.choices[0].message.content or "")
     assert isinstance(final.choices[0].message.parsed, Forecast)
 
