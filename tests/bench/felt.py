@@ -17,7 +17,9 @@ as an OpenAI-to-OpenAI relay (installed in its own virtualenv by the Makefile ta
 (tests/bench/felt_mock.py, the built-in mock's answers replayed) and the load (wrk, and tests/bench/felt_load.py's
 stream client in this process) share CPU 0: the direct rows show how much more they carry than any relay. The
 MindIE row's added figures are against the MindIE upstream direct; the Messages row's against the OpenAI upstream
-direct (the board's way: the added time includes the translation).
+direct (the board's way: the added time includes the translation). The c=1 run is made twice: the relay on its own
+CPU (the board's layout), then moved onto the load's CPU, where no idle vCPU has to be woken: on this VM such a
+wake-up alone has a p99 of milliseconds (the row "direct across CPUs"), hiding the relay's own tail.
 
 Durations (environment; the full run by default, ~28 minutes with the 10-minute soak): FELT_C1_SECONDS (10),
 FELT_RUNG_SECONDS (2), FELT_C1_STREAMS (15), FELT_SWEEP_SECONDS (3), FELT_SOAK_SECONDS (600); FELT_SMOKE=1 makes
@@ -259,6 +261,11 @@ async def measure_requests(relay: Relay) -> None:
         felt_load.wrk(relay.url, script, 1, 1)  # warm-up
         c1 = await asyncio.to_thread(felt_load.wrk, relay.url, script, 1, C1_SECONDS)
         relay.figures.update(c1_p50_us=c1.p50_us, c1_p99_us=c1.p99_us, c1_errors=c1.errors)
+        if relay.proc is None:  # direct: the upstream and wrk already share one CPU
+            relay.figures.update(c1one_p50_us=c1.p50_us, c1one_p99_us=c1.p99_us)
+        elif not relay.baseline_only:
+            one = await c1_one_cpu(relay, script)
+            relay.figures.update(c1one_p50_us=one.p50_us, c1one_p99_us=one.p99_us)
         if relay.baseline_only:
             return
         rungs: list[Rung] = []
@@ -272,6 +279,30 @@ async def measure_requests(relay: Relay) -> None:
         relay.figures["rps_max"] = max((r.rps for r in rungs if not r.errors), default=0.0)
     finally:
         os.unlink(script)
+
+
+async def c1_one_cpu(relay: Relay, script: str) -> Rung:
+    """The c=1 run again with the relay moved onto the load's CPU for its duration: each request then wakes no
+    idle vCPU, so its tail is the relay's own work, not this VM's cross-vCPU wake-up floor (docs/speed.md "The
+    machine's floor"). The direct rows already run this way (the upstream and wrk share CPU 0)."""
+    move(relay.proc, LOAD_CPU)
+    try:
+        felt_load.wrk(relay.url, script, 1, 1)  # warm-up on the new CPU
+        return await asyncio.to_thread(felt_load.wrk, relay.url, script, 1, C1_SECONDS)
+    finally:
+        move(relay.proc, RELAY_CPU)
+
+
+def move(proc: subprocess.Popen[bytes] | None, cpu: int) -> None:
+    """Every thread of the process and of its children onto `cpu` (nginx's worker, LiteLLM's threads)."""
+    if proc is None or not bench.TWO_CPUS:
+        return
+    for pid in [proc.pid, *bench.children(proc.pid)]:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(task), {cpu})
+            except OSError:
+                pass  # a thread that ended
 
 
 async def measure_streams(relay: Relay) -> None:
@@ -326,8 +357,10 @@ def added(relays: list[Relay]) -> None:
     for relay in relays:
         base = rows[relay.baseline].figures
         f = relay.figures
-        for key in ("c1_p50_us", "c1_p99_us", "ttft_p50_us", "ttft_p99_us", "gap_p50_us", "gap_p99_us"):
-            f["added_" + key] = f[key] - base[key]
+        for key in ("c1_p50_us", "c1_p99_us", "c1one_p50_us", "c1one_p99_us", "ttft_p50_us", "ttft_p99_us",
+                    "gap_p50_us", "gap_p99_us"):
+            if key in f:
+                f["added_" + key] = f[key] - base[key]
         if relay.name != "direct" and not relay.baseline_only:
             f["load_bound"] = float(f["streams"] >= direct_streams)
 
@@ -338,6 +371,8 @@ COLUMNS = [  # (heading, figure, format)
     ("added p99 c=1 µs", "added_c1_p99_us", "{:.0f}"),
     ("added p50 c=1 µs", "added_c1_p50_us", "{:.0f}"),
     ("p99 c=1 µs", "c1_p99_us", "{:.0f}"),
+    ("added p99 c=1 one CPU µs", "added_c1one_p99_us", "{:.0f}"),
+    ("added p50 c=1 one CPU µs", "added_c1one_p50_us", "{:.0f}"),
     *[(f"req/s p99<{b}ms", f"rps@{b}ms", "{:.0f}") for b in BOUNDS_MS],
     ("added TTFT p50 µs", "added_ttft_p50_us", "{:.0f}"),
     ("added TTFT p99 µs", "added_ttft_p99_us", "{:.0f}"),
@@ -401,6 +436,11 @@ def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
+# The c=1 tail in the two layouts: the relay on its own CPU (the board's), and on the load's CPU (no idle vCPU to
+# wake: the relay's own tail, without this VM's floor).
+LAYOUTS = (("relay on its own CPU", "added_c1_p99_us"), ("one CPU", "added_c1one_p99_us"))
+
+
 def goals(relays: list[Relay]) -> list[str]:
     """The issue's goals for the compiled build, against this run's figures."""
     rows = {r.name: r.figures for r in relays}
@@ -409,8 +449,8 @@ def goals(relays: list[Relay]) -> list[str]:
         return ["(goals need the compiled proxy, nginx and the bare relay in the run)"]
     p, n, b = rows["proxy compiled chat"], rows["nginx"], rows["bare aiohttp"]
     out = [
-        f"added p99 c=1 within 3 x nginx's: {p['added_c1_p99_us']:.0f} vs 3 x {n['added_c1_p99_us']:.0f} µs "
-        f"-> {'met' if p['added_c1_p99_us'] <= 3 * max(n['added_c1_p99_us'], 1) else 'NOT met'}",
+        *[f"added p99 c=1 within 3 x nginx's ({layout}): {p[key]:.0f} vs 3 x {n[key]:.0f} µs "
+          f"-> {verdict(p[key] <= 3 * max(n[key], 1))}" for layout, key in LAYOUTS],
         f"added inter-frame p99 within 2 x nginx's: {p['added_gap_p99_us']:.0f} vs 2 x {n['added_gap_p99_us']:.0f} µs "
         f"-> {'met' if p['added_gap_p99_us'] <= 2 * max(n['added_gap_p99_us'], 1) else 'NOT met'}",
         f"streams sustained >= 80 % of the bare relay's: {p['streams']:.0f} vs {b['streams']:.0f} "
@@ -423,10 +463,11 @@ def goals(relays: list[Relay]) -> list[str]:
                    f"{floor['added_c1_p99_us']:.0f} µs, added p50 {floor['added_c1_p50_us']:.0f} µs")
     if "litellm" in rows:
         lt = rows["litellm"]
-        ratio_p99 = lt["added_c1_p99_us"] / max(p["added_c1_p99_us"], 1)
+        for layout, key in LAYOUTS:
+            ratio_p99 = lt[key] / max(p[key], 1)
+            out.append(f"ahead of LiteLLM >= 20 x on added p99 ({layout}): {ratio_p99:.1f} x "
+                       f"-> {verdict(ratio_p99 >= 20)}")
         ratio_rps = p["rps@10ms"] / lt["rps@10ms"] if lt["rps@10ms"] else float("inf")
-        out.append(f"ahead of LiteLLM >= 20 x on added p99: {ratio_p99:.1f} x "
-                   f"-> {'met' if ratio_p99 >= 20 else 'NOT met'}")
         out.append(f"ahead of LiteLLM >= 20 x on req/s at p99 < 10 ms: {ratio_rps:.1f} x "
                    f"-> {verdict(ratio_rps >= 20)}" if lt["rps@10ms"] else
                    f"ahead of LiteLLM >= 20 x on req/s at p99 < 10 ms: {p['rps@10ms']:.0f} against none "
