@@ -38,7 +38,7 @@ def test_every_figure_of_the_bare_relay_and_the_proxy_with_the_load_not_the_bott
     for name, row in figures.items():
         keys = ("added_c1_p99_us", "added_ttft_p99_us", "added_gap_p99_us")
         if not name.startswith("direct "):  # the MindIE baseline and the machine's floor: their c=1 figures only
-            keys += ("rps@100ms", "streams")
+            keys += ("rps@100ms", "streams", "added_c1one_p99_us")  # and the c=1 tail with the relay on one CPU
         for key in keys:
             assert row[key] == row[key], (name, key, row)  # not NaN: measured
         assert row["c1_errors"] == 0 and row["c1_stream_failed"] == 0, (name, row)
@@ -48,6 +48,7 @@ def test_every_figure_of_the_bare_relay_and_the_proxy_with_the_load_not_the_bott
     assert figures["direct mindie-ft"]["c1_p99_us"] > 0
     assert 15_000 < direct["gap_p50_us"] < 25_000  # the 20 ms pace, seen by the stream client
     assert "| added p99 c=1 µs |" in text and "| streams sustained |" in text
+    assert "| added p99 c=1 one CPU µs |" in text
 
 
 def test_the_memory_soak_reports_idle_steady_growth_and_recovered_with_every_answer_whole() -> None:
