@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from proxy.build import mypyc_attr
+
 __all__ = ["DONE", "KEEPALIVE", "Event", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data", "encode_event",
            "encode_events"]
 
@@ -203,6 +205,7 @@ class SSEDecoder:
             out.append(SSEEvent(garbage=line.decode("utf-8", "replace")))
 
 
+@mypyc_attr(acyclic=True)  # compiled, made and freed per chunk without the cyclic collector: it holds only bytes
 class Event:
     """One event of a client's stream as its encoder emits it, before any transport frames it: its SSE event name
     (`message_start` ...; None for a plain `data:` event, as every Chat Completions chunk) and its payload (JSON,
