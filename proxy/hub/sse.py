@@ -12,9 +12,8 @@ turn them into an error instead of a truncated "success".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from proxy.build import mypyc_attr
 
@@ -72,9 +71,11 @@ class SSEDecoder:
         self._feed(chunk, out, False)
         return out
 
-    def payloads(self, chunk: bytes) -> Sequence[bytes | SSEEvent]:
+    def payloads(self, chunk: bytes) -> list[bytes | SSEEvent]:
         """`feed` for the answer pipeline: a plain event (a `data: ` line and a blank line, no `event:`) comes as the
-        undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`."""
+        undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`.
+        A list, not a Sequence: compiled, an item of a list is read in C, one of a Sequence through `__getitem__`
+        with a boxed index (proxy/stream/text_lane.py reads each event of a read this way)."""
         if self._head == b"" and chunk and chunk[0] != _BOM[0]:  # the stream's first bytes start no BOM: none to strip
             self._head = None
         if (
@@ -104,7 +105,7 @@ class SSEDecoder:
                 if _LF in event:
                     break
             else:
-                return events
+                return cast("list[bytes | SSEEvent]", events)  # (only bytes: the list is not added to)
         out: list[bytes | SSEEvent] = []
         self._feed(chunk, out, True)
         return out
