@@ -1,6 +1,6 @@
 """The optional compiled build. pyproject.toml holds the project; this file only adds C extensions when asked.
 
-    pip install ".[redis]" mypy "setuptools>=77"                  # the build environment: dependencies and mypy
+    pip install ".[redis]" "mypy>=1.20" "setuptools>=77"           # the build environment: dependencies and mypy
     DIALECT_PROXY_COMPILE=mypyc pip install --no-build-isolation --no-deps --force-reinstall .   # + a C compiler
 
 compiles the request path's modules (COMPILED below, and every upstream spoke: SPOKES) with mypyc, from the same type-checked source: one shared

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from importlib.machinery import EXTENSION_SUFFIXES
 from importlib.util import find_spec
+from typing import TYPE_CHECKING
 
 
 def _build() -> str:
@@ -14,3 +15,12 @@ def _build() -> str:
 
 
 BUILD = _build()
+
+
+if TYPE_CHECKING:
+    from mypy_extensions import mypyc_attr as mypyc_attr
+else:
+    def mypyc_attr(*attrs, **settings):
+        """mypyc's class attributes (`acyclic=True`: no cyclic garbage collection for the class's instances) mean
+        nothing to the interpreter: mypy_extensions, which defines them, is a build dependency only (setup.py)."""
+        return lambda cls: cls

@@ -220,6 +220,18 @@ def test_events_framed_as_sse() -> None:
     assert encode_events([]) == b""
 
 
+@given(st.lists(st.tuples(st.sampled_from([None, b"ping", b"content_block_delta", b"message_stop"]),
+                          st.binary(min_size=0, max_size=8).filter(lambda b: b"\n" not in b and b"\r" not in b)),
+                max_size=8))
+def test_events_framed_one_by_one(pairs: list[tuple[bytes | None, bytes]]) -> None:
+    """Any run of events, names repeated or alternating (a name equal to the one before but another object too):
+    the same bytes as each event framed on its own."""
+    events = [Event(None if name is None else bytes(bytearray(name)), data) for name, data in pairs]
+    alone = b"".join((b"" if name is None else b"event: " + name + b"\n") + b"data: " + data + b"\n\n"
+                     for name, data in pairs)
+    assert encode_events(events) == alone
+
+
 # -- property: any segmentation of a messy stream gives the same events ---------------------------------------------
 
 _PIECES = [

@@ -261,15 +261,20 @@ class ChatWriter(ChatSink):
     # The common event adds text to a choice and nothing else: cached bytes around the one dumped string, byte for
     # byte what the general path (`choice`) produces (tests/clients/test_chat_encoder.py).
     def text(self, index: int, text: str) -> None:
+        head = self._text_heads.get(index)
         if not self.chat:
-            head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"text":')
+            if head is None:
+                head = self._cache(self._text_heads, index, b'"text":')
             self.out.append(Event(None, head + _dumps(text) + self._tail))
             return
-        head = self._text_heads.get(index) or self._cache(self._text_heads, index, b'"delta":{"content":')
+        if head is None:
+            head = self._cache(self._text_heads, index, b'"delta":{"content":')
         self.out.append(Event(None, head + _dumps(text) + self._close))
 
     def reasoning(self, index: int, text: str) -> None:
-        head = self._reasoning_heads.get(index) or self._reasoning_head(index)
+        head = self._reasoning_heads.get(index)
+        if head is None:
+            head = self._reasoning_head(index)
         self.out.append(Event(None, head + _dumps(text) + self._close))
 
     def choice(self, d: Delta, content: str, fields: dict[str, Any] | None) -> None:
@@ -510,7 +515,8 @@ class ChatEncoder:
                     sink.text(d.index, d.content)
                     continue
                 if not d.reasoning:
-                    if d.content and (d.index not in self._think_open):
+                    # (`think_open` is empty unless the client wants think tags: no lookup per chunk then)
+                    if d.content and not (self._think_open and d.index in self._think_open):
                         sink.text(d.index, d.content)
                         continue
                 elif not d.content and self._reasoning_key:

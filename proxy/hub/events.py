@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.build import mypyc_attr
 from proxy.hub.readings import Readings
 
 # {"index": int, "id"?: str, "type"?: "function", "function": {"name"?: str, "arguments": str}} — the Chat
@@ -23,6 +24,7 @@ ToolCallFragment = dict[str, Any]
 Usage = dict[str, Any]  # OpenAI-shaped: prompt_tokens, completion_tokens, total_tokens, *_tokens_details
 
 
+@mypyc_attr(acyclic=True)  # compiled, made and freed per chunk without the cyclic collector: it holds JSON values
 @dataclass(slots=True)
 class Delta:
     index: int = 0

@@ -17,7 +17,6 @@ dropped for the error, so that none of a stream's text of the wrong form reaches
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -77,7 +76,7 @@ class Pipeline:
         held = self._held
         try:
             if not self.done:
-                self._take(self._decoder.flush(), out if held is None else held)
+                self._take(list(self._decoder.flush()), out if held is None else held)
             self.session.end()
             self.normalizer.finish(self.done)
         except MalformedUpstream as e:
@@ -103,7 +102,7 @@ class Pipeline:
         if chunk is not None:
             out.extend(self._feed(chunk, True))
 
-    def _take(self, events: Sequence[bytes | SSEEvent], out: list[Delta]) -> None:
+    def _take(self, events: list[bytes | SSEEvent], out: list[Delta]) -> None:
         lane = self._lane
         count = len(events)
         i = 0
@@ -125,7 +124,7 @@ class Pipeline:
                 if lane is not None and type(event) is bytes and len(deltas) == 1:
                     self._learn(lane, event, chunk, deltas[0])
 
-    def _by_lane(self, lane: TextLane, events: Sequence[bytes | SSEEvent], at: int, out: list[Delta]) -> int:
+    def _by_lane(self, lane: TextLane, events: list[bytes | SSEEvent], at: int, out: list[Delta]) -> int:
         """How many events from `at` on the text lane answered (0: none, the full path takes `events[at]`): that one
         and the lane events right after it in the same read. A lane event changes neither the session's nor the
         normaliser's state, so what is asked of the first holds for the run."""

@@ -12,9 +12,10 @@ turn them into an error instead of a truncated "success".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
+
+from proxy.build import mypyc_attr
 
 __all__ = ["DONE", "KEEPALIVE", "Event", "SSEDecoder", "SSEEvent", "encode_comment", "encode_data", "encode_event",
            "encode_events"]
@@ -70,9 +71,11 @@ class SSEDecoder:
         self._feed(chunk, out, False)
         return out
 
-    def payloads(self, chunk: bytes) -> Sequence[bytes | SSEEvent]:
+    def payloads(self, chunk: bytes) -> list[bytes | SSEEvent]:
         """`feed` for the answer pipeline: a plain event (a `data: ` line and a blank line, no `event:`) comes as the
-        undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`."""
+        undecoded bytes of its data, without an SSEEvent; its `id` is not reported. Any other event as in `feed`.
+        A list, not a Sequence: compiled, an item of a list is read in C, one of a Sequence through `__getitem__`
+        with a boxed index (proxy/stream/text_lane.py reads each event of a read this way)."""
         if self._head == b"" and chunk and chunk[0] != _BOM[0]:  # the stream's first bytes start no BOM: none to strip
             self._head = None
         if (
@@ -102,7 +105,7 @@ class SSEDecoder:
                 if _LF in event:
                     break
             else:
-                return events
+                return cast("list[bytes | SSEEvent]", events)  # (only bytes: the list is not added to)
         out: list[bytes | SSEEvent] = []
         self._feed(chunk, out, True)
         return out
@@ -203,6 +206,7 @@ class SSEDecoder:
             out.append(SSEEvent(garbage=line.decode("utf-8", "replace")))
 
 
+@mypyc_attr(acyclic=True)  # compiled, made and freed per chunk without the cyclic collector: it holds only bytes
 class Event:
     """One event of a client's stream as its encoder emits it, before any transport frames it: its SSE event name
     (`message_start` ...; None for a plain `data:` event, as every Chat Completions chunk) and its payload (JSON,
@@ -221,19 +225,26 @@ class Event:
 
 def encode_events(events: list[Event]) -> bytes:
     """Events as one run of SSE bytes: `event: <name>` when named, `data: <payload>`, a blank line."""
-    # One append per piece: compiled, `list.append` is a direct call, where `extend` with a tuple makes the tuple
-    # and goes through the generic extend for every event (a zero-delay stream's read holds tens of them).
+    # Two pieces per event for the one join, the framing before its payload and the payload: each piece costs an
+    # append and its share of the join (compiled, about 100 instructions; a zero-delay stream's read holds tens of
+    # events). So the blank line that ends an event goes with the framing of the next, and a named event's framing
+    # is made once for a run of events of that name (a Messages stream's are nearly all content_block_delta).
     parts: list[bytes] = []
+    name: bytes | None = None
+    framing = b""
     for event in events:
-        name = event.name
-        if name is None:
-            parts.append(b"data: ")
+        if event.name is None:
+            parts.append(b"\n\ndata: ")
         else:
-            parts.append(b"event: ")
-            parts.append(name)
-            parts.append(b"\ndata: ")
+            if event.name is not name:
+                name = event.name
+                framing = b"\n\nevent: " + name + b"\ndata: "
+            parts.append(framing)
         parts.append(event.data)
-        parts.append(b"\n\n")
+    if not parts:
+        return b""
+    parts[0] = parts[0][2:]  # no event before the first to end
+    parts.append(b"\n\n")
     return b"".join(parts)
 
 

@@ -23,7 +23,6 @@ once for the run (a lane event changes neither's state).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 import orjson
@@ -56,7 +55,7 @@ class TextLane:
         self._templates: list[tuple[bytes, bytes, int, bool]] = []
         self._tries = 0
 
-    def run(self, events: Sequence[bytes | SSEEvent], at: int) -> tuple[int, bool, list[str]] | None:
+    def run(self, events: list[bytes | SSEEvent], at: int) -> tuple[int, bool, list[str]] | None:
         """(choice index, is reasoning, texts) for the events of one read from `at` on (a fast upstream's read holds
         many): the texts of `events[at]` and of the events right after it that are the same template around one
         non-empty string, in order. The run stops before the first event that is not (another template, an
