@@ -123,7 +123,7 @@ class MindIESession(UpstreamSession):
         # error (proxy/stream/cumulative.py StreamForm). While it watches, the text lane hands it every text.
         self._form: StreamForm | None = StreamForm() if ctx.stream else None
         self.rewrites_text = self._cumulative is not None or self._form is not None
-        self.settling = self._form is not None  # its texts are held back until the form is known
+        self.settling = self._form is not None  # texts may be held back until the form is known (`holds`)
 
     def build_request(self, body: ChatRequest) -> dict[str, Any]:
         out = super().build_request(body)
@@ -204,8 +204,13 @@ class MindIESession(UpstreamSession):
             part[key] = delta
 
     def holds(self) -> bool:
+        """Without `full_text` every text waits for the verdict: a cumulative stream read as deltas repeats its text,
+        and no byte of it may reach the client. With `full_text` a text waits only once one has not extended the one
+        before: until then each text is right under the configured form (the first is the same text in either form,
+        and an extending snapshot adds exactly its new part), and a delta stream found later ends in an in-stream
+        error (docs/decisions.md "The stream's form: what waits for it")."""
         form = self._form
-        return form is not None and form.started
+        return form is not None and form.started and (self._cumulative is None or form.doubted)
 
     def _watch(self, form: StreamForm, text: str) -> None:
         verdict = form.feed(text)
