@@ -156,6 +156,8 @@ class MindIESession(UpstreamSession):
             first = self._first_text(out, key)
             if first is not None:
                 self._watch(form, first)
+            if full_text is None and self._short_deltas(out):
+                raise self._mismatch("deltas")
         cumulative = self._cumulative
         if cumulative is None:
             if full_text is not None and self.ctx.stream:  # the upstream's own word: its text was cumulative
@@ -176,6 +178,15 @@ class MindIESession(UpstreamSession):
             if (choice.get("index") or 0) == 0 and isinstance(part, dict) and isinstance(part.get(key), str):
                 return str(part[key])
         return None
+
+    def _short_deltas(self, out: ChatChunk) -> bool:
+        """With `full_text`, choice 0 of a chat stream finishes before its form is settled, after a text that did not
+        extend the one before, and without MindIE's final `full_text` (which full-text mode sends on that chunk): a
+        short delta stream, whose held text must not go out."""
+        form = self._form
+        if form is None or not form.doubted or self._cumulative is None or self.ctx.kind != CHAT:
+            return False
+        return any((c.get("index") or 0) == 0 and c.get("finish_reason") is not None for c in out.get("choices") or ())
 
     def _to_delta(self, cumulative: dict[int, CumulativeText], choice: dict[str, Any], key: str,
                   full_text: str | None) -> None:

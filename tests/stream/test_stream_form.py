@@ -143,6 +143,14 @@ def test_a_short_cumulative_answer_is_caught_by_its_full_text(start_mock, start_
     assert text == "" and error is not None and "streams cumulative text" in error, (text, error)
 
 
+def test_a_short_delta_answer_is_caught_by_the_missing_full_text(start_mock, start_proxy) -> None:
+    """With `full_text`, a delta stream too short to settle its form (`tok0`, ` tok1`): its finish chunk lacks the
+    `full_text` that full-text mode sends, so the held second text ("ok1" read as a snapshot) never goes out."""
+    proxy = start_proxy(mock=start_mock("mindie", full_text=False), full_text=True)
+    text, error = stream_text(proxy, [{"role": "user", "content": "hi [mock:chunks=2]"}])
+    assert text in ("", "tok0") and error is not None and "streams true deltas" in error, (text, error)
+
+
 def sse_contents(lines: Any) -> Any:
     """The non-empty `content` of each chat chunk among SSE lines, as they come (other lines are skipped)."""
     for line in lines:
@@ -268,6 +276,27 @@ def test_with_full_text_a_delta_stream_ends_after_its_first_text() -> None:
     assert e.value.code == "full_text_mismatch" and "streams true deltas" in e.value.message
     assert texts(out) == [("", "Hello")]
     assert dialect.finding is not None and "streams true deltas" in dialect.finding
+
+
+def test_with_full_text_a_short_stream_is_judged_at_its_finish() -> None:
+    """Too few texts to settle the form, one of them not extending the one before: the finish chunk decides. With
+    MindIE's `full_text` on it the stream was cumulative (a revision: what waited goes on); without it, deltas."""
+    p = pipeline(MindIEDialect(), full_text=True)
+    out: list[Delta] = []
+    for snapshot in ("Hello", "Hello wor", "Hello, world"):
+        p.feed(event(snapshot), out)
+    assert texts(out) == [("", "Hello"), ("", " wor")]
+    p.feed(event("Hello, world!", finish="stop", full_text="Hello, world!") + b"data: [DONE]\n\n", out)
+    p.finish(out)
+    assert texts(out)[2:] == [("", "ld"), ("", "!")]
+
+    p = pipeline(MindIEDialect(), full_text=True)
+    out = []
+    p.feed(event("Hi"), out)
+    p.feed(event(" there"), out)
+    with pytest.raises(StreamTruncated) as e:
+        p.feed(event("!", finish="stop") + b"data: [DONE]\n\n", out)
+    assert e.value.code == "full_text_mismatch" and texts(out) == [("", "Hi")]
 
 
 @pytest.mark.parametrize("full_text", [False, True])
