@@ -18,7 +18,6 @@ import httpx
 import openai
 import orjson
 import pytest
-from conftest import wait_for
 from hub_harness import request_context
 
 from proxy.dialects.mindie import MindIEDialect
@@ -28,6 +27,7 @@ from proxy.hub.events import Answer, Delta
 from proxy.hub.pipeline import Pipeline
 from proxy.settings import UpstreamSettings
 from proxy.stream.cumulative import FORM_TEXTS, StreamForm
+from tests.conftest import wait_for
 
 SAY = [{"role": "user", "content": "Tell me a short story about a lighthouse."}]
 THINK = [{"role": "user", "content": "hi [mock:think]"}]
