@@ -123,7 +123,7 @@ class MindIESession(UpstreamSession):
         # error (proxy/stream/cumulative.py StreamForm). While it watches, the text lane hands it every text.
         self._form: StreamForm | None = StreamForm() if ctx.stream else None
         self.rewrites_text = self._cumulative is not None or self._form is not None
-        self.settling = self._form is not None  # its texts are held back until the form is known
+        self.settling = self._form is not None  # texts may be held back until the form is known (`holds`)
 
     def build_request(self, body: ChatRequest) -> dict[str, Any]:
         out = super().build_request(body)
@@ -156,6 +156,8 @@ class MindIESession(UpstreamSession):
             first = self._first_text(out, key)
             if first is not None:
                 self._watch(form, first)
+            if full_text is None and self._short_deltas(out):
+                raise self._mismatch("deltas")
         cumulative = self._cumulative
         if cumulative is None:
             if full_text is not None and self.ctx.stream:  # the upstream's own word: its text was cumulative
@@ -176,6 +178,15 @@ class MindIESession(UpstreamSession):
             if (choice.get("index") or 0) == 0 and isinstance(part, dict) and isinstance(part.get(key), str):
                 return str(part[key])
         return None
+
+    def _short_deltas(self, out: ChatChunk) -> bool:
+        """With `full_text`, choice 0 of a chat stream finishes before its form is settled, after a text that did not
+        extend the one before, and without MindIE's final `full_text` (which full-text mode sends on that chunk): a
+        short delta stream, whose held text must not go out."""
+        form = self._form
+        if form is None or not form.doubted or self._cumulative is None or self.ctx.kind != CHAT:
+            return False
+        return any((c.get("index") or 0) == 0 and c.get("finish_reason") is not None for c in out.get("choices") or ())
 
     def _to_delta(self, cumulative: dict[int, CumulativeText], choice: dict[str, Any], key: str,
                   full_text: str | None) -> None:
@@ -204,8 +215,13 @@ class MindIESession(UpstreamSession):
             part[key] = delta
 
     def holds(self) -> bool:
+        """Without `full_text` every text waits for the verdict: a cumulative stream read as deltas repeats its text,
+        and no byte of it may reach the client. With `full_text` a text waits only once one has not extended the one
+        before: until then each text is right under the configured form (the first is the same text in either form,
+        and an extending snapshot adds exactly its new part), and a delta stream found later ends in an in-stream
+        error (docs/decisions.md "The stream's form: what waits for it")."""
         form = self._form
-        return form is not None and form.started
+        return form is not None and form.started and (self._cumulative is None or form.doubted)
 
     def _watch(self, form: StreamForm, text: str) -> None:
         verdict = form.feed(text)

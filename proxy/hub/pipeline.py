@@ -10,8 +10,9 @@ Either way `finish` ends the answer. The endpoint feeds it what it reads and giv
 tests drive the very same object in-process (cutting the upstream bytes anywhere). Failures raise `StreamTruncated`
 (or the dialect's error); events produced before the failure are already in `out`, so the caller can still deliver
 them ahead of the error. Except while the session is settling a stream's form (MindIE: cumulative text or deltas,
-proxy/dialects/base.py `UpstreamSession.settling`): its events are held back until it knows, then handed on, or
-dropped for the error, so that none of a stream's text of the wrong form reaches the client.
+proxy/dialects/base.py `UpstreamSession.settling`) and says a text must wait (`holds()`): the events are held back
+until it knows, then handed on, or dropped for the error, so that no text that is wrong under the form it turns out
+to have reaches the client.
 """
 
 from __future__ import annotations

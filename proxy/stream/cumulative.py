@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["FORM_TEXTS", "CumulativeText", "StreamForm"]
+__all__ = ["EXTENDING", "FORM_TEXTS", "NOT_EXTENDING", "CumulativeText", "StreamForm"]
 
 _FFFD: Final = "\ufffd"
 
@@ -102,21 +102,26 @@ def _align(consumed: str, text: str) -> str:
     return consumed  # not found: continue from the same length (only the corrected span differs)
 
 
-# How many non-empty texts of a stream's first choice `StreamForm` reads before it decides (or gives up).
-FORM_TEXTS: Final = 4
+# A stream's form is told by how its first choice's non-empty texts follow one another: EXTENDING texts that extend
+# the one before say cumulative, NOT_EXTENDING that do not say deltas. One or the other comes within FORM_TEXTS texts.
+EXTENDING: Final = 3
+NOT_EXTENDING: Final = 2
+FORM_TEXTS: Final = EXTENDING + NOT_EXTENDING  # the first text, then at most four that follow one before
 
 
 class StreamForm:
     """Tells a cumulative stream (each text repeats the text so far, MindIE `fullTextEnabled`) from a delta stream by
-    its first FORM_TEXTS non-empty texts: every one extending the one before is cumulative (delta streams do that by
-    chance for a pair such as " the", " theater", never for three in a row); two of three that do not is deltas. A
-    snapshot that only revises a trailing U+FFFD still extends; a repeated one is skipped. `feed(text)` ->
-    "cumulative", "deltas", or "" (not decided yet, or never: a short or mixed answer). `open` turns False once it
-    has nothing more to say, so the caller stops feeding it (the per-chunk cost after the first few texts is one
-    attribute read). `started`: it has read a text, so the stream's text is of a form not known until it decides
-    (the caller holds that text back meanwhile)."""
+    its first non-empty texts: three that extend the one before say cumulative, two that do not say deltas, whichever
+    comes first (so within FORM_TEXTS texts). A delta stream extends by chance now and then (" the", " theater"),
+    never three times out of four; a cumulative stream fails to extend only where its upstream revises text it already
+    sent (docs/mindie.md "Rewrites in full-text mode"), which one text that does not extend allows. A snapshot that only
+    revises a trailing U+FFFD still extends; a repeated one is skipped. `feed(text)` -> "cumulative", "deltas", or ""
+    (not decided yet: a short answer may end first). `open` turns False once it has decided, so the caller stops
+    feeding it (the per-chunk cost after the first few texts is one attribute read). `started`: it has read a text,
+    so the stream's text is of a form not known until it decides. `doubted`: a text came that did not extend the one
+    before, so that text is right under one form only (the caller holds it back until the verdict)."""
 
-    __slots__ = ("_extended", "_last", "_other", "open", "started")
+    __slots__ = ("_extended", "_last", "_other", "doubted", "open", "started")
 
     def __init__(self) -> None:
         self._last = ""
@@ -124,6 +129,7 @@ class StreamForm:
         self._other = 0
         self.open = True
         self.started = False
+        self.doubted = False
 
     def feed(self, text: str) -> str:
         if not text:
@@ -138,14 +144,13 @@ class StreamForm:
             return ""
         if len(stable) > len(last) and stable.startswith(last):
             self._extended += 1
+            if self._extended == EXTENDING:
+                self.open = False
+                return "cumulative"
         else:
             self._other += 1
-        if self._extended == FORM_TEXTS - 1:
-            self.open = False
-            return "cumulative"
-        if self._other >= 2:
-            self.open = False
-            return "deltas"
-        if self._extended + self._other >= FORM_TEXTS - 1:
-            self.open = False
+            self.doubted = True
+            if self._other == NOT_EXTENDING:
+                self.open = False
+                return "deltas"
         return ""
