@@ -121,7 +121,7 @@ class StreamForm:
     so the stream's text is of a form not known until it decides. `doubted`: a text came that did not extend the one
     before, so that text is right under one form only (the caller holds it back until the verdict)."""
 
-    __slots__ = ("_extended", "_last", "_other", "doubted", "open", "started")
+    __slots__ = ("_extended", "_last", "_other", "open", "started")
 
     def __init__(self) -> None:
         self._last = ""
@@ -129,7 +129,10 @@ class StreamForm:
         self._other = 0
         self.open = True
         self.started = False
-        self.doubted = False
+
+    @property
+    def doubted(self) -> bool:
+        return self._other > 0
 
     def feed(self, text: str) -> str:
         if not text:
@@ -149,7 +152,6 @@ class StreamForm:
                 return "cumulative"
         else:
             self._other += 1
-            self.doubted = True
             if self._other == NOT_EXTENDING:
                 self.open = False
                 return "deltas"
