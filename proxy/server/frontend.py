@@ -37,9 +37,10 @@ It also tells the handler at once when a client goes away mid-request: the handl
 is incomplete — cheaper than a task per request waiting on `receive()` for `http.disconnect` (the fallback under any
 other server).
 
-Idle kept-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s). The limits reach the protocol
-through `functools.partial` (uvicorn's `http` setting takes any protocol factory; a partial of a module-level class
-pickles, so `--workers` > 1 works too).
+Idle kept-alive connections are closed after uvicorn's `timeout_keep_alive` (5 s), a limit kept on the same loop
+timer as `header_timeout` and `body_timeout` (uvicorn arms a timer of its own after each answer). The limits reach
+the protocol through `functools.partial` (uvicorn's `http` setting takes any protocol factory; a partial of a
+module-level class pickles, so `--workers` > 1 works too).
 """
 
 from __future__ import annotations
@@ -214,7 +215,6 @@ class GuardedHttpToolsProtocol:
         self.read_paused = False
         self.write_paused = False
         self._writable: asyncio.Event | None = None  # made when writing first pauses
-        self._keep_alive: asyncio.TimerHandle | None = None
         # The request being received
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -225,7 +225,8 @@ class GuardedHttpToolsProtocol:
         self._head_done = False  # the current request's headers are complete
         self._head_bytes = 0  # bytes received for the current request's head so far
         self._timer: asyncio.TimerHandle | None = None
-        self._due: float | None = None  # when the running limit (header or body time) is up
+        self._due: float | None = None  # when the running limit (header, body or keep-alive time) is up
+        self._idle = False  # the running limit is the keep-alive wait between two requests
         self._refused = False
         self._upgrading = False  # the request asks for a protocol upgrade: no cycle runs for it
 
@@ -261,7 +262,6 @@ class GuardedHttpToolsProtocol:
         self.resume_writing()
         if exc is None:
             self.transport.close()
-            self._stop_keep_alive()
         self.parser = None  # it holds this protocol: no reference cycle left behind
         self.pipeline.clear()  # queued requests never run now (their cycles hold this protocol)
         if incomplete:
@@ -276,7 +276,8 @@ class GuardedHttpToolsProtocol:
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        self._stop_keep_alive()
+        if self._idle:  # the keep-alive wait ends with the next request's first bytes (its header limit follows)
+            self._disarm()
         if not self._head_done:
             self._head_bytes += len(data)
         try:
@@ -416,7 +417,6 @@ class GuardedHttpToolsProtocol:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._stop_keep_alive()
         scope = self.scope
         head = [scope["method"].encode("ascii"), b" ", self.url, b" HTTP/1.1\r\n"]
         for name, value in self.headers:
@@ -471,13 +471,13 @@ class GuardedHttpToolsProtocol:
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._stop_keep_alive()
         self.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start(cycle, app)
-        else:
-            self._keep_alive = self.loop.call_later(self.timeout_keep_alive, self._idle_too_long)
+        elif self._due is None:  # no next request begun: the keep-alive wait, on the guards' timer
+            self._arm(self.timeout_keep_alive)
+            self._idle = True
 
     def _start(self, cycle: Cycle, app: Any) -> None:
         if self.fresh_context:
@@ -487,19 +487,11 @@ class GuardedHttpToolsProtocol:
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
-    def _stop_keep_alive(self) -> None:
-        if self._keep_alive is not None:
-            self._keep_alive.cancel()
-            self._keep_alive = None
-
-    def _idle_too_long(self) -> None:
-        self._keep_alive = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
     # -- guards -------------------------------------------------------------------------------------------------
-    # One loop timer per connection, re-armed only when it fires early: a phase change just moves `_due` (a
-    # kept-alive connection's requests cost no timer calls). `_due` None: no limit runs.
+    # One loop timer per connection for its three limits (a request's header time, its body time, the keep-alive
+    # wait after its answer), re-armed only when it fires early: a phase change just moves `_due`, so a kept-alive
+    # connection's requests cost no timer calls (each loop timer made and cancelled is a few thousand instructions
+    # under uvloop: docs/speed.md). `_due` None: no limit runs.
     def _arm(self, seconds: float) -> None:
         due = self.loop.time() + seconds
         self._due = due
@@ -511,6 +503,7 @@ class GuardedHttpToolsProtocol:
 
     def _disarm(self) -> None:
         self._due = None
+        self._idle = False
 
     def _check(self) -> None:
         self._timer = None
@@ -525,6 +518,10 @@ class GuardedHttpToolsProtocol:
 
     def _timed_out(self) -> None:
         if self.transport.is_closing():
+            return
+        if self._idle:  # idle past timeout_keep_alive: closed without a word, as uvicorn does
+            self._idle = False
+            self.transport.close()
             return
         cycle = self.cycle
         if self.pipeline or (cycle is not None and not cycle.response_complete and cycle.response_started):

@@ -240,15 +240,15 @@ def test_a_request_sent_in_pieces_within_the_limits_is_served(proxy_for):
 def test_kept_alive_connections_serve_requests_until_idle_for_the_keep_alive_limit(start_mock, servers):
     """Kept-alive connections (uvicorn's timeout_keep_alive under the front end's own limits, proxy/server/frontend.py):
     each request ends the idle time before it (four requests 0.6 s apart outlive a 1 s limit), a connection then idle
-    is closed without a word, and a kept-alive connection whose next request stalls in its headers gets the header
-    limit's 408."""
+    is closed without a word once the keep-alive limit is over (not the shorter header limit, which runs on the same
+    timer), and a kept-alive connection whose next request stalls in its headers gets the header limit's 408."""
     mock = start_mock("openai")
     settings = build_settings(config={"upstreams": [{"name": "m", "dialect": "openai", "url": mock.url}],
                                       "server": {"header_timeout": 0.5}}, environ={})
     srv = ServerThread(create_app(settings), timeout_keep_alive=1.0, **frontend_options(settings.server)).start()
     servers.append(srv)
 
-    async def main() -> tuple[list[int], bytes, int]:
+    async def main() -> tuple[list[int], bytes, float, int]:
         statuses = []
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
         for _ in range(3):
@@ -257,8 +257,10 @@ def test_kept_alive_connections_serve_requests_until_idle_for_the_keep_alive_lim
             await asyncio.sleep(0.6)
         writer.write(request_bytes())  # 1.8 s after the first answer: only an idle time of 0.6 s before it
         statuses.append((await read_answer(reader))[0])
+        answered = time.monotonic()
         async with asyncio.timeout(15):
             said_at_close = await reader.read()  # up to EOF: an idle connection is closed without a word
+        idle_for = time.monotonic() - answered
         writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
         writer.write(request_bytes())
@@ -266,11 +268,12 @@ def test_kept_alive_connections_serve_requests_until_idle_for_the_keep_alive_lim
         writer.write(request_bytes()[:20])  # the next request's head never completes
         stalled, _, _ = await read_answer(reader)
         writer.close()
-        return statuses, said_at_close, stalled
+        return statuses, said_at_close, idle_for, stalled
 
-    statuses, said_at_close, stalled = asyncio.run(main())
+    statuses, said_at_close, idle_for, stalled = asyncio.run(main())
     assert statuses == [200, 200, 200, 200]
     assert said_at_close == b""
+    assert 0.9 <= idle_for < 10  # the keep-alive limit (1 s), not the header limit (0.5 s)
     assert stalled == 408
 
 
