@@ -20,9 +20,11 @@ zero-delay and 5 ms-paced). For each row the direct mock, the bare relay and the
 rounds and each keeps its best round (the machine may be shared: the least disturbed round shows the code's own
 cost). CPU is the relay process's own CPU time (from /proc schedstat, ns) per upstream chunk (64 per stream) or per
 non-stream request; `ratio` is proxy CPU / bare CPU, `x nginx` proxy CPU / nginx CPU; `tput` is requests/s
-relative to direct. After the table, each relay's resident memory after the rounds (warm: pools grown, every code
-path run). Without nginx installed its columns are left out (`make bench` installs it when root). Every run is bounded
-in time and count. Not a test: it asserts nothing.
+relative to direct. With `--ref`, `proxy/ref` compares the two trees' best rounds and `by round` gives the
+smallest and largest ratio of one round's two adjacent runs: the spread the proxy/ref figure carries on this
+machine (docs/speed.md "CPU time"). After the table, each relay's resident memory after the rounds (warm: pools
+grown, every code path run). Without nginx installed its columns are left out (`make bench` installs it when root).
+Every run is bounded in time and count. Not a test: it asserts nothing.
 
 A client dialect is one entry of CLIENT_APIS (path + request body of one prompt: chat, responses, messages);
 adding one adds its rows.
@@ -452,6 +454,14 @@ class Best:
     cpu: float = float("inf")  # µs per unit
     p50: float = float("nan")
     errors: int = 0
+    rounds: list[float] = field(default_factory=list)  # µs per unit in each round, in order
+
+
+def paired_range(proxy: Best, ref: Best) -> tuple[float, float]:
+    """The smallest and largest proxy/ref ratio of one round's two adjacent runs: how far apart the same two trees
+    read within this table, the spread a proxy/ref figure carries."""
+    ratios = [p / r for p, r in zip(proxy.rounds, ref.rounds, strict=False) if r]
+    return (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
 
 
 async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: int, seconds: float,
@@ -475,6 +485,7 @@ async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: in
                 b.rps, b.p50 = r.rps, pct(r.latencies, 50)
             if target in pids and units:
                 b.cpu = min(b.cpu, cpu / units * 1e6)
+                b.rounds.append(cpu / units * 1e6)
     return best
 
 
@@ -501,7 +512,7 @@ async def ratio_table(seconds: float, rounds: int) -> None:
         header += f"{'x nginx':>8}" if floor else ""
         header += f"{'bare tput':>10}{'proxy tput':>11}{'p50 ms':>8}{'err':>5}"
         if REF_TREE is not None:
-            header += f"{'ref µs':>9}{'ref ratio':>10}{'proxy/ref':>10}"
+            header += f"{'ref µs':>9}{'ref ratio':>10}{'proxy/ref':>10}{'by round':>12}"
         print(header)
         print("-" * len(header))
         scenarios = [("non-stream", False, 0, 16), ("stream 64x0ms", True, 0, 16), ("stream 64x5ms", True, 5, 64)]
@@ -519,6 +530,8 @@ async def ratio_table(seconds: float, rounds: int) -> None:
             if "ref" in best:
                 r = best["ref"]
                 line += f"{r.cpu:>9.1f}{r.cpu / b.cpu if b.cpu else 0:>10.2f}{p.cpu / r.cpu if r.cpu else 0:>10.2f}"
+                low, high = paired_range(p, r)
+                line += f"{low:>7.2f}-{high:.2f}"
             print(line, flush=True)
         print("\nresident memory after the rounds (warm), MiB, each relay's processes together:")
         for up in ups:
