@@ -106,7 +106,11 @@ class Exchange:
         """Serve the request and answer it, whatever happens; the status the client got."""
         try:
             try:
-                self.status = await self._serve(inbound)
+                raw = await inbound.read()
+                self.size = 0 if raw is None else len(raw)
+                if self.state.shutting_down:
+                    raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
+                self.status = await self.endpoint.answer(self, inbound, inbound.parse(raw), raw)
             except ProxyError as err:
                 # Its traceback holds the frames that raised it, and they hold it (`raise err` after an `except`):
                 # dropped here, so that a refused request leaves no reference cycle (tests/test_gc.py).
@@ -125,13 +129,6 @@ class Exchange:
         return self.status
 
     # -- serving ----------------------------------------------------------------------------------------------
-    async def _serve(self, inbound: Inbound) -> int:
-        raw = await inbound.read()
-        self.size = 0 if raw is None else len(raw)
-        if self.state.shutting_down:
-            raise ProxyError("The proxy is shutting down.", 503, code="shutting_down")
-        return await self.endpoint.answer(self, inbound, inbound.parse(raw), raw)
-
     async def routed(self, request: dict[str, Any], ctx: RequestContext, inbound: Inbound) -> RequestContext:
         """The request (its body, decoded) goes where `ctx` says: its metrics, the trace and the access record say
         so, the client's leaving is watched from now on, and its key's limits admit it. Its context again."""
@@ -144,14 +141,14 @@ class Exchange:
         if self.trace is not None:
             self.trace.routed(request, ctx, self.state.dialects[ctx.upstream.name].name, obs.model)
         self.watch = inbound.watch()
-        await self._limits(request, ctx)
+        if record.key is not None:
+            await self._limits(record.key, request, ctx)
         return ctx
 
-    async def _limits(self, request: dict[str, Any], ctx: RequestContext) -> None:
+    async def _limits(self, key: str, request: dict[str, Any], ctx: RequestContext) -> None:
         """The key's policy (proxy/gateway/keys.py): its share in the replicas' queues, and its limits admit the
         request (proxy/gateway/limits.py) or refuse it; the rate-limit headers go on the answer either way."""
-        key = self.record.key
-        policy = None if key is None else self.state.keys.policy(key)
+        policy = self.state.keys.policy(key)
         if policy is None:
             return
         queue_as(policy.name, policy.weight)

@@ -144,7 +144,7 @@ _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 # Request ids the proxy makes: unique, not secret (they are logged and returned), so a random prefix per process and
 # a counter (no system call per request). Response ids, which name stored responses, stay random
-# (proxy/endpoint/inference.py: secrets.token_hex).
+# (proxy/endpoint/inference.py: os.urandom).
 _ID_PREFIX: Final = os.urandom(8).hex()
 _id_counter: Final = itertools.count(1)
 

@@ -15,6 +15,7 @@ OpenTelemetry span's `gen_ai.operation.name` is embeddings / rerank.
 from __future__ import annotations
 
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -148,8 +149,8 @@ class RetrievalEndpoint:
         self.route = path
         self.kind = kind
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        await serve_http(self, _ERRORS, scope, receive, send)
+    def __call__(self, scope: Scope, receive: Any, send: Any) -> Coroutine[Any, Any, int]:
+        return serve_http(self, _ERRORS, scope, receive, send)
 
     async def answer(self, exchange: Exchange, inbound: Inbound, request: dict[str, Any], raw: bytes | None) -> int:
         """Decode, route by kind, send the batches and answer the joined result whole."""

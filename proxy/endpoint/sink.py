@@ -15,6 +15,7 @@ transport (proxy/clients/base.py `Encoder`).
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.endpoint.request import send_json
@@ -90,8 +91,8 @@ class HttpSink:
             body = encode_events(pending)
         await self.send({"type": "http.response.body", "body": body, "more_body": True})
 
-    async def whole(self, body: bytes, headers: Headers) -> None:
-        await send_json(self.send, 200, body, headers + self.extra)
+    def whole(self, body: bytes, headers: Headers) -> Coroutine[Any, Any, None]:
+        return send_json(self.send, 200, body, headers + self.extra)
 
     def limits(self, view: LimitView) -> None:
         self.extra = self.extra + self.client.rate_limit_headers(view)
