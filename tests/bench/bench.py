@@ -1,6 +1,6 @@
 """Benchmark: the proxy against the floor (nginx), the barest Python relay and the mock upstream direct, in one run.
 
-    python tests/bench/bench.py [--seconds 2] [--rounds 3] [--quick]      the ratio table (`make bench`)
+    python tests/bench/bench.py [--seconds 2] [--rounds 4] [--quick]      the ratio table (`make bench`)
     python tests/bench/bench.py --ref COMMIT [--quick]      ... with another commit's proxy in the same rounds
     python tests/bench/bench.py --compiled [--ref HEAD]     ... the proxy being a compiled copy of this tree (setup.py)
     python tests/bench/bench.py --scale streams|memory|fulltext|workers|all   one scale scenario (docs/speed.md)
@@ -21,8 +21,9 @@ rounds and each keeps its best round (the machine may be shared: the least distu
 cost). CPU is the relay process's own CPU time (from /proc schedstat, ns) per upstream chunk (64 per stream) or per
 non-stream request; `ratio` is proxy CPU / bare CPU, `x nginx` proxy CPU / nginx CPU; `tput` is requests/s
 relative to direct. With `--ref`, `proxy/ref` compares the two trees' best rounds and `by round` gives the
-smallest and largest ratio of one round's two adjacent runs: the spread the proxy/ref figure carries on this
-machine (docs/speed.md "CPU time"). After the table, each relay's resident memory after the rounds (warm: pools
+median, smallest and largest ratio of one round's two adjacent runs: the spread the proxy/ref figure carries on this
+machine (docs/speed.md "CPU time"); every other round runs the relays in the opposite order, so that neither tree
+always runs right after the other. After the table, each relay's resident memory after the rounds (warm: pools
 grown, every code path run). Without nginx installed its columns are left out (`make bench` installs it when root).
 Every run is bounded in time and count. Not a test: it asserts nothing.
 
@@ -40,6 +41,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -457,11 +459,13 @@ class Best:
     rounds: list[float] = field(default_factory=list)  # µs per unit in each round, in order
 
 
-def paired_range(proxy: Best, ref: Best) -> tuple[float, float]:
-    """The smallest and largest proxy/ref ratio of one round's two adjacent runs: how far apart the same two trees
-    read within this table, the spread a proxy/ref figure carries."""
-    ratios = [p / r for p, r in zip(proxy.rounds, ref.rounds, strict=False) if r]
-    return (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
+def paired_range(proxy: Best, ref: Best) -> tuple[float, float, float]:
+    """The smallest, median and largest proxy/ref ratio of one round's two adjacent runs: how far apart the same two
+    trees read within this table, the spread a proxy/ref figure carries."""
+    ratios = sorted(p / r for p, r in zip(proxy.rounds, ref.rounds, strict=False) if r)
+    if not ratios:
+        return float("nan"), float("nan"), float("nan")
+    return ratios[0], statistics.median(ratios), ratios[-1]
 
 
 async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: int, seconds: float,
@@ -470,8 +474,10 @@ async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: in
     targets = [t for t in ("direct", "nginx", "bare", "proxy", "ref") if t in up.urls]
     best = {target: Best() for target in targets}
     pids = up.pids()
-    for _ in range(rounds):
-        for target in targets:
+    for n in range(rounds):
+        # Every other round in the opposite order: a relay's place in the round (what ran on its CPU just before it)
+        # then weighs on both sides of a ratio alike.
+        for target in targets if n % 2 == 0 else targets[::-1]:
             target_api = api if target in ("proxy", "ref") else "chat"
             url = up.urls[target]
             await load(url, stream, chunks, delay, conc, 0.3, 200, target_api)  # warm-up
@@ -512,7 +518,7 @@ async def ratio_table(seconds: float, rounds: int) -> None:
         header += f"{'x nginx':>8}" if floor else ""
         header += f"{'bare tput':>10}{'proxy tput':>11}{'p50 ms':>8}{'err':>5}"
         if REF_TREE is not None:
-            header += f"{'ref µs':>9}{'ref ratio':>10}{'proxy/ref':>10}{'by round':>12}"
+            header += f"{'ref µs':>9}{'ref ratio':>10}{'proxy/ref':>10}{'by round: median (range)':>26}"
         print(header)
         print("-" * len(header))
         scenarios = [("non-stream", False, 0, 16), ("stream 64x0ms", True, 0, 16), ("stream 64x5ms", True, 5, 64)]
@@ -530,8 +536,8 @@ async def ratio_table(seconds: float, rounds: int) -> None:
             if "ref" in best:
                 r = best["ref"]
                 line += f"{r.cpu:>9.1f}{r.cpu / b.cpu if b.cpu else 0:>10.2f}{p.cpu / r.cpu if r.cpu else 0:>10.2f}"
-                low, high = paired_range(p, r)
-                line += f"{low:>7.2f}-{high:.2f}"
+                low, median, high = paired_range(p, r)
+                line += f"{median:>14.2f} ({low:.2f}-{high:.2f})"
             print(line, flush=True)
         print("\nresident memory after the rounds (warm), MiB, each relay's processes together:")
         for up in ups:
@@ -644,7 +650,8 @@ async def scale_full_text(lengths: list[int], rounds: int) -> None:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="duration of each measured run (bounded)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; each target keeps its best")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="alternating rounds (even: as many in each order); each target keeps its best")
     ap.add_argument("--quick", action="store_true", help="1 s runs, 2 rounds")
     ap.add_argument("--scale", choices=["streams", "memory", "fulltext", "workers", "all"],
                     help="a scale scenario instead of the ratio table")
