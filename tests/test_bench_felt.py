@@ -49,6 +49,9 @@ def test_every_figure_of_the_bare_relay_and_the_proxy_with_the_load_not_the_bott
     assert 15_000 < direct["gap_p50_us"] < 25_000  # the 20 ms pace, seen by the stream client
     assert "| added p99 c=1 µs |" in text and "| streams sustained |" in text
     assert "| added p99 c=1 one CPU µs |" in text
+    if os.access("/dev/cpu_dma_latency", os.W_OK):  # root: the board's layout again with every CPU polling when idle
+        assert all(row["added_c1poll_p99_us"] == row["added_c1poll_p99_us"] for row in figures.values())
+        assert "| added p99 c=1 polling idle µs |" in text
 
 
 def test_the_memory_soak_reports_idle_steady_growth_and_recovered_with_every_answer_whole() -> None:
