@@ -453,10 +453,14 @@ class Upstream:
 @dataclass
 class Best:
     rps: float = 0.0
-    cpu: float = float("inf")  # µs per unit
     p50: float = float("nan")
     errors: int = 0
     rounds: list[float] = field(default_factory=list)  # µs per unit in each round, in order
+
+    @property
+    def cpu(self) -> float:
+        """µs per unit in the least disturbed round."""
+        return min(self.rounds, default=float("inf"))
 
 
 def paired_range(proxy: Best, ref: Best) -> tuple[float, float, float]:
@@ -490,7 +494,6 @@ async def measure_row(up: Upstream, api: str, stream: bool, delay: int, conc: in
             if r.rps > b.rps:
                 b.rps, b.p50 = r.rps, pct(r.latencies, 50)
             if target in pids and units:
-                b.cpu = min(b.cpu, cpu / units * 1e6)
                 b.rounds.append(cpu / units * 1e6)
     return best
 
