@@ -43,8 +43,6 @@ _STALE_RETRIES: Final = 3  # pooled connections found closed under one request b
 USER_AGENT: Final = f"dialect-proxy/{__version__}"
 _DEFAULT_HEADERS: Final = {"User-Agent": USER_AGENT, "Content-Type": "application/json", "Accept": "application/json"}
 log: Final = logging.getLogger("dialect_proxy")
-# The message of the cancellation with which `UpstreamClient.open`'s timer ends a wait for the head past its deadline
-_NO_HEAD: Final = "dialect-proxy: no response head in time"
 # Called per request, as statics (compiled: no module attribute looked up per call)
 _current_task: Final = asyncio.current_task
 _running_loop: Final = asyncio.get_running_loop
@@ -118,28 +116,26 @@ class UpstreamClient:
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> aiohttp.ClientResponse:
         """Send the request and wait for the response headers (at most `timeout`, default first_byte_timeout).
-        `loop`: the running loop, when the caller has it at hand (looking it up is a system call on Python 3.11).
-
-        The wait's deadline is one loop timer that cancels this task (`_NO_HEAD`), as `StreamReads`' silence timer
-        does for a stream, not `asyncio.timeout_at`: on Python 3.11 that context manager runs six interpreted calls,
-        an enum's states and two `getpid` system calls a request, and with it the non-stream rows of `make bench`
-        went over the 10 % the request path may cost against 29d8428 (docs/speed.md "The budget")."""
+        `loop`: the running loop, when the caller has it at hand (looking it up is a system call on Python 3.11)."""
         limit = self.server.first_byte_timeout if timeout is None else timeout
         if loop is None:
             loop = _running_loop()
-        task = _current_task(loop)
-        assert task is not None
         session = self.session
-        timer = loop.call_at(loop.time() + limit, task.cancel, _NO_HEAD)
         try:
-            try:
-                return await self._send(session, method, url, body, headers)
-            except asyncio.CancelledError as cancelled:
-                if cancelled.args != (_NO_HEAD,) or task.uncancel() > 0:
-                    raise  # the client left, or the shutdown: not the deadline's (or not only)
-                raise UpstreamTimeout(f"The upstream {self.what} sent no response within {limit:g} s.") from None
-            finally:
-                timer.cancel()
+            async with asyncio.timeout_at(loop.time() + limit):
+                for _ in range(_STALE_RETRIES):
+                    if _new_connection.get():
+                        _new_connection.set(False)
+                    try:
+                        return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                        if isinstance(e, aiohttp.ClientConnectorError) or _new_connection.get():
+                            raise
+                        log.debug(orjson.dumps({"event": "upstream_stale_connection", "upstream": self.upstream.name,
+                                                "url": redact_url(url),
+                                                "reason": self.redactor.secrets(_reason(e))}).decode())
+                # Closed pooled connections every time: the next one comes from the pool too, or is new.
+                return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamTimeout(
                 f"Connecting to the upstream {self.what} timed out after "
@@ -151,23 +147,8 @@ class UpstreamClient:
             raise self._unreachable(url, e, "closed the connection without answering") from None
         except aiohttp.ClientError as e:
             raise self._unreachable(url, e, f"failed ({_kind(e)})") from None
-
-    async def _send(self, session: aiohttp.ClientSession, method: str, url: str, body: bytes | None,
-                    headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
-        """The request, sent again on another connection when a pooled one turns out closed (the module's docstring)."""
-        for _ in range(_STALE_RETRIES):
-            if _new_connection.get():
-                _new_connection.set(False)
-            try:
-                return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-                if isinstance(e, aiohttp.ClientConnectorError) or _new_connection.get():
-                    raise
-                log.debug(orjson.dumps({"event": "upstream_stale_connection", "upstream": self.upstream.name,
-                                        "url": redact_url(url),
-                                        "reason": self.redactor.secrets(_reason(e))}).decode())
-        # Closed pooled connections every time: the next one comes from the pool too, or is new.
-        return await session.request(method, url, data=body, headers=headers, allow_redirects=False)
+        except TimeoutError:  # asyncio.timeout_at's (aiohttp's own timeouts are ClientErrors, above)
+            raise UpstreamTimeout(f"The upstream {self.what} sent no response within {limit:g} s.") from None
 
     def _unreachable(self, url: str, e: BaseException, what: str) -> UpstreamUnreachable:
         """The client's error names the upstream and the kind of failure; its address and the full reason go to the
