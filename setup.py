@@ -37,6 +37,7 @@ COMPILED = [
     "proxy/endpoint/relay.py",
     "proxy/endpoint/request.py",
     "proxy/endpoint/sink.py",
+    "proxy/endpoint/structured.py",
     "proxy/endpoint/translate.py",
     "proxy/metrics/local.py",
     "proxy/dialects/mapping.py",
