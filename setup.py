@@ -51,6 +51,8 @@ COMPILED = [
     "proxy/gateway/replicas.py",
     "proxy/gateway/routing.py",
     "proxy/settings.py",
+    "proxy/state/base.py",
+    "proxy/state/memory.py",
     "proxy/hub/sse.py",
     "proxy/gateway/upstream.py",
     "proxy/clients/validate.py",
