@@ -73,6 +73,8 @@ def test_the_compiled_list_names_modules_that_exist_and_no_async_generators() ->
 _BUILT_AT_START = {"proxy/dialects/probing.py": {"ProbeListing", "ProbeInfo"},  # once per `dialect-proxy probe`
                    "proxy/dialects/mapping.py": {"Range", "DialectMapping"}, "proxy/hub/params.py": {"Refusal"},
                    "proxy/gateway/routing.py": {"Route"},
+                   "proxy/gateway/keys.py": {"KeyPolicy", "KeyFile"},  # read from the key file, at start or change
+                   "proxy/gateway/limits.py": {"LimitSettings"},
                    "proxy/dialects/engine_metrics.py": {"EngineMetricNames"},  # once per spoke, at import
                    "proxy/settings.py": {"ReplicaSettings", "UpstreamSettings", "ClientSettings", "ServerSettings",
                                          "Settings", "Setting", "Declared", "Given"}}
@@ -110,10 +112,11 @@ def test_no_behaviour_forks_on_the_build() -> None:
     assert reporters == ["proxy/__main__.py", "proxy/metrics/definitions.py", "proxy/server/app.py"]
 
 
-def test_a_compiled_request_runs_no_interpreted_proxy_code(start_mock, start_proxy) -> None:
+def test_a_compiled_request_runs_no_interpreted_proxy_code(start_mock, start_proxy, tmp_path) -> None:
     """In the compiled build, a request of each client dialect, whole and streamed, through an OpenAI and a MindIE
-    upstream, runs no function of proxy/ interpreted (the mock's aside): a module of the request path left out of
-    setup.py's COMPILED would run every request at the interpreter's pace, unnoticed by every other test."""
+    upstream, with a key under limits (the in-process counters) and passed through to vLLM's own Responses and
+    Messages routes, runs no function of proxy/ interpreted (the mock's aside): a module of the request path left out
+    of setup.py's COMPILED would run every request at the interpreter's pace, unnoticed by every other test."""
     import os
     import threading
 
@@ -130,7 +133,12 @@ def test_a_compiled_request_runs_no_interpreted_proxy_code(start_mock, start_pro
 
     threading.setprofile(hook)  # the threads started from now on: the proxies' and the mocks'
     try:
-        proxies = [start_proxy(mock=start_mock("openai")), start_proxy(mock=start_mock("mindie"))]
+        keys = tmp_path / "keys.yaml"
+        keys.write_text("team-a:\n  key: sk-a\n  requests_per_minute: 1000\n  tokens_per_minute: 1000000\n"
+                        "  max_concurrent: 8\n  tokens_per_day: 10000000\n")
+        proxies = [start_proxy(mock=start_mock("openai")), start_proxy(mock=start_mock("mindie")),
+                   start_proxy(mock=start_mock("mindie"), server={"api_keys_file": str(keys)}),
+                   start_proxy(mock=start_mock("vllm"), passthrough=["responses", "messages"])]
     finally:
         threading.setprofile(None)  # type: ignore[arg-type]
     requests = [
@@ -143,11 +151,14 @@ def test_a_compiled_request_runs_no_interpreted_proxy_code(start_mock, start_pro
         for proxy in proxies:
             for path, body in requests:
                 for stream in (False, True):
-                    got = httpx.post(proxy.url + path, json={**body, "stream": stream}, timeout=30)
+                    got = httpx.post(proxy.url + path, json={**body, "stream": stream}, timeout=30,
+                                     headers={"Authorization": "Bearer sk-a"})
                     assert got.status_code == 200, got.text
                     assert got.content.strip()
 
     run()  # the first requests may import or build what later ones reuse (a warm proxy is what is measured)
     seen.clear()
     run()
+    # Not a request's: the key file's watcher, a task of its own that looks at the file once a second.
+    seen.discard("server/appstate.py:_watch_keys")
     assert sorted(seen) == []

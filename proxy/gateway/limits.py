@@ -51,7 +51,7 @@ class LimitMetrics(Protocol):
     def limits_fail_open(self, key: str) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LimitView:
     """What the rate-limit headers tell a client of its key (0 limit: that limit is not set)."""
 
@@ -61,6 +61,16 @@ class LimitView:
     tokens_limit: int
     tokens_remaining: int
     tokens_reset: float
+
+    # Written out (made per keyed request): a generated one runs interpreted even compiled (docs/speed.md).
+    def __init__(self, requests_limit: int, requests_remaining: int, requests_reset: float, tokens_limit: int,
+                 tokens_remaining: int, tokens_reset: float) -> None:
+        self.requests_limit = requests_limit
+        self.requests_remaining = requests_remaining
+        self.requests_reset = requests_reset
+        self.tokens_limit = tokens_limit
+        self.tokens_remaining = tokens_remaining
+        self.tokens_reset = tokens_reset
 
 
 class LimitRefused(ProxyError):
@@ -72,12 +82,17 @@ class LimitRefused(ProxyError):
         self.view = view
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Grant:
     """An admitted request's reservation, on the counters that admitted it."""
 
     ask: LimitAsk
     counters: Counters
+
+    # Written out (made per keyed request): a generated one runs interpreted even compiled (docs/speed.md).
+    def __init__(self, ask: LimitAsk, counters: Counters) -> None:
+        self.ask = ask
+        self.counters = counters
 
 
 @dataclass(frozen=True, slots=True)

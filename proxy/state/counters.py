@@ -34,7 +34,7 @@ class CountersUnavailable(ProxyError):
         self.detail = detail
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LimitAsk:
     """One admission's ask of one key's counters; a limit of 0 is none."""
 
@@ -51,8 +51,25 @@ class LimitAsk:
     window: float  # seconds: the "minute" of the per-minute limits
     lease_ttl: float  # seconds a concurrency lease lives at most (a lost process's expires)
 
+    # Written out (made per keyed request): a generated one runs interpreted even compiled (docs/speed.md).
+    def __init__(self, key: str, lease: str, cost: int, requests_per_minute: int, tokens_per_minute: int,
+                 max_concurrent: int, tokens_per_day: int, tokens_per_month: int, day: str, month: str, window: float,
+                 lease_ttl: float) -> None:
+        self.key = key
+        self.lease = lease
+        self.cost = cost
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self.max_concurrent = max_concurrent
+        self.tokens_per_day = tokens_per_day
+        self.tokens_per_month = tokens_per_month
+        self.day = day
+        self.month = month
+        self.window = window
+        self.lease_ttl = lease_ttl
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class Verdict:
     """The counters' answer. `reason` (when refused): requests, tokens, concurrent, day, month, or too_large (the
     reservation alone is over tokens_per_minute). The counts include this request when it was admitted."""
@@ -65,6 +82,18 @@ class Verdict:
     reset: float  # seconds until the window is empty again
     day_used: int
     month_used: int
+
+    # Written out (made per keyed request): a generated one runs interpreted even compiled (docs/speed.md).
+    def __init__(self, allowed: bool, reason: str, retry_after: float, requests: int, tokens: int, reset: float,
+                 day_used: int, month_used: int) -> None:
+        self.allowed = allowed
+        self.reason = reason
+        self.retry_after = retry_after
+        self.requests = requests
+        self.tokens = tokens
+        self.reset = reset
+        self.day_used = day_used
+        self.month_used = month_used
 
 
 class Counters(Protocol):
